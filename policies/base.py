@@ -1,0 +1,176 @@
+"""The one policy interface, called unchanged by the simulator's gateway queue, the simulator's engine
+hook and the live gateway.
+
+A policy sees a :class:`SchedRequest` (what it is allowed to know of a request) and answers three
+questions: *who goes first* (:meth:`Policy.key`, lower first), *may this request go now*
+(:meth:`Policy.screen`, gateway level) and *who gives way* (:meth:`Policy.pick_victim`, engine level).
+It is told of a request's life through ``on_*`` hooks so it can keep counters (VTC, FastServe).
+Policies are pure: they take ``now`` from the caller and any randomness from a seeded generator.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from predictor.distribution import LengthDistribution
+
+GATEWAY = "gateway"
+ENGINE = "engine"
+Level = str
+
+
+class SchedRequest:
+    """What a policy may read of one request.
+
+    ``true_output`` is the real output length: only the oracle policies (``uses_oracle``) read it.
+    ``pstate`` belongs to the policy (one slot of per-request scratch), ``key_cache`` to the queue.
+    Drivers subclass this with their own fields (engine progress, HTTP futures).
+    """
+
+    __slots__ = (
+        "arrival_s",
+        "deadline_s",
+        "generated",
+        "key_cache",
+        "prediction",
+        "priority",
+        "prompt_tokens",
+        "pstate",
+        "rid",
+        "tenant",
+        "true_output",
+    )
+
+    def __init__(
+        self,
+        rid: Any,
+        arrival_s: float,
+        prompt_tokens: int,
+        *,
+        tenant: str = "default",
+        priority: int = 1,
+        deadline_s: float | None = None,
+        prediction: LengthDistribution | None = None,
+        true_output: int | None = None,
+    ) -> None:
+        self.rid = rid
+        self.arrival_s = arrival_s
+        self.prompt_tokens = prompt_tokens
+        self.tenant = tenant
+        self.priority = priority
+        self.deadline_s = deadline_s
+        self.prediction = prediction
+        self.true_output = true_output
+        self.generated = 0
+        self.pstate: Any = None
+        self.key_cache: Any = None
+
+    def predicted_output(self) -> float:
+        """Point prediction (the distribution's mean); 1 token when there is no prediction."""
+        return self.prediction.mean if self.prediction is not None else 1.0
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rid={self.rid!r}, I={self.prompt_tokens}, gen={self.generated})"
+
+
+class Verdict(enum.Enum):
+    ADMIT = "admit"
+    HOLD = "hold"  # not now; stays queued
+    REJECT = "reject"  # never: the driver answers the client with the reason
+
+
+@dataclass(frozen=True, slots=True)
+class Screening:
+    verdict: Verdict
+    reason: str = ""
+
+
+ADMIT = Screening(Verdict.ADMIT)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadView:
+    """What a gateway-level policy may know of the fleet when it screens a request.
+
+    ``kv_usage`` is the reserved share of KV capacity (0..1) on the backend with the most room after
+    this request would be charged there; ``queue_len`` the gateway's queue; ``capacity_requests`` an
+    estimate of how many requests the fleet runs at once.
+    """
+
+    kv_usage: float = 0.0
+    queue_len: int = 0
+    capacity_requests: int = 256
+    est_service_s: float = 0.0
+
+
+class Policy:
+    """Base class and default behaviour (FCFS). Subclasses override what they change.
+
+    Class attributes describe a policy to drivers and to ``sagegate policies``:
+    ``levels`` where it may run; ``dynamic`` whether :meth:`key` changes with time or with other
+    requests (the queue then re-evaluates keys before each pick instead of keeping a heap);
+    ``uses_prediction`` / ``uses_oracle`` what it reads; ``preemptive`` whether, at engine level, a
+    better waiting request may displace a running one.
+    """
+
+    name: ClassVar[str] = "base"
+    levels: ClassVar[frozenset[Level]] = frozenset({GATEWAY, ENGINE})
+    dynamic: ClassVar[bool] = False
+    uses_prediction: ClassVar[bool] = False
+    uses_oracle: ClassVar[bool] = False
+    preemptive: ClassVar[bool] = False
+    rekey_on_progress: ClassVar[bool] = False
+    """Key of a *running* request changes as it generates (engine level): re-sort the running list."""
+
+    def key(self, req: SchedRequest, now: float) -> Any:
+        """Sort key, lower served first. Must be totally ordered among one policy's keys."""
+        return (req.arrival_s, _tiebreak(req.rid))
+
+    def screen(self, req: SchedRequest, now: float, load: LoadView) -> Screening:
+        """Gateway level: may ``req`` be dispatched now? Default: always."""
+        return ADMIT
+
+    def pick_victim(self, running: Sequence[SchedRequest], now: float) -> SchedRequest | None:
+        """Engine level: which running request gives way when memory runs out.
+
+        Default (vLLM): the lowest-priority one, i.e. the largest key; for FCFS that is the latest
+        arrival, the last of the running list.
+        """
+        if not running:
+            return None
+        return max(running, key=lambda r: self.key(r, now))
+
+    def may_preempt(self, victim: SchedRequest, now: float) -> bool:
+        """Engine level, ``preemptive`` policies: may ``victim`` be displaced by a better waiting one."""
+        return True
+
+    max_preempt_share: ClassVar[float] = 1.0
+    """Engine level: at most this share of the running batch is preempted in one step."""
+
+    # --- life-cycle hooks ----------------------------------------------------------------------
+    def on_arrival(self, req: SchedRequest, now: float) -> None:
+        """A request entered this policy's queue (gateway queue or engine waiting list)."""
+
+    def on_dispatch(self, req: SchedRequest, now: float) -> None:
+        """It left the queue: dispatched to a backend (gateway) or scheduled into the batch (engine)."""
+
+    def on_progress(self, req: SchedRequest, new_tokens: int, now: float) -> None:
+        """It generated ``new_tokens`` more tokens (``req.generated`` already counts them)."""
+
+    def on_preempt(self, req: SchedRequest, now: float) -> None:
+        """It was preempted (engine level) and goes back to waiting."""
+
+    def on_finish(self, req: SchedRequest, now: float) -> None:
+        """It completed, failed or was cancelled; forget it."""
+
+
+def _tiebreak(rid: Any) -> Any:
+    return rid if isinstance(rid, int | float) else str(rid)
+
+
+def fcfs_tiebreak(req: SchedRequest) -> tuple[float, Any]:
+    """The tie-break every policy appends to its key: arrival, then id (deterministic)."""
+    return (req.arrival_s, _tiebreak(req.rid))

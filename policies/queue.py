@@ -1,0 +1,95 @@
+"""A queue ordered by a policy's key: a heap when keys are static, a scan when they move.
+
+Used by the simulator's gateway queue, the simulator's engine waiting list and the live gateway, so
+ordering is the same code everywhere. Removal is lazy (an entry is marked gone and skipped).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterator
+from typing import Any, Generic, TypeVar
+
+from policies.base import Policy, SchedRequest
+
+R = TypeVar("R", bound=SchedRequest)
+
+
+class PolicyQueue(Generic[R]):
+    """Requests in ``policy.key`` order (lower first).
+
+    Static policies: each request's key is computed once on push and kept in a heap, so ``peek`` and
+    ``pop`` are O(log n). Dynamic policies (``policy.dynamic``): keys are recomputed on every ``peek``
+    (O(n)), because they depend on the clock or on other requests.
+    """
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self._heap: list[tuple[Any, int, R]] = []
+        self._members: dict[int, R] = {}
+        self._counter = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __bool__(self) -> bool:
+        return bool(self._members)
+
+    def __contains__(self, req: object) -> bool:
+        return id(req) in self._members
+
+    def __iter__(self) -> Iterator[R]:
+        return iter(list(self._members.values()))
+
+    def push(self, req: R, now: float) -> None:
+        self._members[id(req)] = req
+        if not self.policy.dynamic:
+            key = self.policy.key(req, now)
+            req.key_cache = key
+            heapq.heappush(self._heap, (key, next(self._counter), req))
+
+    def remove(self, req: R) -> bool:
+        """Take ``req`` out wherever it is (cancellation). Returns whether it was queued."""
+        return self._members.pop(id(req), None) is not None
+
+    def peek(self, now: float) -> R | None:
+        if not self._members:
+            return None
+        if self.policy.dynamic:
+            return min(self._members.values(), key=lambda r: self._rekey(r, now))
+        heap = self._heap
+        while heap and id(heap[0][2]) not in self._members:
+            heapq.heappop(heap)
+        return heap[0][2] if heap else None
+
+    def pop(self, now: float) -> R | None:
+        req = self.peek(now)
+        if req is not None:
+            self.remove(req)
+        return req
+
+    def ordered(self, now: float, limit: int | None = None) -> list[R]:
+        """The first ``limit`` requests in order, without removing them."""
+        if self.policy.dynamic:
+            items = sorted(self._members.values(), key=lambda r: self._rekey(r, now))
+        else:
+            live = [e for e in self._heap if id(e[2]) in self._members]
+            items = [e[2] for e in (heapq.nsmallest(limit, live) if limit else sorted(live))]
+        return items[:limit] if limit is not None else items
+
+    def rekey(self, now: float) -> None:
+        """Recompute every key (a static policy whose state changed, e.g. a bucket boundary)."""
+        if self.policy.dynamic:
+            return
+        self._heap = []
+        for req in self._members.values():
+            key = self.policy.key(req, now)
+            req.key_cache = key
+            self._heap.append((key, next(self._counter), req))
+        heapq.heapify(self._heap)
+
+    def _rekey(self, req: R, now: float) -> Any:
+        key = self.policy.key(req, now)
+        req.key_cache = key
+        return key

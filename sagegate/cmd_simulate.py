@@ -1,0 +1,147 @@
+"""``sagegate simulate``: replay a workload through the discrete-event simulator."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from sagegate import engine_flags as ef
+
+
+def simulate(
+    trace: Annotated[
+        str, typer.Option(help="Trace file or folder, or 'synthetic' for a generated workload.")
+    ] = "synthetic",
+    fmt: Annotated[str, typer.Option("--format", help="Trace format, or auto.")] = "auto",
+    policy: Annotated[
+        str, typer.Option(help="Policy spec, e.g. sagesched or 'fastserve:base_quantum_ms=10'.")
+    ] = "fcfs",
+    level: Annotated[
+        str, typer.Option(help="gateway (the gateway's queue) or engine (inside vLLM).")
+    ] = "engine",
+    predictor: Annotated[str | None, typer.Option(help="Output-length predictor for the policy.")] = None,
+    prediction_error: Annotated[float, typer.Option(help="Relative error of noisy-oracle.")] = 0.2,
+    engines: Annotated[int, typer.Option(help="Number of engines (backends).")] = 1,
+    rate_scale: Annotated[float, typer.Option(help="2 = arrivals twice as dense.")] = 1.0,
+    limit: Annotated[int | None, typer.Option(help="Use the first N requests.")] = None,
+    requests: Annotated[int, typer.Option(help="Synthetic: number of requests.")] = 1000,
+    rate: Annotated[float, typer.Option(help="Synthetic: arrival rate, requests/s.")] = 10.0,
+    seed: Annotated[int, typer.Option(help="Seed for everything random.")] = 0,
+    model: ef.Model = "llama-3.1-8b",
+    gpu: ef.Gpu = "h100",
+    max_num_seqs: ef.MaxNumSeqs = 256,
+    max_num_batched_tokens: ef.MaxBatched = 8192,
+    block_size: ef.BlockSize = 16,
+    gpu_memory_utilization: ef.GpuUtil = 0.9,
+    num_gpu_blocks_override: ef.BlocksOverride = None,
+    enable_prefix_caching: ef.PrefixCaching = True,
+    tensor_parallel_size: ef.TensorParallel = 1,
+    variant: ef.Variant = "v1",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    out: Annotated[Path | None, typer.Option(help="Write one JSON line per request here.")] = None,
+) -> None:
+    """Replay a workload through the gateway queue and N simulated engines; print the summary."""
+    from sim.des import SimSetup, client_view
+    from sim.des import simulate as run
+
+    try:
+        cfg, perf = ef.engine_config(
+            model,
+            gpu,
+            max_num_seqs,
+            max_num_batched_tokens,
+            block_size,
+            gpu_memory_utilization,
+            num_gpu_blocks_override,
+            enable_prefix_caching,
+            tensor_parallel_size,
+            variant,
+        )
+        workload = load_workload(
+            trace, fmt, limit=limit, rate_scale=rate_scale, requests=requests, rate=rate, seed=seed
+        )
+        setup = SimSetup(
+            perf=perf,
+            engine=cfg,
+            engines=engines,
+            level=level,
+            policy=make_policy(policy, seed),
+            predictor=make_predictor(predictor, policy, level, prediction_error, seed),
+        )
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    result = run(workload, setup)
+    client_view(result, perf.frontend_s)
+    summary = dict(result.summary)
+    summary["wall_s"] = result.wall_s
+    summary["sim_requests_per_s"] = len(workload) / max(result.wall_s, 1e-9)
+    if out is not None:
+        from loadgen.results import write_jsonl
+
+        write_jsonl(result.records, out)
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}
+            )
+        )
+    else:
+        print_summary(summary, f"{policy} @ {level}, {engines}× {model} on {gpu}")
+
+
+def load_workload(
+    trace: str, fmt: str, *, limit: int | None, rate_scale: float, requests: int, rate: float, seed: int
+):  # type: ignore[no-untyped-def]
+    from loadgen.records import scale_rate
+
+    if trace == "synthetic":
+        from loadgen.synthetic import synthetic_workload
+
+        work = synthetic_workload(requests if limit is None else min(limit, requests), rate=rate, seed=seed)
+    else:
+        from loadgen.readers import read_trace
+
+        work = read_trace(trace, fmt, limit=limit, seed=seed)
+    if rate_scale != 1.0:
+        work = scale_rate(work, rate_scale)
+    if not work:
+        raise ValueError(f"the workload {trace!r} holds no requests")
+    return work
+
+
+def make_policy(spec: str, seed: int):  # type: ignore[no-untyped-def]
+    from policies.registry import parse_policy
+
+    return parse_policy(spec)
+
+
+def make_predictor(name: str | None, policy: str, level: str, error: float, seed: int):  # type: ignore[no-untyped-def]
+    """The named predictor; by default noisy-oracle when the policy or the gateway's admission needs one."""
+    from policies.registry import parse_policy
+    from predictor.baselines import make_predictor as build
+
+    if name is None:
+        needs = level == "gateway" or parse_policy(policy).uses_prediction
+        if not needs:
+            return None
+        name = "noisy-oracle"
+    return build(name, relative_error=error, seed=seed)
+
+
+def print_summary(summary: dict[str, float], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in summary.items():
+        table.add_row(
+            key, f"{value:,.4f}" if isinstance(value, float) and not value.is_integer() else f"{value:,.0f}"
+        )
+    Console().print(table)

@@ -1,0 +1,308 @@
+"""The discrete-event simulator: a workload through a gateway queue and N engines.
+
+It jumps from event to event — arrivals and step ends — never ticking a fixed clock. Two levels:
+
+* ``engine``: requests go straight to the engines (round robin, as a plain load balancer would) and
+  the policy orders each engine's waiting queue. ``--level engine --policy fcfs`` is vLLM alone.
+* ``gateway``: requests wait in the gateway's queue, ordered by the policy, and are dispatched by the
+  memory-aware admission rule (``policies.admission``, the live gateway's rule) to FCFS engines.
+
+Everything is deterministic for a workload, a policy and a seed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from loadgen.records import TraceRequest
+from loadgen.results import RequestRecord, summarize
+from policies.admission import AdmissionConfig, BackendLoad, Charge, choose_backend
+from policies.base import ENGINE, GATEWAY, LoadView, Policy, Verdict
+from policies.fifo import FCFS
+from policies.queue import PolicyQueue
+from predictor.distribution import LengthDistribution
+from sim.config import EngineConfig
+from sim.engine import Engine, EngineRequest, Step
+from sim.perf import PerfModel
+
+
+class Predictor(Protocol):
+    def predict(self, req: TraceRequest) -> LengthDistribution: ...
+    def observe(self, req: TraceRequest, output_tokens: int) -> None: ...
+
+
+@dataclass
+class SimSetup:
+    """Everything a run needs besides the workload."""
+
+    perf: PerfModel
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    engines: int = 1
+    level: str = ENGINE
+    policy: Policy = field(default_factory=FCFS)
+    predictor: Predictor | None = None
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+
+    def __post_init__(self) -> None:
+        if self.level not in (ENGINE, GATEWAY):
+            raise ValueError(f"level must be {ENGINE!r} or {GATEWAY!r}, not {self.level!r}")
+        if self.level not in self.policy.levels:
+            levels = ", ".join(sorted(self.policy.levels))
+            raise ValueError(f"policy {self.policy.name!r} runs at {levels} level, not {self.level}")
+        if self.engines < 1:
+            raise ValueError("engines must be at least 1")
+
+
+@dataclass
+class SimResult:
+    records: list[RequestRecord]
+    summary: dict[str, float]
+    engine_preemptions: list[int]
+    mean_in_system: float  # time-averaged number of requests arrived and not finished
+    mean_queued: float  # time-averaged number waiting (gateway queue + engine waiting lists)
+    wall_s: float
+
+
+class _Flight:
+    """The gateway's view of one dispatched request: its KV charge and where it went."""
+
+    __slots__ = ("backend", "charge")
+
+    def __init__(self, backend: int, charge: Charge) -> None:
+        self.backend = backend
+        self.charge = charge
+
+
+class Simulation:
+    """One run. Use :func:`simulate`; this class holds the event loop's state."""
+
+    def __init__(self, workload: Sequence[TraceRequest], setup: SimSetup) -> None:
+        self.setup = setup
+        self.trace = sorted(workload, key=lambda r: (r.arrival_s, r.rid))
+        gateway = setup.level == GATEWAY
+        engine_policy = FCFS() if gateway else setup.policy
+        self.engines = [
+            Engine(setup.perf, setup.engine, engine_policy, name=f"engine-{i}") for i in range(setup.engines)
+        ]
+        self.policy = setup.policy
+        self.gateway = gateway
+        self.queue: PolicyQueue[EngineRequest] = PolicyQueue(setup.policy)
+        self.loads = [BackendLoad(e.capacity_tokens) for e in self.engines]
+        self.flights: dict[EngineRequest, _Flight] = {}
+        self.records: dict[int, RequestRecord] = {}
+        self.by_req: dict[EngineRequest, TraceRequest] = {}
+        self.steps: list[Step | None] = [None] * len(self.engines)
+        self.events: list[tuple[float, int, int]] = []  # (time, seq, engine) step ends
+        self.seq = 0
+        self.rr = 0
+        self.next_arrival = 0
+        self.now = 0.0
+        self.in_system = 0
+        self.area_system = 0.0
+        self.area_queued = 0.0
+        self.capacity_requests = setup.engine.max_num_seqs * setup.engines
+
+    # --- the loop -----------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        t0 = time.perf_counter()
+        trace, events = self.trace, self.events
+        while self.next_arrival < len(trace) or events:
+            t_arr = trace[self.next_arrival].arrival_s if self.next_arrival < len(trace) else float("inf")
+            if events and events[0][0] <= t_arr:
+                t, _, idx = heapq.heappop(events)
+                self._advance(t)
+                self._step_end(idx)
+            else:
+                self._advance(t_arr)
+                self._arrive(trace[self.next_arrival])
+                self.next_arrival += 1
+        stuck = [r for r in self.records.values() if r.status == "ok" and r.finish_s is None]
+        if stuck:
+            raise RuntimeError(f"simulation ended with {len(stuck)} unfinished requests")
+        recs = [self.records[r.rid] for r in self.trace]
+        span = max(self.now, 1e-12)
+        return SimResult(
+            records=recs,
+            summary=summarize(recs),
+            engine_preemptions=[e.num_preemptions for e in self.engines],
+            mean_in_system=self.area_system / span,
+            mean_queued=self.area_queued / span,
+            wall_s=time.perf_counter() - t0,
+        )
+
+    def _advance(self, t: float) -> None:
+        if t < self.now:
+            raise AssertionError("simulated time ran backwards")
+        dt = t - self.now
+        if dt:
+            self.area_system += self.in_system * dt
+            queued = len(self.queue) + sum(e.num_waiting for e in self.engines)
+            self.area_queued += queued * dt
+        self.now = t
+
+    # --- arrivals -----------------------------------------------------------------------------
+    def _arrive(self, tr: TraceRequest) -> None:
+        now = self.now
+        setup = self.setup
+        pred = setup.predictor.predict(tr) if setup.predictor is not None else None
+        req = EngineRequest(
+            tr.rid,
+            tr.arrival_s,
+            tr.prompt_tokens,
+            tr.output_tokens,
+            hash_ids=tr.hash_ids,
+            prompt=tr.prompt,
+            tenant=tr.tenant,
+            priority=tr.priority,
+            deadline_s=tr.deadline_s,
+            prediction=pred,
+            true_output=tr.output_tokens,
+        )
+        rec = RequestRecord(
+            rid=tr.rid,
+            arrival_s=tr.arrival_s,
+            prompt_tokens=tr.prompt_tokens,
+            output_tokens=0,
+            predicted_mean=None if pred is None else pred.mean,
+            tenant=tr.tenant,
+            deadline_s=tr.deadline_s,
+        )
+        self.records[tr.rid] = rec
+        self.by_req[req] = tr
+        if tr.prompt_tokens + tr.output_tokens > self.engines[0].capacity_tokens:
+            rec.status, rec.reason = "rejected", "context_too_long"
+            return
+        self.in_system += 1
+        if self.gateway:
+            self.policy.on_arrival(req, now)
+            self.queue.push(req, now)
+            self._dispatch()
+        else:
+            idx = self.rr
+            self.rr = (self.rr + 1) % len(self.engines)
+            self._send(req, idx)
+
+    def _send(self, req: EngineRequest, idx: int) -> None:
+        req.t_dispatch = self.now
+        req.backend = idx
+        self.records[req.rid].dispatch_s = self.now
+        self.engines[idx].add(req, self.now)
+        self._kick(idx)
+
+    # --- the gateway --------------------------------------------------------------------------
+    def _dispatch(self) -> None:
+        """Dispatch queued requests, best rank first, while a backend admits the head."""
+        now, queue, loads, cfg = self.now, self.queue, self.loads, self.setup.admission
+        for load, eng in zip(loads, self.engines, strict=True):
+            load.waiting = eng.num_waiting
+            load.running = eng.num_running
+        while queue:
+            req = queue.peek(now)
+            assert req is not None
+            charge = Charge(req.prompt_tokens, req.prediction, cfg)
+            idx = choose_backend(charge.value, loads, cfg)
+            view = LoadView(
+                kv_usage=self._usage_after(charge.value, idx),
+                queue_len=len(queue),
+                capacity_requests=self.capacity_requests,
+            )
+            screening = self.policy.screen(req, now, view)
+            if screening.verdict is Verdict.REJECT:
+                queue.remove(req)
+                self._reject(req, screening.reason or "rejected_by_policy")
+                continue
+            if screening.verdict is Verdict.HOLD or idx is None:
+                return
+            queue.remove(req)
+            self.policy.on_dispatch(req, now)
+            self.flights[req] = _Flight(idx, charge)
+            loads[idx].charged_tokens += charge.value
+            loads[idx].waiting += 1
+            self._send(req, idx)
+
+    def _usage_after(self, charge: float, idx: int | None) -> float:
+        loads = self.loads
+        if idx is None:
+            idx = min(range(len(loads)), key=lambda i: loads[i].charged_tokens / loads[i].capacity_tokens)
+        b = loads[idx]
+        return (b.charged_tokens + charge) / b.capacity_tokens
+
+    def _reject(self, req: EngineRequest, reason: str) -> None:
+        rec = self.records[req.rid]
+        rec.status, rec.reason = "rejected", reason
+        self.in_system -= 1
+        self.policy.on_finish(req, self.now)
+
+    # --- engines ------------------------------------------------------------------------------
+    def _kick(self, idx: int) -> None:
+        """Start engine ``idx``'s next step if it is idle and has work."""
+        if self.steps[idx] is not None:
+            return
+        eng = self.engines[idx]
+        if not eng.has_work():
+            return
+        horizon = (
+            self.trace[self.next_arrival].arrival_s if self.next_arrival < len(self.trace) else float("inf")
+        )
+        step = eng.plan(self.now, horizon)
+        if not step.scheduled:
+            raise AssertionError(f"{eng.name} has work but scheduled nothing")
+        self.steps[idx] = step
+        self.seq += 1
+        heapq.heappush(self.events, (self.now + step.duration, self.seq, idx))
+
+    def _step_end(self, idx: int) -> None:
+        step = self.steps[idx]
+        assert step is not None
+        self.steps[idx] = None
+        now = self.now
+        out = self.engines[idx].complete(step, now)
+        gateway = self.gateway
+        for req in out.emitted:
+            rec = self.records[req.rid]
+            if rec.first_token_s is None:
+                rec.first_token_s = req.t_first_token
+            if gateway:
+                flight = self.flights[req]
+                self.loads[flight.backend].charged_tokens += flight.charge.update(req.generated)
+                self.policy.on_progress(req, step.k, now)
+        for req in out.finished:
+            self._finish(req)
+        if gateway:
+            self._dispatch()
+        self._kick(idx)
+
+    def _finish(self, req: EngineRequest) -> None:
+        rec = self.records[req.rid]
+        rec.finish_s = req.t_finish
+        rec.output_tokens = req.generated
+        rec.preemptions = req.preemptions
+        rec.backend = self.engines[req.backend].name
+        rec.cached_tokens = req.cached_tokens
+        self.in_system -= 1
+        if self.setup.predictor is not None:
+            self.setup.predictor.observe(self.by_req[req], req.generated)
+        if self.gateway:
+            flight = self.flights.pop(req)
+            self.loads[flight.backend].charged_tokens -= flight.charge.value
+            self.policy.on_finish(req, self.now)
+
+
+def simulate(workload: Sequence[TraceRequest], setup: SimSetup) -> SimResult:
+    """Run ``workload`` through ``setup``; one record per request, in arrival order."""
+    return Simulation(workload, setup).run()
+
+
+def client_view(result: SimResult, frontend_s: float) -> None:
+    """Add the front end's fixed cost (tokenisation, HTTP) to what a client sees: first token and
+    completion both arrive ``frontend_s`` later."""
+    for r in result.records:
+        if r.first_token_s is not None:
+            r.first_token_s += frontend_s
+        if r.finish_s is not None:
+            r.finish_s += frontend_s
+    result.summary = summarize(result.records)

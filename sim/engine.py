@@ -1,0 +1,418 @@
+"""One vLLM-like engine: its scheduler and its steps, on whatever clock the caller keeps.
+
+The caller (the discrete-event simulator, or the simulated backend server on a real clock) asks
+:meth:`Engine.plan` for the next step at ``now``; the step lasts ``Step.duration`` seconds; then
+:meth:`Engine.complete` applies it at ``now + duration`` and says which requests produced tokens and
+which finished. ``plan`` reads top to bottom like vLLM v1's scheduler: running requests first (each
+gets its next chunk or its one decode token), preempting by recompute when the KV pool runs dry, then
+waiting requests in queue order while budget, sequence cap and blocks allow.
+
+Where a step changes nothing but the decode position (every running request decoding, nobody to
+admit), ``plan`` may fold ``k`` identical decode steps into one macro step, timed in closed form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from policies.base import Policy, SchedRequest
+from policies.fifo import FCFS
+from policies.queue import PolicyQueue
+from sim.config import EngineConfig
+from sim.kv import BlockPool, BlockTable
+from sim.perf import PerfModel
+from sim.prefix import BlockKeys, block_keys
+
+WAITING, RUNNING, FINISHED, ABORTED = 0, 1, 2, 3
+
+
+class EngineRequest(SchedRequest):
+    """A request inside an engine: what the policy sees plus the engine's own progress."""
+
+    __slots__ = (
+        "backend",
+        "cached_tokens",
+        "keys",
+        "num_computed",
+        "output_tokens",
+        "preemptions",
+        "state",
+        "t_dispatch",
+        "t_engine",
+        "t_finish",
+        "t_first_token",
+        "table",
+        "user",
+    )
+
+    def __init__(
+        self,
+        rid: Any,
+        arrival_s: float,
+        prompt_tokens: int,
+        output_tokens: int,
+        *,
+        hash_ids: tuple[int, ...] | None = None,
+        prompt: str | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(rid, arrival_s, prompt_tokens, **kw)
+        if prompt_tokens < 1 or output_tokens < 1:
+            raise ValueError("a request needs at least one prompt and one output token")
+        self.output_tokens = output_tokens
+        self.num_computed = 0
+        self.table = BlockTable()
+        self.keys: BlockKeys | Any = (hash_ids, prompt)  # resolved to BlockKeys on first admission
+        self.state = WAITING
+        self.preemptions = 0
+        self.cached_tokens = 0
+        self.t_dispatch = arrival_s
+        self.t_engine = arrival_s
+        self.t_first_token: float | None = None
+        self.t_finish: float | None = None
+        self.backend = 0
+        self.user: Any = None  # the driver's own handle (e.g. the server's token channel)
+
+    @property
+    def known_tokens(self) -> int:
+        """Prompt plus generated tokens: what the KV cache must hold before the next token."""
+        return self.prompt_tokens + self.generated
+
+
+@dataclass(slots=True)
+class Step:
+    """A planned step (or ``k`` folded decode steps): who runs how many tokens, and how long."""
+
+    start: float
+    duration: float
+    scheduled: dict[EngineRequest, int] = field(default_factory=dict)
+    k: int = 1  # decode steps folded into this one (then every scheduled request decodes k tokens)
+    preempted: int = 0
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    emitted: list[EngineRequest]  # produced ≥ 1 token this step (k tokens each for a folded step)
+    finished: list[EngineRequest]
+
+
+class Engine:
+    """A vLLM-like engine: scheduler, paged KV pool with prefix caching, roofline step times.
+
+    ``policy`` orders the waiting queue and picks preemption victims (vLLM's priority mode); the
+    default, FCFS, is vLLM's default: preempted requests rejoin at the head, the victim is the last
+    running request.
+    """
+
+    def __init__(
+        self,
+        perf: PerfModel,
+        config: EngineConfig | None = None,
+        policy: Policy | None = None,
+        *,
+        name: str = "engine-0",
+        on_preempt: Callable[[EngineRequest], None] | None = None,
+    ) -> None:
+        self.perf = perf
+        self.config = config = config or EngineConfig()
+        self.policy = policy or FCFS()
+        self.fcfs = bool(getattr(self.policy, "fcfs", False))
+        self.name = name
+        blocks = config.num_gpu_blocks_override or perf.num_gpu_blocks(
+            config.block_size, config.gpu_memory_utilization
+        )
+        self.pool = BlockPool(blocks, config.block_size, config.enable_prefix_caching)
+        self.waiting: PolicyQueue[EngineRequest] = PolicyQueue(self.policy)
+        self.running: list[EngineRequest] = []
+        self.num_preemptions = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.finished_total = 0
+        self._on_preempt = on_preempt
+        self._prefill_first_seq = 0  # v0: whether the last step was a prefill step
+
+    # --- public state -------------------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def kv_usage(self) -> float:
+        """Share of KV blocks held by requests (vLLM's ``kv_cache_usage_perc``; cached free blocks
+        are free)."""
+        return self.pool.usage
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.pool.num_blocks * self.pool.block_size
+
+    def has_work(self) -> bool:
+        return bool(self.running) or bool(self.waiting)
+
+    # --- requests in and out ------------------------------------------------------------------
+    def add(self, req: EngineRequest, now: float) -> None:
+        req.t_engine = now
+        req.state = WAITING
+        self.policy.on_arrival(req, now)
+        self.waiting.push(req, now)
+
+    def abort(self, req: EngineRequest, now: float) -> bool:
+        """Cancel ``req`` (client gone): its blocks are freed at once. False if it had finished."""
+        if req.state == RUNNING:
+            self.running.remove(req)
+            self.pool.free(req.table)
+        elif req.state == WAITING:
+            self.waiting.remove(req)
+        else:
+            return False
+        req.state = ABORTED
+        self.policy.on_finish(req, now)
+        return True
+
+    # --- scheduling ---------------------------------------------------------------------------
+    def plan(self, now: float, horizon: float = float("inf")) -> Step:
+        """Decide the next step at ``now``. A folded decode step never runs past ``horizon`` (the
+        next outside event: an arrival for this engine)."""
+        variant = self.config.variant
+        if variant == "v0":
+            step = self._plan_v0(now)
+        else:
+            step = self._plan_chunked(now, decode_first=variant == "sarathi")
+        if step.scheduled:
+            self._time(step, horizon)
+        return step
+
+    def _plan_chunked(self, now: float, *, decode_first: bool) -> Step:
+        cfg = self.config
+        budget = cfg.chunk_size if decode_first else cfg.max_num_batched_tokens
+        step = Step(now, 0.0)
+        sched = step.scheduled
+        if self.policy.preemptive and self.waiting:
+            step.preempted += self._preempt_for_waiting(now)
+        order = self.running
+        if decode_first:
+            order = sorted(order, key=lambda r: r.num_computed < r.known_tokens)
+        elif self.policy.rekey_on_progress:
+            order = sorted(order, key=lambda r: self.policy.key(r, now))
+        for req in list(order):
+            if budget <= 0:
+                break
+            if req.state != RUNNING:
+                continue  # preempted as a victim earlier in this loop
+            n = min(req.known_tokens - req.num_computed, budget)
+            while not self.pool.grow(req.table, req.num_computed + n):
+                victim = self._victim(now)
+                budget += sched.pop(victim, 0)
+                self._preempt(victim, now)
+                step.preempted += 1
+                if victim is req:
+                    break
+            else:
+                sched[req] = n
+                budget -= n
+        if not step.preempted:
+            self._admit(now, step, budget)
+        return step
+
+    def _plan_v0(self, now: float) -> Step:
+        """vLLM v0: admit whole prompts (prefill-only step) when any fit, else decode everyone."""
+        step = Step(now, 0.0)
+        budget = self.config.max_num_batched_tokens
+        if self.waiting:
+            self._admit(now, step, budget, whole_prompts=True)
+            if step.scheduled:
+                return step
+        for req in list(self.running):
+            if req.state != RUNNING:
+                continue
+            while not self.pool.grow(req.table, req.num_computed + 1):
+                victim = self._victim(now)
+                step.scheduled.pop(victim, None)
+                self._preempt(victim, now)
+                step.preempted += 1
+                if victim is req:
+                    break
+            else:
+                step.scheduled[req] = 1
+        return step
+
+    def _admit(self, now: float, step: Step, budget: int, *, whole_prompts: bool = False) -> None:
+        """Admit waiting requests in queue order while budget, sequence cap and blocks allow; stop at
+        the first that does not fit (vLLM does not skip ahead)."""
+        pool = self.pool
+        bs = pool.block_size
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting.peek(now)
+            assert req is not None
+            keys = req.keys
+            if not isinstance(keys, BlockKeys):
+                keys = req.keys = block_keys(req.rid, req.prompt_tokens, bs, *keys)
+            total = req.known_tokens
+            # The last known token is always computed: it yields the next token's logits.
+            hits = pool.cached_prefix(keys, (total - 1) // bs)
+            computed = len(hits) * bs
+            n = total - computed
+            if whole_prompts:
+                if n > budget and step.scheduled:
+                    break
+            else:
+                n = min(n, budget)
+            if not pool.can_take(hits, -(-(computed + n) // bs) - len(hits)):
+                break
+            self.waiting.pop(now)
+            pool.take(req.table, hits)
+            pool.grow(req.table, computed + n)
+            req.num_computed = computed
+            req.cached_tokens = max(req.cached_tokens, computed)
+            req.state = RUNNING
+            self.running.append(req)
+            self.policy.on_dispatch(req, now)
+            step.scheduled[req] = n
+            budget -= n
+
+    def _victim(self, now: float) -> EngineRequest:
+        if self.fcfs:
+            return self.running[-1]
+        victim = self.policy.pick_victim(self.running, now)
+        assert isinstance(victim, EngineRequest)
+        return victim
+
+    def _preempt(self, victim: EngineRequest, now: float) -> None:
+        """Preemption by recompute: the victim loses its blocks and computed tokens and waits again."""
+        self.running.remove(victim)
+        self.pool.free(victim.table)
+        victim.num_computed = 0
+        victim.state = WAITING
+        victim.preemptions += 1
+        self.num_preemptions += 1
+        self.policy.on_preempt(victim, now)
+        self.waiting.push(victim, now)
+        if self._on_preempt is not None:
+            self._on_preempt(victim)
+
+    def _preempt_for_waiting(self, now: float) -> int:
+        """Preemptive policies: displace the worst running requests while a better one waits and
+        cannot get in (sequence cap or blocks), within the policy's per-step share."""
+        policy = self.policy
+        limit = max(1, int(policy.max_preempt_share * len(self.running)))
+        done = 0
+        while done < limit and self.running:
+            best = self.waiting.peek(now)
+            assert best is not None
+            need = self.pool.blocks_for(best.known_tokens)
+            full = len(self.running) >= self.config.max_num_seqs or need > self.pool.free_blocks
+            if not full:
+                break
+            worst = max(self.running, key=lambda r: policy.key(r, now))
+            if not policy.key(best, now) < policy.key(worst, now) or not policy.may_preempt(worst, now):
+                break
+            self._preempt(worst, now)
+            done += 1
+        return done
+
+    # --- timing -------------------------------------------------------------------------------
+    def _time(self, step: Step, horizon: float) -> None:
+        perf = self.perf
+        prefill: list[tuple[int, int]] = []
+        n_dec = 0
+        ctx = 0
+        for req, n in step.scheduled.items():
+            if req.num_computed + n == req.known_tokens and req.generated > 0 and n == 1:
+                n_dec += 1
+                ctx += req.num_computed
+            else:
+                prefill.append((n, req.num_computed))
+        if prefill or not self._can_fold(step):
+            step.duration = perf.step_time(prefill, n_dec, ctx)
+            return
+        k = self._fold_steps(step, n_dec, ctx, horizon)
+        step.k = k
+        step.duration = perf.decode_run_time(n_dec, ctx, k)
+
+    def _can_fold(self, step: Step) -> bool:
+        """Folding is exact only when nothing could change between the steps: everyone running
+        decodes, and no waiting request could be admitted or preempt anyone."""
+        if step.preempted or len(step.scheduled) != len(self.running):
+            return False
+        if self.policy.rekey_on_progress and self.policy.preemptive:
+            return False
+        if self.waiting:
+            if self.policy.preemptive or self.policy.dynamic:
+                return False
+            # Admission was tried this step and stopped: blocks only get scarcer while decoding,
+            # and the sequence cap holds until someone finishes.
+        return True
+
+    def _fold_steps(self, step: Step, n_dec: int, ctx: int, horizon: float) -> int:
+        k = min(r.output_tokens - r.generated for r in step.scheduled)
+        if horizon != float("inf"):
+            k = min(k, max(1, self.perf.decode_steps_within(n_dec, ctx, horizon - step.start)))
+        if k > 1:
+            k = self._blocks_allow(step, k)
+        if k > 1:
+            for req in step.scheduled:
+                self.pool.grow(req.table, req.num_computed + k)
+        return max(1, k)
+
+    def _blocks_allow(self, step: Step, k: int) -> int:
+        """Largest ``k' ≤ k`` decode steps whose new blocks fit in the free pool (the first step's
+        blocks are already taken)."""
+        pool = self.pool
+        bs = pool.block_size
+        free = pool.free_blocks
+        reqs = list(step.scheduled)
+
+        def need(steps: int) -> int:
+            return sum(-(-(r.num_computed + steps) // bs) - r.table.nblocks for r in reqs)
+
+        if need(k) <= free:
+            return k
+        lo, hi = 1, k  # need(lo) == 0 ≤ free; need(hi) > free
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if need(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    # --- applying a step ----------------------------------------------------------------------
+    def complete(self, step: Step, now: float) -> StepOutcome:
+        """Apply ``step`` at its end time ``now``: advance every scheduled request, emit tokens,
+        finish and free the completed ones."""
+        emitted: list[EngineRequest] = []
+        finished: list[EngineRequest] = []
+        pool = self.pool
+        policy = self.policy
+        k = step.k
+        for req, n in step.scheduled.items():
+            if req.state != RUNNING:
+                continue  # aborted while the step ran
+            req.num_computed += n + (k - 1)
+            if req.num_computed < req.known_tokens:
+                pool.register_full(req.table, req.num_computed, req.keys)
+                continue  # a prefill chunk that did not reach the end of the prompt
+            if req.generated == 0:
+                self.prompt_tokens_total += req.prompt_tokens
+                req.t_first_token = now
+            req.generated += k
+            self.generation_tokens_total += k
+            pool.register_full(req.table, req.num_computed, req.keys)
+            emitted.append(req)
+            policy.on_progress(req, k, now)
+            if req.generated >= req.output_tokens:
+                finished.append(req)
+        for req in finished:
+            req.state = FINISHED
+            req.t_finish = now
+            self.running.remove(req)
+            pool.free(req.table)
+            self.finished_total += 1
+            policy.on_finish(req, now)
+        return StepOutcome(emitted, finished)

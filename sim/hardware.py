@@ -1,0 +1,223 @@
+"""Catalogue of model shapes and GPUs that the step-time roofline (sim/perf.py) is built from.
+
+Only the shapes that decide time and memory are kept: layer count, widths, head counts, vocabulary.
+Parameter counts follow the Llama/Qwen decoder layout (q/k/v/o projections, a gated MLP, two RMS
+norms per layer, an output head and an input embedding) and reproduce docs ENGINE_MODEL.md's table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer's shape; parameter and byte counts are derived from it."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    tie_embeddings: bool = False
+    dtype_bytes: int = 2
+
+    @property
+    def params_per_layer(self) -> int:
+        """q, o (hidden × heads·d), k, v (hidden × kv_heads·d), gated MLP (3 matrices) and two norms."""
+        attn = 2 * self.hidden * self.heads * self.head_dim + 2 * self.hidden * self.kv_heads * self.head_dim
+        return attn + 3 * self.hidden * self.ffn + 2 * self.hidden
+
+    @property
+    def params_layers(self) -> int:
+        return self.layers * self.params_per_layer
+
+    @property
+    def params_head(self) -> int:
+        """The output projection to the vocabulary (its matmul runs once per sequence per step)."""
+        return self.hidden * self.vocab
+
+    @property
+    def params_embed(self) -> int:
+        """Input embedding; shares the head's storage when tied, so it then adds nothing."""
+        return 0 if self.tie_embeddings else self.hidden * self.vocab
+
+    @property
+    def params_total(self) -> int:
+        """All parameters, including the final norm."""
+        return self.params_layers + self.params_head + self.params_embed + self.hidden
+
+    @property
+    def weight_bytes(self) -> int:
+        """What the weights occupy in GPU memory (vLLM's "model weights took … GB", in GiB)."""
+        return self.params_total * self.dtype_bytes
+
+    @property
+    def weight_bytes_per_step(self) -> int:
+        """What one forward pass streams from memory: the layers and the head (the embedding is a gather)."""
+        return (self.params_layers + self.params_head) * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V for every layer and KV head."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    @classmethod
+    def from_hf_config(cls, path: str | os.PathLike[str], *, dtype_bytes: int = 2) -> ModelSpec:
+        """Read a Hugging Face ``config.json`` (or a folder holding one).
+
+        Multimodal configs that nest the language model under ``text_config`` are accepted too.
+        """
+        file = Path(path)
+        if file.is_dir():
+            file = file / "config.json"
+        try:
+            raw = json.loads(file.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ValueError(f"cannot read model config {file}: {exc}") from exc
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{file} is not valid JSON: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ValueError(f"{file} does not hold a JSON object")
+        cfg: Mapping[str, Any] = raw
+        if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
+            cfg = cfg["text_config"]
+
+        def need(key: str) -> int:
+            if key not in cfg or cfg[key] is None:
+                raise ValueError(f"{file}: missing required key {key!r} in the model config")
+            return int(cfg[key])
+
+        layers = need("num_hidden_layers")
+        hidden = need("hidden_size")
+        heads = need("num_attention_heads")
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        name = str(raw.get("_name_or_path") or file.resolve().parent.name)
+        return cls(
+            name=name,
+            layers=layers,
+            hidden=hidden,
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            ffn=need("intermediate_size"),
+            vocab=need("vocab_size"),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", raw.get("tie_word_embeddings", False))),
+            dtype_bytes=dtype_bytes,
+        )
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU's datasheet numbers.
+
+    ``memory_bytes`` is in GiB units (an "80 GB" card = 80 GiB), the convention that reproduces the
+    KV pool sizes of ENGINE_MODEL.md. ``link_bandwidth`` is the per-direction NVLink bandwidth used
+    by the tensor-parallel all-reduce term. ``eta_c`` is an optional calibrated compute efficiency
+    that replaces the generic default of sim/perf.py (see ``H100_ETA_C``).
+    """
+
+    name: str
+    flops: float
+    bandwidth: float
+    memory_bytes: int
+    link_bandwidth: float = 300e9
+    eta_c: float | None = None
+
+
+# H100/H200 compute efficiency: Vidur's H100 GEMM profiles (Llama-2-7B and -70B, TP 1, 1 to 4k tokens)
+# fit ηc = 0.61 to 0.63 with ηm held at the documented 0.75 (which the decode anchors pin); with the
+# generic 0.65 the 7B profile misses by 10.5% MAPE. Dense bf16 GEMMs reach a smaller share of the
+# H100's 989 TFLOP/s peak than of the A100's 312. H200 has the same compute die, so the same value.
+H100_ETA_C = 0.61
+
+GPUS: dict[str, GPUSpec] = {
+    "a100-80gb": GPUSpec("a100-80gb", flops=312e12, bandwidth=2.039e12, memory_bytes=80 * GiB),
+    "a100-40gb": GPUSpec("a100-40gb", flops=312e12, bandwidth=1.555e12, memory_bytes=40 * GiB),
+    "h100": GPUSpec(
+        "h100", flops=989e12, bandwidth=3.35e12, memory_bytes=80 * GiB, link_bandwidth=450e9, eta_c=H100_ETA_C
+    ),
+    "h200": GPUSpec(
+        "h200", flops=989e12, bandwidth=4.8e12, memory_bytes=141 * GiB, link_bandwidth=450e9, eta_c=H100_ETA_C
+    ),
+}
+
+_GPU_ALIASES = {
+    "a100": "a100-80gb",
+    "a100-80g": "a100-80gb",
+    "a100-sxm": "a100-80gb",
+    "a100-sxm4": "a100-80gb",
+    "a100-sxm4-80gb": "a100-80gb",
+    "a100-sxm-80gb": "a100-80gb",
+    "a100-40g": "a100-40gb",
+    "a100-sxm4-40gb": "a100-40gb",
+    "h100-sxm": "h100",
+    "h100-sxm5": "h100",
+    "h100-80gb": "h100",
+    "h100-sxm-80gb": "h100",
+    "h200-sxm": "h200",
+    "h200-141gb": "h200",
+}
+
+MODELS: dict[str, ModelSpec] = {
+    "llama-3.1-8b": ModelSpec(
+        "llama-3.1-8b", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336, vocab=128256
+    ),
+    "llama-2-7b": ModelSpec(
+        "llama-2-7b", layers=32, hidden=4096, heads=32, kv_heads=32, head_dim=128, ffn=11008, vocab=32000
+    ),
+    "qwen3-32b": ModelSpec(
+        "qwen3-32b", layers=64, hidden=5120, heads=64, kv_heads=8, head_dim=128, ffn=25600, vocab=151936
+    ),
+}
+
+# Llama-3-8B has Llama-3.1-8B's shapes (only the RoPE scaling and context differ).
+_MODEL_ALIASES = {
+    "llama3.1-8b": "llama-3.1-8b",
+    "llama-3-8b": "llama-3.1-8b",
+    "llama3-8b": "llama-3.1-8b",
+    "llama2-7b": "llama-2-7b",
+    "qwen-3-32b": "qwen3-32b",
+}
+
+
+def _normalise(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(" ", "-")
+
+
+def get_gpu(name: str) -> GPUSpec:
+    """Look a GPU up by name (case-insensitive; "H100-SXM", "nvidia-a100" and the like work)."""
+    key = _normalise(name).removeprefix("nvidia-")
+    key = _GPU_ALIASES.get(key, key)
+    if key not in GPUS:
+        raise ValueError(f"unknown GPU {name!r}; known: {', '.join(sorted(GPUS))}")
+    return GPUS[key]
+
+
+def get_model(name_or_path: str) -> ModelSpec:
+    """Look a model up by catalogue name or HF id, or read a ``config.json`` (file or folder)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_file() or (path.is_dir() and (path / "config.json").is_file()):
+        return ModelSpec.from_hf_config(path)
+    key = _normalise(name_or_path).rsplit("/", 1)[-1]
+    for suffix in ("-hf", "-instruct", "-chat", "-base"):
+        key = key.removesuffix(suffix)
+    key = key.removeprefix("meta-")
+    key = _MODEL_ALIASES.get(key, key)
+    if key not in MODELS:
+        raise ValueError(
+            f"unknown model {name_or_path!r}; known: {', '.join(sorted(MODELS))} "
+            "(or a path to a Hugging Face config.json)"
+        )
+    return MODELS[key]

@@ -1,0 +1,147 @@
+"""Paged KV cache with prefix caching, as vLLM's block manager keeps it.
+
+Blocks of ``block_size`` tokens, allocated on demand. With prefix caching, every *full* block is
+registered under a content key (a chain hash of the prompt content before it and its own, or a
+request-private key for generated tokens, which still pays off when a preempted request is
+recomputed). A freed cached block stays cached, evictable least recently used first; a request whose
+prompt starts with cached blocks takes them without recomputing them.
+
+The pool never lends more blocks than it has: ``used + free == num_blocks`` always.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+
+
+class BlockTable:
+    """One request's blocks: ``nblocks`` in all, the first ``len(keys)`` of them registered (cached)."""
+
+    __slots__ = ("keys", "nblocks")
+
+    def __init__(self) -> None:
+        self.nblocks = 0
+        self.keys: list[Hashable | None] = []  # None: a private duplicate of a cached block
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True) -> None:
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.caching = enable_prefix_caching
+        self._plain_free = num_blocks  # free blocks holding nothing worth keeping
+        self._lru: OrderedDict[Hashable, None] = OrderedDict()  # free blocks still cached, oldest first
+        self._ref: dict[Hashable, int] = {}  # cached blocks in use, by key → number of holders
+        self.hits_tokens = 0
+        self.queried_tokens = 0
+
+    # --- accounting ---------------------------------------------------------------------------
+    @property
+    def free_blocks(self) -> int:
+        return self._plain_free + len(self._lru)
+
+    @property
+    def used_blocks(self) -> int:
+        return self.num_blocks - self.free_blocks
+
+    @property
+    def usage(self) -> float:
+        return self.used_blocks / self.num_blocks
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    # --- prefix cache -------------------------------------------------------------------------
+    def cached_prefix(self, key_of: Callable[[int], Hashable], max_blocks: int) -> list[Hashable]:
+        """Keys of the leading blocks (at most ``max_blocks``) already cached, in use or free."""
+        if not self.caching:
+            return []
+        hits: list[Hashable] = []
+        ref, lru = self._ref, self._lru
+        for j in range(max_blocks):
+            key = key_of(j)
+            if key in ref or key in lru:
+                hits.append(key)
+            else:
+                break
+        return hits
+
+    def can_take(self, hit_keys: Sequence[Hashable], new_blocks: int) -> bool:
+        """Would taking the cached ``hit_keys`` plus ``new_blocks`` fresh blocks fit?"""
+        revived = sum(1 for k in hit_keys if k in self._lru)
+        return new_blocks <= self.free_blocks - revived
+
+    def take(self, table: BlockTable, hit_keys: Sequence[Hashable]) -> None:
+        """Give an empty ``table`` the cached blocks ``hit_keys`` (shared, reference-counted)."""
+        assert table.nblocks == 0
+        for key in hit_keys:
+            if key in self._lru:
+                del self._lru[key]
+                self._ref[key] = 1
+            else:
+                self._ref[key] += 1
+            table.keys.append(key)
+        table.nblocks = len(hit_keys)
+
+    # --- allocation ---------------------------------------------------------------------------
+    def grow(self, table: BlockTable, tokens: int) -> bool:
+        """Make ``table`` hold ``tokens`` tokens; False (and no change) if the pool is short."""
+        need = -(-tokens // self.block_size) - table.nblocks
+        if need <= 0:
+            return True
+        if need > self._plain_free + len(self._lru):
+            return False
+        take_plain = min(need, self._plain_free)
+        self._plain_free -= take_plain
+        for _ in range(need - take_plain):
+            self._lru.popitem(last=False)  # evict the least recently used cached block
+        table.nblocks += need
+        return True
+
+    def register_full(
+        self, table: BlockTable, computed_tokens: int, key_of: Callable[[int], Hashable]
+    ) -> None:
+        """Cache every block of ``table`` that ``computed_tokens`` has filled and is not yet cached."""
+        if not self.caching:
+            return
+        full = min(computed_tokens // self.block_size, table.nblocks)
+        keys = table.keys
+        ref = self._ref
+        for j in range(len(keys), full):
+            key = key_of(j)
+            if key in ref:
+                # Same content computed twice (two requests missed one prefix together): the first
+                # copy stays the cached one; this block stays private and is freed plainly.
+                keys.append(None)
+                continue
+            if key in self._lru:
+                del self._lru[key]
+                ref[key] = 1
+            else:
+                ref[key] = 1
+            keys.append(key)
+
+    def free(self, table: BlockTable) -> None:
+        """Release every block of ``table``; cached ones stay cached, most recent last."""
+        ref = self._ref
+        lru = self._lru
+        cached = 0
+        # vLLM frees in reverse so that a request's tail is evicted before its prefix.
+        for key in reversed(table.keys):
+            if key is None:
+                continue
+            n = ref[key] - 1
+            if n:
+                ref[key] = n
+            else:
+                del ref[key]
+                if key in lru:  # pragma: no cover - a key is never both in use and free
+                    raise AssertionError("block cached twice")
+                lru[key] = None
+            cached += 1
+        self._plain_free += table.nblocks - cached
+        table.nblocks = 0
+        table.keys = []

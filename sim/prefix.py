@@ -1,0 +1,62 @@
+"""Content keys of a request's KV blocks, for prefix caching.
+
+A block's key stands for its tokens *and everything before them*, so keys chain. Three sources:
+Mooncake ``hash_ids`` (one id per 512-token block: equal ids mean equal content), prompt text (no
+token ids in the simulator, so ~4 characters stand for a token), or nothing (every block private to its
+request, which still lets a preempted request find its own blocks again).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Hashable
+
+MOONCAKE_BLOCK = 512
+CHARS_PER_TOKEN = 4
+
+
+class BlockKeys:
+    """``keys(j)`` is the content key of block ``j`` of one request (blocks of ``block_size`` tokens)."""
+
+    __slots__ = ("_content", "_rid")
+
+    def __init__(self, rid: object, content: list[Hashable]) -> None:
+        self._rid = rid
+        self._content = content  # keys of the leading blocks whose content is shared-able
+
+    def __call__(self, j: int) -> Hashable:
+        if j < len(self._content):
+            return self._content[j]
+        return (self._rid, j)
+
+    @property
+    def shared_blocks(self) -> int:
+        return len(self._content)
+
+
+def block_keys(
+    rid: object,
+    prompt_tokens: int,
+    block_size: int,
+    hash_ids: tuple[int, ...] | None = None,
+    prompt: str | None = None,
+) -> BlockKeys:
+    full = prompt_tokens // block_size
+    content: list[Hashable] = []
+    if hash_ids:
+        per = max(1, MOONCAKE_BLOCK // block_size)
+        chain = 0
+        for j in range(full):
+            h, within = divmod(j, per)
+            if h >= len(hash_ids):
+                break
+            if within == 0:
+                chain = hash((chain, hash_ids[h]))
+            content.append(("m", chain, within))
+    elif prompt:
+        span = block_size * CHARS_PER_TOKEN
+        chain = 0
+        for j in range(min(full, len(prompt) // span)):
+            chain = zlib.crc32(prompt[j * span : (j + 1) * span].encode(), chain)
+            content.append(("t", chain, j))
+    return BlockKeys(rid, content)
