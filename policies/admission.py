@@ -75,26 +75,47 @@ def predicted_total(pred: LengthDistribution | None, generated: int, quantile: f
 
 
 class Charge:
-    """A request's KV charge, recomputed only when its output passes the predicted total."""
+    """A request's KV charge: ``prompt + max(generated, predicted total given generated)``.
 
-    __slots__ = ("_cfg", "_pred", "_prompt", "_total", "value")
+    The predicted total is the quantile of the output distribution conditioned on ``O > generated``,
+    which only changes when ``generated`` passes a support point, so it is recomputed only then. The
+    charge is a function of ``generated`` alone — not of how often it was updated — so a simulator
+    that folds many decode steps into one event charges exactly what a token-by-token stream does.
+    """
+
+    __slots__ = ("_cfg", "_next", "_pred", "_prompt", "_total", "value")
 
     def __init__(self, prompt_tokens: int, pred: LengthDistribution | None, cfg: AdmissionConfig) -> None:
         self._prompt = prompt_tokens
         self._pred = pred
         self._cfg = cfg
-        self._total = predicted_total(pred, 0, cfg.quantile, cfg.unknown_output)
-        self.value = float(prompt_tokens + self._total)
+        self._next = 0
+        self._total = 0
+        self.value = 0.0
+        self._recompute(0)
+
+    def _recompute(self, generated: int) -> None:
+        cfg = self._cfg
+        self._total = predicted_total(self._pred, generated, cfg.quantile, cfg.unknown_output)
+        # The conditioning event O > generated next changes at the first support point ≥ it.
+        nxt = -1
+        if self._pred is not None:
+            for o in self._pred.support:
+                if o > generated:
+                    nxt = o
+                    break
+        # Past the support (or with no prediction) the estimate follows every token.
+        self._next = nxt if nxt > 0 else generated + 1
+        self.value = float(self._prompt + max(self._total, generated))
 
     def update(self, generated: int) -> float:
         """New charge after ``generated`` tokens; returns the change."""
-        if generated >= self._total:
-            cfg = self._cfg
-            self._total = predicted_total(self._pred, generated, cfg.quantile, cfg.unknown_output)
-        new = float(self._prompt + max(self._total, generated))
-        delta = new - self.value
-        self.value = new
-        return delta
+        old = self.value
+        if generated >= self._next:
+            self._recompute(generated)
+        else:
+            self.value = float(self._prompt + max(self._total, generated))
+        return self.value - old
 
 
 def choose_backend(charge: float, backends: Sequence[BackendLoad], cfg: AdmissionConfig) -> int | None:

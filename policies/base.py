@@ -150,6 +150,17 @@ class Policy:
     max_preempt_share: ClassVar[float] = 1.0
     """Engine level: at most this share of the running batch is preempted in one step."""
 
+    engine_variant: ClassVar[str | None] = None
+    """Engine level: run the engine as this variant (``v1``, ``v0``, ``sarathi``) with
+    ``engine_chunk_size`` as its per-step token budget when set (the engine-variant policies)."""
+    engine_chunk_size: ClassVar[int | None] = None
+    defers_decode: ClassVar[bool] = False
+    """Engine level: :meth:`defer_decode` may hold a decoding request out of a step (SLAI)."""
+
+    def defer_decode(self, req: SchedRequest, now: float) -> bool:
+        """Engine level, ``defers_decode`` policies: skip ``req``'s decode token this step."""
+        return False
+
     # --- life-cycle hooks ----------------------------------------------------------------------
     def on_arrival(self, req: SchedRequest, now: float) -> None:
         """A request entered this policy's queue (gateway queue or engine waiting list)."""

@@ -12,6 +12,7 @@ Everything is deterministic for a workload, a policy and a seed.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import time
 from collections.abc import Sequence
@@ -46,6 +47,8 @@ class SimSetup:
     policy: Policy = field(default_factory=FCFS)
     predictor: Predictor | None = None
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    fold_decode: bool = True
+    """Fold runs of identical decode steps into one event (exact; off only to test that it is)."""
 
     def __post_init__(self) -> None:
         if self.level not in (ENGINE, GATEWAY):
@@ -85,8 +88,10 @@ class Simulation:
         self.trace = sorted(workload, key=lambda r: (r.arrival_s, r.rid))
         gateway = setup.level == GATEWAY
         engine_policy = FCFS() if gateway else setup.policy
+        engine_cfg = engine_config_for(setup.engine, engine_policy)
         self.engines = [
-            Engine(setup.perf, setup.engine, engine_policy, name=f"engine-{i}") for i in range(setup.engines)
+            Engine(setup.perf, engine_cfg, engine_policy, name=f"engine-{i}", fold_decode=setup.fold_decode)
+            for i in range(setup.engines)
         ]
         self.policy = setup.policy
         self.gateway = gateway
@@ -290,6 +295,18 @@ class Simulation:
             flight = self.flights.pop(req)
             self.loads[flight.backend].charged_tokens -= flight.charge.value
             self.policy.on_finish(req, self.now)
+
+
+def engine_config_for(cfg: EngineConfig, policy: Policy) -> EngineConfig:
+    """The engine settings with an engine-variant policy's variant and chunk budget applied."""
+    changes: dict[str, object] = {}
+    if policy.engine_variant is not None:
+        changes["variant"] = policy.engine_variant
+    if policy.engine_chunk_size is not None:
+        changes["chunk_size"] = policy.engine_chunk_size
+        if policy.engine_variant in (None, "v1"):
+            changes["max_num_batched_tokens"] = policy.engine_chunk_size
+    return dataclasses.replace(cfg, **changes) if changes else cfg  # type: ignore[arg-type]
 
 
 def simulate(workload: Sequence[TraceRequest], setup: SimSetup) -> SimResult:

@@ -114,6 +114,7 @@ class Engine:
         *,
         name: str = "engine-0",
         on_preempt: Callable[[EngineRequest], None] | None = None,
+        fold_decode: bool = True,
     ) -> None:
         self.perf = perf
         self.config = config = config or EngineConfig()
@@ -131,7 +132,8 @@ class Engine:
         self.generation_tokens_total = 0
         self.finished_total = 0
         self._on_preempt = on_preempt
-        self._prefill_first_seq = 0  # v0: whether the last step was a prefill step
+        self.fold_decode = fold_decode
+        self._progress_hook = type(self.policy).on_progress is not Policy.on_progress
 
     # --- public state -------------------------------------------------------------------------
     @property
@@ -154,6 +156,19 @@ class Engine:
 
     def has_work(self) -> bool:
         return bool(self.running) or bool(self.waiting)
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the KV accounting is inconsistent (tests call this every step)."""
+        pool = self.pool
+        assert 0 <= pool.free_blocks <= pool.num_blocks, "free blocks out of range"
+        held = sum(r.table.nblocks for r in self.running)
+        shared = sum(1 for r in self.running for k in r.table.keys if k is not None)
+        in_use_cached = pool.cached_in_use
+        assert pool.used_blocks == held - shared + in_use_cached, "blocks leaked or double-counted"
+        for r in self.running:
+            assert r.table.nblocks * pool.block_size >= r.num_computed, "computed tokens without blocks"
+        for r in self.waiting:
+            assert r.table.nblocks == 0, "a waiting request holds blocks"
 
     # --- requests in and out ------------------------------------------------------------------
     def add(self, req: EngineRequest, now: float) -> None:
@@ -200,22 +215,24 @@ class Engine:
             order = sorted(order, key=lambda r: r.num_computed < r.known_tokens)
         elif self.policy.rekey_on_progress:
             order = sorted(order, key=lambda r: self.policy.key(r, now))
+        defer = self.policy.defers_decode
+        bs = self.pool.block_size
         for req in list(order):
             if budget <= 0:
                 break
             if req.state != RUNNING:
                 continue  # preempted as a victim earlier in this loop
-            n = min(req.known_tokens - req.num_computed, budget)
-            while not self.pool.grow(req.table, req.num_computed + n):
-                victim = self._victim(now)
-                budget += sched.pop(victim, 0)
-                self._preempt(victim, now)
-                step.preempted += 1
-                if victim is req:
-                    break
-            else:
-                sched[req] = n
-                budget -= n
+            todo = req.prompt_tokens + req.generated - req.num_computed
+            if defer and todo == 1 and req.generated and self.policy.defer_decode(req, now):
+                continue
+            n = todo if todo < budget else budget
+            if req.num_computed + n > req.table.nblocks * bs:
+                ok, freed = self._grow_or_preempt(req, req.num_computed + n, step)
+                budget += freed
+                if not ok:
+                    continue
+            sched[req] = n
+            budget -= n
         if not step.preempted:
             self._admit(now, step, budget)
         return step
@@ -231,16 +248,24 @@ class Engine:
         for req in list(self.running):
             if req.state != RUNNING:
                 continue
-            while not self.pool.grow(req.table, req.num_computed + 1):
-                victim = self._victim(now)
-                step.scheduled.pop(victim, None)
-                self._preempt(victim, now)
-                step.preempted += 1
-                if victim is req:
-                    break
-            else:
+            ok, _ = self._grow_or_preempt(req, req.num_computed + 1, step)
+            if ok:
                 step.scheduled[req] = 1
         return step
+
+    def _grow_or_preempt(self, req: EngineRequest, tokens: int, step: Step) -> tuple[bool, int]:
+        """Give ``req`` blocks for ``tokens`` tokens, preempting victims while the pool is short.
+        Returns whether ``req`` still runs, and the token budget given back by victims that had
+        already been scheduled in this step."""
+        freed = 0
+        while not self.pool.grow(req.table, tokens):
+            victim = self._victim(step.start)
+            freed += step.scheduled.pop(victim, 0)
+            self._preempt(victim, step.start)
+            step.preempted += 1
+            if victim is req:
+                return False, freed
+        return True, freed
 
     def _admit(self, now: float, step: Step, budget: int, *, whole_prompts: bool = False) -> None:
         """Admit waiting requests in queue order while budget, sequence cap and blocks allow; stop at
@@ -286,6 +311,8 @@ class Engine:
     def _preempt(self, victim: EngineRequest, now: float) -> None:
         """Preemption by recompute: the victim loses its blocks and computed tokens and waits again."""
         self.running.remove(victim)
+        # Its computed blocks stay cached (private ones too): recomputing it may find them again.
+        self.pool.register_full(victim.table, victim.num_computed, victim.keys)
         self.pool.free(victim.table)
         victim.num_computed = 0
         victim.state = WAITING
@@ -323,7 +350,7 @@ class Engine:
         n_dec = 0
         ctx = 0
         for req, n in step.scheduled.items():
-            if req.num_computed + n == req.known_tokens and req.generated > 0 and n == 1:
+            if n == 1 and req.generated and req.num_computed + 1 == req.prompt_tokens + req.generated:
                 n_dec += 1
                 ctx += req.num_computed
             else:
@@ -338,9 +365,9 @@ class Engine:
     def _can_fold(self, step: Step) -> bool:
         """Folding is exact only when nothing could change between the steps: everyone running
         decodes, and no waiting request could be admitted or preempt anyone."""
-        if step.preempted or len(step.scheduled) != len(self.running):
+        if not self.fold_decode or step.preempted or len(step.scheduled) != len(self.running):
             return False
-        if self.policy.rekey_on_progress and self.policy.preemptive:
+        if (self.policy.rekey_on_progress and self.policy.preemptive) or self.policy.defers_decode:
             return False
         if self.waiting:
             if self.policy.preemptive or self.policy.dynamic:
@@ -391,21 +418,29 @@ class Engine:
         pool = self.pool
         policy = self.policy
         k = step.k
+        bs = pool.block_size
+        caching = pool.caching
+        hook = self._progress_hook
         for req, n in step.scheduled.items():
             if req.state != RUNNING:
                 continue  # aborted while the step ran
-            req.num_computed += n + (k - 1)
-            if req.num_computed < req.known_tokens:
-                pool.register_full(req.table, req.num_computed, req.keys)
+            computed = req.num_computed = req.num_computed + n + (k - 1)
+            if (
+                caching
+                and len(req.table.keys) < req.keys.shared_blocks
+                and computed // bs > len(req.table.keys)
+            ):
+                pool.register_full(req.table, min(computed, req.keys.shared_blocks * bs), req.keys)
+            if computed < req.prompt_tokens + req.generated:
                 continue  # a prefill chunk that did not reach the end of the prompt
             if req.generated == 0:
                 self.prompt_tokens_total += req.prompt_tokens
                 req.t_first_token = now
             req.generated += k
             self.generation_tokens_total += k
-            pool.register_full(req.table, req.num_computed, req.keys)
             emitted.append(req)
-            policy.on_progress(req, k, now)
+            if hook:
+                policy.on_progress(req, k, now)
             if req.generated >= req.output_tokens:
                 finished.append(req)
         for req in finished:

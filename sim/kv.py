@@ -1,10 +1,12 @@
 """Paged KV cache with prefix caching, as vLLM's block manager keeps it.
 
-Blocks of ``block_size`` tokens, allocated on demand. With prefix caching, every *full* block is
-registered under a content key (a chain hash of the prompt content before it and its own, or a
-request-private key for generated tokens, which still pays off when a preempted request is
-recomputed). A freed cached block stays cached, evictable least recently used first; a request whose
-prompt starts with cached blocks takes them without recomputing them.
+Blocks of ``block_size`` tokens, allocated on demand. With prefix caching, every *full* block of
+shareable prompt content is registered under a content key (a chain hash of the content before it and
+its own). A preempted request registers its other full blocks too, under request-private keys, so its
+recomputation finds them if they survive. A freed cached block stays cached, evictable least recently
+used first; a request whose prompt starts with cached blocks takes them without recomputing them.
+(Simplification: a *finished* request's private blocks return as plain free blocks, evicted before any
+cached block; vLLM keeps them in its LRU too, but nothing can ever hit them.)
 
 The pool never lends more blocks than it has: ``used + free == num_blocks`` always.
 """
@@ -46,6 +48,11 @@ class BlockPool:
     @property
     def used_blocks(self) -> int:
         return self.num_blocks - self.free_blocks
+
+    @property
+    def cached_in_use(self) -> int:
+        """Cached blocks held by at least one request (each counted once, however many share it)."""
+        return len(self._ref)
 
     @property
     def usage(self) -> float:
@@ -118,10 +125,11 @@ class BlockPool:
                 keys.append(None)
                 continue
             if key in self._lru:
+                # A stale free copy of the same content: this block becomes the cached one and the
+                # stale copy a plain free block.
                 del self._lru[key]
-                ref[key] = 1
-            else:
-                ref[key] = 1
+                self._plain_free += 1
+            ref[key] = 1
             keys.append(key)
 
     def free(self, table: BlockTable) -> None:

@@ -18,20 +18,17 @@ CHARS_PER_TOKEN = 4
 class BlockKeys:
     """``keys(j)`` is the content key of block ``j`` of one request (blocks of ``block_size`` tokens)."""
 
-    __slots__ = ("_content", "_rid")
+    __slots__ = ("_content", "_rid", "shared_blocks")
 
     def __init__(self, rid: object, content: list[Hashable]) -> None:
         self._rid = rid
         self._content = content  # keys of the leading blocks whose content is shared-able
+        self.shared_blocks = len(content)
 
     def __call__(self, j: int) -> Hashable:
         if j < len(self._content):
             return self._content[j]
         return (self._rid, j)
-
-    @property
-    def shared_blocks(self) -> int:
-        return len(self._content)
 
 
 def block_keys(

@@ -1,4 +1,4 @@
-"""Azure LLM inference traces (2023 and the 2024 week-long release): ``TIMESTAMP,ContextTokens,GeneratedTokens``.
+"""Azure LLM inference traces, 2023 and 2024 releases: ``TIMESTAMP,ContextTokens,GeneratedTokens``.
 
 Timestamps are parsed by hand (one regex, a per-date cache) rather than by ``datetime`` per row: the
 2023 style carries seven fractional digits, which ``strptime`` cannot take, and a week-long 2024 file

@@ -55,8 +55,8 @@ def is_gzip(path: Path) -> bool:
 def open_text(path: Path) -> IO[str]:
     """Open a text trace, transparently decompressing gzip; ``newline=""`` as the csv module wants."""
     if is_gzip(path):
-        return gzip.open(path, "rt", encoding="utf-8", newline="")
-    return path.open(encoding="utf-8", newline="")
+        return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
+    return path.open(encoding="utf-8-sig", newline="")
 
 
 def parse_tokens(text: str) -> int:
@@ -108,7 +108,9 @@ def iter_json_lines(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
             try:
                 obj = json.loads(text)
             except json.JSONDecodeError as exc:
-                raise TraceFormatError(path, lineno, f"invalid JSON: {exc.msg} (column {exc.colno})") from None
+                raise TraceFormatError(
+                    path, lineno, f"invalid JSON: {exc.msg} (column {exc.colno})"
+                ) from None
             if not isinstance(obj, dict):
                 raise TraceFormatError(path, lineno, f"expected a JSON object, got {type(obj).__name__}")
             yield lineno, obj

@@ -51,10 +51,10 @@ def detect_format(path: str | Path) -> str:
             return "mooncake"
         raise TraceFormatError(p, lineno, f"JSON lines with unrecognised keys {sorted(keys)[:12]}")
     names = {h.strip().lower() for h in next(csv.reader([text]))}
-    if _AZURE <= names:
+    if names >= _AZURE:
         return "azure"
-    if _BURSTGPT <= names:
+    if names >= _BURSTGPT:
         return "burstgpt"
-    if servegen._TRACE.fullmatch(p.name):
+    if servegen.TRACE_FILE.fullmatch(p.name):
         raise TraceFormatError(p, None, "a ServeGen client file: pass its folder instead")
     raise TraceFormatError(p, lineno, f"unrecognised header {text[:120]!r}")

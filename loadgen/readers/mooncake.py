@@ -1,4 +1,4 @@
-"""Mooncake traces: JSON lines ``{"timestamp": ms, "input_length": n, "output_length": n, "hash_ids": [...]}``.
+"""Mooncake traces: JSON lines ``{"timestamp": ms, "input_length": n, "output_length": n, "hash_ids": []}``.
 
 Each hash id names one 512-token prompt block (equal ids mean a shared prefix), so ``hash_ids`` is kept
 as a tuple for prefix-cache modelling. The same format is used by AIBrix, NVIDIA Dynamo and AIPerf;

@@ -30,6 +30,7 @@ from __future__ import annotations
 import ast
 import bisect
 import csv
+import itertools
 import json
 import math
 import re
@@ -44,7 +45,7 @@ from loadgen.records import TraceRequest
 if TYPE_CHECKING:
     import numpy as np
 
-_TRACE = re.compile(r"chunk-(\d+)-trace\.csv")
+TRACE_FILE = re.compile(r"chunk-(\d+)-trace\.csv")
 DEFAULT_WINDOW_S = 600.0
 LAWS = ("gamma", "weibull", "exponential")
 
@@ -65,7 +66,7 @@ def client_files(folder: Path) -> dict[int, Path]:
     """Client id → its trace file, for every ``chunk-N-trace.csv`` in ``folder``."""
     found = {}
     for p in folder.iterdir():
-        m = _TRACE.fullmatch(p.name)
+        m = TRACE_FILE.fullmatch(p.name)
         if m:
             found[int(m.group(1))] = p
     return dict(sorted(found.items()))
@@ -115,7 +116,7 @@ def read_windows(path: Path) -> list[Window]:
 
 def window_length(windows: Sequence[Window]) -> float:
     """The trace's window length: the smallest gap between consecutive starts (600 s if one row)."""
-    gaps = [b.start_s - a.start_s for a, b in zip(windows, windows[1:], strict=False) if b.start_s > a.start_s]
+    gaps = [b.start_s - a.start_s for a, b in itertools.pairwise(windows) if b.start_s > a.start_s]
     return min(gaps) if gaps else DEFAULT_WINDOW_S
 
 
@@ -207,9 +208,7 @@ def _unit_sampler(law: str, shape: float) -> tuple[Callable[..., np.ndarray], Ca
     return gaps, biased
 
 
-def window_arrivals(
-    w: Window, rate: float, start: float, end: float, rng: np.random.Generator
-) -> np.ndarray:
+def window_arrivals(w: Window, rate: float, start: float, end: float, rng: np.random.Generator) -> np.ndarray:
     """Arrival times in ``[start, end)`` of a renewal process in equilibrium from ``start``."""
     import numpy as np
 
@@ -282,9 +281,7 @@ def read(
             continue
         windows = read_windows(trace_path)
         length = window_length(windows)
-        active = [
-            w for w in windows if w.rate > 0 and w.start_s < slice_end and w.start_s + length > start_s
-        ]
+        active = [w for w in windows if w.rate > 0 and w.start_s < slice_end and w.start_s + length > start_s]
         if not active:
             continue
         dataset = Dataset(dataset_path)
@@ -293,7 +290,9 @@ def read(
             i = dataset.window_at(w.start_s)
             if i is None:
                 raise TraceFormatError(
-                    dataset_path, None, f"no dataset window at or before {w.start_s:g} s (trace line {w.line})"
+                    dataset_path,
+                    None,
+                    f"no dataset window at or before {w.start_s:g} s (trace line {w.line})",
                 )
             inputs, outputs = dataset.dist(i, "input_tokens"), dataset.dist(i, "output_tokens")
             if not inputs[0] or not outputs[0]:
@@ -319,7 +318,11 @@ def read(
                 extra: dict[str, object] = {} if ratios is None else {"reason_ratio": float(ratios[k])}
                 out.append(
                     TraceRequest(
-                        arrival_s=float(times[k]), prompt_tokens=p, output_tokens=o, tenant=tenant, extra=extra
+                        arrival_s=float(times[k]),
+                        prompt_tokens=p,
+                        output_tokens=o,
+                        tenant=tenant,
+                        extra=extra,
                     )
                 )
     return out

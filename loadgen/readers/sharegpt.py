@@ -8,6 +8,7 @@ seeded arrival process at ``rate`` req/s (Poisson, or gamma with ``cv``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -57,6 +58,8 @@ def read(
         pairs.append((prompt, p, o, {k: obj[k] for k in _EXTRA if k in obj}))
     if arrivals_from is not None:
         times = [float(t) for t in arrivals_from[: len(pairs)]]
+        if not all(math.isfinite(t) for t in times):
+            raise ValueError("arrivals_from holds a non-finite time")
     else:
         import numpy as np
 

@@ -1,0 +1,83 @@
+"""Errors are values at the edge: every outcome the gateway answers itself is one :class:`GatewayError`,
+mapped here, and only here, to an HTTP status, headers and an OpenAI-style body."""
+
+from __future__ import annotations
+
+import json
+
+from starlette.responses import Response
+
+REASON_HEADER = "x-sagegate-reason"
+
+
+class GatewayError(Exception):
+    """An answer to the client that is not the backend's: status, OpenAI error type, reason code."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        reason: str | None = None,
+        param: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.reason = reason
+        self.param = param
+        self.retry_after = retry_after
+
+    def body(self) -> dict[str, object]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.reason or self.status,
+            }
+        }
+
+    def response(self) -> Response:
+        headers = {}
+        if self.reason:
+            headers[REASON_HEADER] = self.reason
+        if self.retry_after is not None:
+            headers["retry-after"] = str(self.retry_after)
+        return Response(
+            json.dumps(self.body()), status_code=self.status, headers=headers, media_type="application/json"
+        )
+
+
+def bad_request(message: str, param: str | None = None) -> GatewayError:
+    return GatewayError(400, message, reason="invalid_request", param=param)
+
+
+def too_large(limit: int) -> GatewayError:
+    return GatewayError(413, f"request body exceeds {limit} bytes", reason="body_too_large")
+
+
+def unauthorized() -> GatewayError:
+    return GatewayError(401, "invalid or missing API key", type="authentication_error", reason="unauthorized")
+
+
+def busy(reason: str, message: str, retry_after: int) -> GatewayError:
+    """Backends healthy but full, or the queue full: come back later."""
+    return GatewayError(429, message, type="rate_limit_error", reason=reason, retry_after=retry_after)
+
+
+def unavailable(reason: str, message: str, retry_after: int | None = None) -> GatewayError:
+    return GatewayError(503, message, type="service_unavailable", reason=reason, retry_after=retry_after)
+
+
+def upstream_failed(message: str) -> GatewayError:
+    return GatewayError(502, message, type="upstream_error", reason="upstream_failed")
+
+
+def sse_error_event(message: str) -> bytes:
+    """The event sent when a stream breaks after it started: an OpenAI error object as SSE data."""
+    body = {"error": {"message": message, "type": "upstream_error", "param": None, "code": "upstream_failed"}}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"

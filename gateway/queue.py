@@ -1,0 +1,119 @@
+"""The gateway's queued request and its bounded, policy-ordered queue.
+
+Ordering is ``policies.queue.PolicyQueue`` (the simulator's own queue); this adds the bounds (requests
+and prompt tokens) and the future a waiting handler sleeps on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from policies.admission import Charge
+from policies.base import Policy, SchedRequest
+from policies.queue import PolicyQueue
+from predictor.distribution import LengthDistribution
+
+
+class Dispatched(Exception):
+    """Why a queued request will never be dispatched (set on its future)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class GatewayRequest(SchedRequest):
+    """A live request: what the policy reads, plus the HTTP side of it."""
+
+    __slots__ = (
+        "attempt",
+        "backend",
+        "body",
+        "charge",
+        "epoch",
+        "excluded",
+        "future",
+        "model",
+        "path",
+        "prompt",
+        "route",
+        "stream",
+        "t_dispatch",
+        "t_enqueue",
+        "want_usage",
+    )
+
+    def __init__(
+        self,
+        rid: Any,
+        arrival_s: float,
+        prompt_tokens: int,
+        *,
+        body: dict[str, Any],
+        route: str,
+        model: str,
+        prompt: Any,
+        tenant: str = "default",
+        priority: int = 1,
+        deadline_s: float | None = None,
+        prediction: LengthDistribution | None = None,
+        path: str = "none",
+    ) -> None:
+        super().__init__(
+            rid, arrival_s, prompt_tokens, tenant=tenant, priority=priority, deadline_s=deadline_s,
+            prediction=prediction,
+        )  # fmt: skip
+        self.body = body
+        self.route = route
+        self.model = model
+        self.prompt = prompt
+        self.path = path
+        self.stream = bool(body.get("stream"))
+        opts = body.get("stream_options")
+        self.want_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
+        self.charge: Charge | None = None
+        self.backend: int | None = None
+        self.epoch = 0
+        self.excluded: set[int] = set()
+        self.attempt = 0
+        self.future: asyncio.Future[int] | None = None
+        self.t_enqueue = arrival_s
+        self.t_dispatch: float | None = None
+
+
+class BoundedQueue:
+    """A :class:`PolicyQueue` with a cap on queued requests and on their prompt tokens."""
+
+    def __init__(self, policy: Policy, max_requests: int, max_tokens: int) -> None:
+        self.q: PolicyQueue[GatewayRequest] = PolicyQueue(policy)
+        self.max_requests = max_requests
+        self.max_tokens = max_tokens
+        self.tokens = 0
+
+    def __len__(self) -> int:
+        return len(self.q)
+
+    def full_reason(self, req: GatewayRequest) -> str | None:
+        """Why ``req`` may not join, or None."""
+        if len(self.q) >= self.max_requests:
+            return "queue_full_requests"
+        if self.tokens + req.prompt_tokens > self.max_tokens and len(self.q) > 0:
+            return "queue_full_tokens"
+        return None
+
+    def push(self, req: GatewayRequest, now: float) -> None:
+        self.q.push(req, now)
+        self.tokens += req.prompt_tokens
+
+    def remove(self, req: GatewayRequest) -> bool:
+        if self.q.remove(req):
+            self.tokens -= req.prompt_tokens
+            return True
+        return False
+
+    def peek(self, now: float) -> GatewayRequest | None:
+        return self.q.peek(now)
+
+    def ordered(self, now: float, limit: int | None = None) -> list[GatewayRequest]:
+        return self.q.ordered(now, limit)

@@ -1,0 +1,73 @@
+"""Reading the few vLLM metrics admission needs out of a backend's Prometheus text.
+
+A full Prometheus parser costs milliseconds on vLLM's histogram-heavy output; this reads only the
+lines it wants (summing over label sets, e.g. several engines behind one server).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(slots=True)
+class EngineMetrics:
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float | None = None
+    preemptions: int = 0
+    capacity_tokens: int | None = None
+    """``num_gpu_blocks × block_size`` from ``vllm:cache_config_info``."""
+
+
+_NAMES = {
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:num_requests_running": "running",
+    "vllm:kv_cache_usage_perc": "kv_usage",
+    "vllm:gpu_cache_usage_perc": "kv_usage",
+    "vllm:num_preemptions_total": "preemptions",
+    "vllm:num_preemptions": "preemptions",
+}
+
+
+def parse_metrics(text: str) -> EngineMetrics:
+    out = EngineMetrics()
+    sums: dict[str, float] = {}
+    kv: list[float] = []
+    blocks = 0
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        brace = line.find("{")
+        space = line.find(" ")
+        if space < 0:
+            continue
+        labelled = 0 <= brace < space
+        name = line[: brace if labelled else space]
+        end = line.rfind("}") + 1 if labelled else space
+        if name == "vllm:cache_config_info":
+            labels = dict(_LABEL.findall(line[brace:end])) if labelled else {}
+            try:
+                blocks += int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+            except (KeyError, ValueError):
+                pass
+            continue
+        field = _NAMES.get(name)
+        if field is None:
+            continue
+        try:
+            value = float(line[end:].split()[0])
+        except (ValueError, IndexError):
+            continue
+        if field == "kv_usage":
+            kv.append(value)
+        else:
+            sums[field] = sums.get(field, 0.0) + value
+    out.waiting = int(sums.get("waiting", 0))
+    out.running = int(sums.get("running", 0))
+    out.preemptions = int(sums.get("preemptions", 0))
+    out.kv_usage = max(kv) if kv else None
+    out.capacity_tokens = blocks or None
+    return out

@@ -1,0 +1,196 @@
+"""The gateway's one settings object: defaults, then a YAML file, then ``SAGEGATE_*`` environment
+variables, then explicit overrides (the CLI's flags), later sources winning.
+
+Nested fields use ``__`` in the environment: ``SAGEGATE_ADMISSION__TARGET=0.9``. Lists and mappings
+are JSON there: ``SAGEGATE_BACKENDS='["http://a:8000","http://b:8000"]'``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from policies.admission import AdmissionConfig
+
+PREDICTORS = ("none", "global", "length-bucket", "semantic")
+
+
+class BackendSettings(BaseModel):
+    """One upstream engine. ``capacity_tokens`` overrides what its ``vllm:cache_config_info`` says."""
+
+    url: str
+    name: str | None = None
+    capacity_tokens: int | None = Field(default=None, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _strip(cls, v: str) -> str:
+        v = v.strip().rstrip("/")
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"backend url {v!r} must start with http:// or https://")
+        return v
+
+
+class AdmissionSettings(BaseModel):
+    """The memory-aware admission rule's knobs (see ``policies.admission``)."""
+
+    quantile: float = Field(default=0.5, ge=0.0, le=1.0)
+    target: float = Field(default=1.0, gt=0.0)
+    max_waiting: int = Field(default=4, ge=1)
+    unknown_output: int = Field(default=256, ge=1)
+
+    def config(self) -> AdmissionConfig:
+        return AdmissionConfig(self.quantile, self.target, self.max_waiting, self.unknown_output)
+
+
+class QueueSettings(BaseModel):
+    """Bounds on the gateway's own queue."""
+
+    max_requests: int = Field(default=10_000, ge=1)
+    max_tokens: int = Field(default=50_000_000, ge=1)
+    """Sum of queued requests' prompt tokens."""
+    max_wait_s: float = Field(default=60.0, gt=0.0)
+    """A request still queued after this long is answered 429 (backends busy) or 503 (none healthy)."""
+    retry_after_s: int = Field(default=1, ge=0)
+
+
+class HealthSettings(BaseModel):
+    """Health probing, metrics scraping and the circuit breaker."""
+
+    scrape_interval_s: float = Field(default=0.1, gt=0.0)
+    """How often each backend's ``/metrics`` is read (waiting requests, KV capacity)."""
+    probe_interval_s: float = Field(default=1.0, gt=0.0)
+    """How often each backend's ``/health`` is probed."""
+    probe_timeout_s: float = Field(default=2.0, gt=0.0)
+    failure_threshold: int = Field(default=3, ge=1)
+    """Consecutive failures (requests or probes) that open a backend's circuit."""
+    open_s: float = Field(default=2.0, ge=0.0)
+    """An open circuit stays open at least this long, then closes on the next successful probe."""
+
+
+class UpstreamSettings(BaseModel):
+    """The pooled HTTP client to the backends."""
+
+    connect_timeout_s: float = Field(default=3.0, gt=0.0)
+    read_timeout_s: float = Field(default=600.0, gt=0.0)
+    """Longest silence tolerated from a backend mid-response."""
+    max_connections: int = Field(default=1000, ge=1)
+    max_attempts: int = Field(default=2, ge=1)
+    """Tries per request across backends when one fails before sending anything."""
+    force_usage: bool = True
+    """Ask streaming backends for a usage chunk (hidden from clients that did not ask) to learn
+    the exact output length."""
+    forward_priority: bool = False
+    """Send ``priority`` (minus ``x-priority``) to backends started with ``--scheduling-policy priority``."""
+
+
+class LimitSettings(BaseModel):
+    """What a client may ask for."""
+
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_tokens: int = Field(default=32_768, ge=1)
+    """Largest ``max_tokens`` (or ``max_completion_tokens``) accepted."""
+    max_n: int = Field(default=1, ge=1)
+
+
+class GatewaySettings(BaseSettings):
+    """Everything ``sagegate serve`` reads. See docs/gateway.md for each field."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SAGEGATE_", env_nested_delimiter="__", extra="forbid", validate_default=True
+    )
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    backends: list[BackendSettings] = Field(default_factory=list)
+    policy: str = "sagesched"
+    """A policy spec from the registry, e.g. ``sagesched``, ``fcfs``, ``edf``, ``fastserve:levels=4``."""
+    predictor: str = "semantic"
+    """``none`` (prompt length only), ``global``, ``length-bucket`` or ``semantic``."""
+    redis_url: str | None = None
+    """Shared prediction history for the semantic predictor (in-process when unset)."""
+    predictor_options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for the predictor's constructor."""
+    tokenizer: str = "o200k_base"
+    """Encoding used to count prompt tokens (``bpe-openai``); ``chars`` = characters / 4."""
+    default_capacity_tokens: int = Field(default=65_536, gt=0)
+    """KV capacity assumed for a backend that neither reports nor is configured with one."""
+    capacity_requests_per_backend: int = Field(default=256, ge=1)
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    queue: QueueSettings = Field(default_factory=QueueSettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
+    upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+    api_keys: dict[str, str] = Field(default_factory=dict)
+    """API key → tenant. Empty: no authentication, tenant from ``x-tenant``."""
+    admin_key: str | None = None
+    """Bearer key for ``/admin/*``; admin routes are closed when unset."""
+    log_prompts: bool = False
+    drain_timeout_s: float = Field(default=30.0, ge=0.0)
+    log_level: str = "info"
+
+    @field_validator("backends", mode="before")
+    @classmethod
+    def _backend_strings(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = [s for s in v.split(",") if s.strip()]
+        if isinstance(v, list):
+            return [{"url": b} if isinstance(b, str) else b for b in v]
+        return v
+
+    @field_validator("predictor")
+    @classmethod
+    def _known_predictor(cls, v: str) -> str:
+        if v not in PREDICTORS:
+            raise ValueError(f"unknown predictor {v!r}; valid: {', '.join(PREDICTORS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _named_backends(self) -> GatewaySettings:
+        seen: set[str] = set()
+        for i, b in enumerate(self.backends):
+            if b.name is None:
+                b.name = f"backend-{i}"
+            if b.name in seen:
+                raise ValueError(f"backend name {b.name!r} used twice")
+            seen.add(b.name)
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        yaml_file = settings_cls.model_config.get("yaml_file")
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if yaml_file:
+            sources.append(YamlConfigSettingsSource(settings_cls))
+        return tuple(sources)
+
+
+def load_settings(config: str | Path | None = None, **overrides: Any) -> GatewaySettings:
+    """Settings from ``config`` (YAML) and the environment; ``overrides`` that are not None win."""
+    given = {k: v for k, v in overrides.items() if v is not None and v != []}
+    if config is None:
+        return GatewaySettings(**given)
+    path = Path(config)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} not found")
+    cls = type(
+        "GatewaySettingsFromFile",
+        (GatewaySettings,),
+        {"model_config": SettingsConfigDict(**{**GatewaySettings.model_config, "yaml_file": str(path)})},
+    )
+    return cls(**given)

@@ -1,0 +1,128 @@
+"""``sagegate backend``: the simulated vLLM-compatible server (sim/server.py) under uvicorn."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from sagegate import engine_flags as ef
+
+
+def backend(
+    model: ef.Model = "llama-3.1-8b",
+    gpu: ef.Gpu = "h100",
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8001,
+    time_scale: Annotated[
+        float, typer.Option("--time-scale", help="Engine seconds per wall second (10 = ten times faster).")
+    ] = 1.0,
+    scheduling_policy: Annotated[
+        str, typer.Option("--scheduling-policy", help="vLLM's --scheduling-policy: fcfs or priority.")
+    ] = "fcfs",
+    served_model_name: Annotated[
+        str | None, typer.Option("--served-model-name", help="Model name clients use (default: --model).")
+    ] = None,
+    max_num_seqs: ef.MaxNumSeqs = 256,
+    max_num_batched_tokens: ef.MaxBatched = 8192,
+    block_size: ef.BlockSize = 16,
+    gpu_memory_utilization: ef.GpuUtil = 0.9,
+    num_gpu_blocks_override: ef.BlocksOverride = None,
+    enable_prefix_caching: ef.PrefixCaching = True,
+    tensor_parallel_size: ef.TensorParallel = 1,
+    variant: ef.Variant = "v1",
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
+) -> None:
+    """Serve the simulated engine over an OpenAI-compatible HTTP API with vLLM's /metrics."""
+    import uvicorn
+
+    from sim.server import BackendSettings, create_app
+
+    try:
+        cfg, _ = ef.engine_config(
+            model,
+            gpu,
+            max_num_seqs,
+            max_num_batched_tokens,
+            block_size,
+            gpu_memory_utilization,
+            num_gpu_blocks_override,
+            enable_prefix_caching,
+            tensor_parallel_size,
+            variant,
+        )
+        settings = BackendSettings(
+            engine=cfg,
+            served_model_name=served_model_name,
+            time_scale=time_scale,
+            scheduling_policy=scheduling_policy,
+        )
+        app = create_app(settings)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    eng = app.state.backend.engine
+    typer.echo(
+        f"sagegate backend: {settings.model_name} ({cfg.model} on {cfg.gpu} x{cfg.tensor_parallel_size}, "
+        f"{eng.pool.num_blocks} KV blocks of {eng.pool.block_size}, time scale {time_scale:g}) "
+        f"at http://{host}:{port}",
+        err=True,
+    )
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free right now (another process may still take it before we bind)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def spawned_backend(args: Sequence[str] = (), *, startup_timeout_s: float = 30.0) -> Iterator[str]:
+    """Run ``sagegate backend [args]`` in a child process on a free loopback port and yield its base
+    URL once ``/health`` answers; stop it on exit. For tests and demos; needs no installed entry point."""
+    import httpx
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "sagegate.cmd_backend", "--host", "127.0.0.1", "--port", str(port), *args]
+    log = tempfile.TemporaryFile("w+")  # a file, not a pipe: a chatty child never blocks on it
+    root = Path(__file__).resolve().parents[1]  # the repository, so `-m sagegate...` imports
+    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        while True:
+            if proc.poll() is not None:
+                log.seek(0)
+                err = log.read()
+                raise RuntimeError(f"backend exited with {proc.returncode}: {err.strip()}")
+            try:
+                if httpx.get(url + "/health", timeout=1.0, trust_env=False).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"backend did not answer /health within {startup_timeout_s} s")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m sagegate.cmd_backend` (tests, no install needed)
+    typer.run(backend)

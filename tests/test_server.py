@@ -1,0 +1,356 @@
+"""The simulated backend (``sagegate backend``) over real loopback HTTP, started as a child process the
+way a user starts it: the official openai client, /metrics, cancellation, bad requests, priority mode."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from sagegate.cmd_backend import spawned_backend
+from sim.hardware import get_gpu, get_model
+from sim.perf import PerfModel
+from sim.server import PriorityPolicy
+from sim.tokens import count_tokens, flatten_messages
+
+SERVED = "sim-llama"
+SMALL_BLOCKS = 256  # 4096 tokens of KV: long requests fill it quickly, long prompts do not fit
+METRIC_NAMES = (
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_preemptions_total",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:request_success_total",
+    "vllm:time_to_first_token_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:cache_config_info",
+)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    with spawned_backend(["--time-scale", "20", "--served-model-name", SERVED]) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def small() -> Iterator[str]:
+    args = ["--time-scale", "10", "--num-gpu-blocks-override", str(SMALL_BLOCKS), "--max-num-seqs", "8"]
+    with spawned_backend(args) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(server: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def metrics(url: str) -> dict[str, Any]:
+    """Every sample of /metrics by name (histograms by their _count/_sum/_bucket names)."""
+    text = httpx.get(url + "/metrics", trust_env=False).text
+    out: dict[str, Any] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.endswith("_bucket") or s.name.endswith("_created"):
+                continue
+            out[s.name] = s.labels if s.name == "vllm:cache_config_info" else s.value
+    return out
+
+
+CHAT = [
+    {"role": "system", "content": "You answer briefly."},
+    {"role": "user", "content": "Name three rivers in Europe."},
+    {"role": "assistant", "content": "The Danube, the Rhine and the Loire."},
+    {"role": "user", "content": [{"type": "text", "text": "And in Africa?"}]},
+]
+
+
+# --- the official openai client --------------------------------------------------------------------
+
+
+def test_openai_completion_non_streaming(client: openai.OpenAI) -> None:
+    out = client.completions.create(model=SERVED, prompt=list(range(100, 137)), max_tokens=9)
+    assert out.usage is not None
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == (37, 9, 46)
+    assert len(out.choices[0].text.split()) == 9
+    assert out.choices[0].finish_reason == "length"
+    assert out.model == SERVED
+
+
+def test_openai_completion_text_prompt_counts_tokens(client: openai.OpenAI) -> None:
+    prompt = "The quick brown fox jumps over the lazy dog, again and again."
+    out = client.completions.create(model=SERVED, prompt=prompt, max_tokens=3, extra_body={"ignore_eos": True})
+    assert out.usage is not None and out.usage.prompt_tokens == count_tokens(prompt)
+
+
+def test_openai_completion_streaming_with_usage(client: openai.OpenAI) -> None:
+    stream = client.completions.create(
+        model=SERVED,
+        prompt=list(range(50)),
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    tokens = [c for c in chunks if c.choices]
+    assert len(tokens) == 12
+    assert [c.choices[0].finish_reason for c in tokens] == [None] * 11 + ["length"]
+    usage = chunks[-1].usage
+    assert not chunks[-1].choices and usage is not None
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (50, 12, 62)
+
+
+def test_openai_completion_streaming_without_usage(client: openai.OpenAI) -> None:
+    chunks = list(client.completions.create(model=SERVED, prompt=[1, 2, 3], max_tokens=5, stream=True))
+    assert len(chunks) == 5
+    assert all(c.usage is None for c in chunks)
+
+
+def test_openai_chat_non_streaming(client: openai.OpenAI, server: str) -> None:
+    out = client.chat.completions.create(model=SERVED, messages=CHAT, max_tokens=7)  # type: ignore[arg-type]
+    expected_prompt = httpx.post(server + "/tokenize", json={"messages": CHAT}, trust_env=False).json()["count"]
+    assert out.usage is not None
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (expected_prompt, 7)
+    assert expected_prompt == count_tokens(flatten_messages(CHAT))
+    msg = out.choices[0].message
+    assert msg.role == "assistant" and msg.content is not None and len(msg.content.split()) == 7
+
+
+def test_openai_chat_streaming_with_usage(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model=SERVED,
+        messages=CHAT,  # type: ignore[arg-type]
+        max_completion_tokens=6,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    content = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(content) == 6
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+    assert chunks[-1].usage.prompt_tokens == count_tokens(flatten_messages(CHAT))
+
+
+def test_default_max_tokens_is_16(client: openai.OpenAI) -> None:
+    out = client.completions.create(model=SERVED, prompt="hello")
+    assert out.usage is not None and out.usage.completion_tokens == 16
+
+
+def test_models_health_and_tokenize(server: str, client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list()] == [SERVED]
+    assert httpx.get(server + "/health", trust_env=False).status_code == 200
+    tok = httpx.post(server + "/tokenize", json={"prompt": "hello world"}, trust_env=False).json()
+    assert tok["count"] == len(tok["tokens"]) == count_tokens("hello world") == 2
+    ids = httpx.post(server + "/tokenize", json={"prompt": [5, 6, 7]}, trust_env=False).json()
+    assert ids["tokens"] == [5, 6, 7] and ids["count"] == 3
+    assert tok["max_model_len"] == PerfModel(get_model("llama-3.1-8b"), get_gpu("h100")).num_gpu_blocks() * 16
+
+
+# --- /metrics --------------------------------------------------------------------------------------
+
+
+def test_metrics_names_and_cache_config(server: str) -> None:
+    m = metrics(server)
+    for name in METRIC_NAMES:
+        assert name in m or name + "_count" in m, name
+    blocks = PerfModel(get_model("llama-3.1-8b"), get_gpu("h100")).num_gpu_blocks(16, 0.9)
+    info = m["vllm:cache_config_info"]
+    assert (int(info["num_gpu_blocks"]), int(info["block_size"])) == (blocks, 16)
+
+
+def test_metrics_count_one_request(server: str, client: openai.OpenAI) -> None:
+    before = metrics(server)
+    client.completions.create(model=SERVED, prompt=list(range(1000, 1033)), max_tokens=8)
+    after = metrics(server)
+
+    def delta(name: str) -> float:
+        return float(after[name]) - float(before[name])
+
+    assert delta("vllm:prompt_tokens_total") == 33
+    assert delta("vllm:generation_tokens_total") == 8
+    assert delta("vllm:request_success_total") == 1
+    assert delta("vllm:time_to_first_token_seconds_count") == 1
+    assert delta("vllm:inter_token_latency_seconds_count") == 7
+    assert delta("vllm:e2e_request_latency_seconds_count") == 1
+    # Simulated seconds: at least the front end's 10 ms plus eight steps.
+    assert delta("vllm:e2e_request_latency_seconds_sum") > 0.010
+    assert after["vllm:num_requests_running"] == 0 and after["vllm:kv_cache_usage_perc"] == 0
+
+
+# --- cancellation ----------------------------------------------------------------------------------
+
+
+def wait_idle(url: str, timeout_s: float = 15.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        m = metrics(url)
+        idle = m["vllm:num_requests_running"] == 0 and m["vllm:num_requests_waiting"] == 0
+        if (idle and m["vllm:kv_cache_usage_perc"] == 0) or time.monotonic() > deadline:
+            return m
+        time.sleep(0.05)
+
+
+def test_cancelled_streams_free_their_kv(small: str) -> None:
+    body = {"prompt": list(range(300)), "max_tokens": 3000, "stream": True}
+    with httpx.Client(base_url=small, timeout=30, trust_env=False) as http:
+        streams = [http.stream("POST", "/v1/completions", json=body) for _ in range(4)]
+        # Keep each line iterator alive: dropping one closes its connection (that is a cancel too).
+        readers = [s.__enter__().iter_lines() for s in streams]
+        for lines in readers:
+            got = 0
+            while got < 3:  # a few tokens each, so every request holds blocks
+                if next(lines).startswith("data: {"):
+                    got += 1
+        busy = metrics(small)
+        assert busy["vllm:num_requests_running"] == 4
+        assert busy["vllm:kv_cache_usage_perc"] > 0
+        for s in streams:
+            s.__exit__(None, None, None)
+    idle = wait_idle(small)
+    assert idle["vllm:num_requests_running"] == 0
+    assert idle["vllm:num_requests_waiting"] == 0
+    assert idle["vllm:kv_cache_usage_perc"] == 0
+    assert idle["vllm:generation_tokens_total"] < 4 * 3000  # they did stop
+
+
+def test_cancelled_non_streaming_request_frees_its_kv(small: str) -> None:
+    body = {"prompt": list(range(200)), "max_tokens": 3000}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(small + "/v1/completions", json=body, timeout=httpx.Timeout(5, read=0.5), trust_env=False)
+    idle = wait_idle(small)
+    assert idle["vllm:num_requests_running"] == 0
+    assert idle["vllm:kv_cache_usage_perc"] == 0
+
+
+def test_openai_client_closing_a_stream_cancels(small: str) -> None:
+    client = openai.OpenAI(base_url=small + "/v1", api_key="unused", max_retries=0)
+    stream = client.chat.completions.create(
+        model="llama-3.1-8b", messages=CHAT, max_tokens=3000, stream=True  # type: ignore[arg-type]
+    )
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    stream.close()
+    idle = wait_idle(small)
+    assert idle["vllm:num_requests_running"] == 0 and idle["vllm:kv_cache_usage_perc"] == 0
+
+
+# --- bad requests ----------------------------------------------------------------------------------
+
+BAD_COMPLETIONS: list[tuple[str, Any]] = [
+    ("invalid json", b"{not json"),
+    ("not an object", [1, 2, 3]),
+    ("missing prompt", {"max_tokens": 3}),
+    ("prompt of the wrong type", {"prompt": {"text": "hi"}}),
+    ("empty prompt", {"prompt": ""}),
+    ("token id out of vocabulary", {"prompt": [1, 10_000_000]}),
+    ("max_tokens zero", {"prompt": "hi", "max_tokens": 0}),
+    ("max_tokens not a number", {"prompt": "hi", "max_tokens": "lots"}),
+    ("stream not a bool", {"prompt": "hi", "stream": "maybe"}),
+    ("unknown model", {"prompt": "hi", "model": "gpt-17"}),
+    ("priority without priority scheduling", {"prompt": "hi", "priority": 3}),
+    ("stream options without streaming", {"prompt": "hi", "stream_options": {"include_usage": True}}),
+    ("several choices", {"prompt": "hi", "n": 2}),
+    ("context too long", {"prompt": list(range(SMALL_BLOCKS * 16 - 10)), "max_tokens": 11}),
+]
+BAD_CHATS: list[tuple[str, Any]] = [
+    ("missing messages", {"max_tokens": 3}),
+    ("empty messages", {"messages": []}),
+    ("message without role", {"messages": [{"content": "hi"}]}),
+    ("messages not a list", {"messages": "hi"}),
+    ("max_completion_tokens negative", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -1}),
+]
+
+
+def assert_openai_error(r: httpx.Response) -> None:
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert set(err) >= {"message", "type", "param", "code"}
+    assert err["type"] in ("invalid_request_error", "BadRequestError")
+    assert isinstance(err["message"], str) and err["message"]
+
+
+def _post(url: str, path: str, body: Any) -> httpx.Response:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"content-type": "application/json"}
+    return httpx.post(url + path, content=content, headers=headers, trust_env=False)
+
+
+@pytest.mark.parametrize(("case", "body"), BAD_COMPLETIONS, ids=[c for c, _ in BAD_COMPLETIONS])
+def test_bad_completion_requests_get_400(small: str, case: str, body: Any) -> None:
+    assert_openai_error(_post(small, "/v1/completions", body))
+
+
+@pytest.mark.parametrize(("case", "body"), BAD_CHATS, ids=[c for c, _ in BAD_CHATS])
+def test_bad_chat_requests_get_400(small: str, case: str, body: Any) -> None:
+    assert_openai_error(_post(small, "/v1/chat/completions", body))
+
+
+def test_context_limit_is_inclusive(small: str) -> None:
+    """prompt + max_tokens equal to the pool is allowed; one more is not."""
+    body = {"prompt": list(range(SMALL_BLOCKS * 16 - 10)), "max_tokens": 10}
+    assert _post(small, "/v1/completions", body).status_code == 200
+
+
+def test_openai_client_raises_bad_request(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=SERVED, prompt="hi", max_tokens=0)
+
+
+def test_unknown_fields_are_ignored(server: str) -> None:
+    body = {"model": SERVED, "prompt": "hi", "max_tokens": 2, "temperature": 0.3, "frobnicate": [1]}
+    r = _post(server, "/v1/completions", body)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+
+
+# --- priority scheduling ---------------------------------------------------------------------------
+
+
+def test_priority_policy_key_order() -> None:
+    from policies.base import SchedRequest
+
+    policy = PriorityPolicy()
+    a = SchedRequest(0, 1.0, 10, priority=5)
+    b = SchedRequest(1, 2.0, 10, priority=-1)
+    c = SchedRequest(2, 0.5, 10, priority=5)
+    assert sorted([a, b, c], key=lambda r: policy.key(r, 0.0)) == [b, c, a]
+    assert policy.pick_victim([a, b, c], 0.0) is a
+
+
+def test_priority_mode_serves_urgent_first() -> None:
+    """One sequence at a time: while a long request runs, a low- then a high-priority request queue up;
+    the high-priority one (lower value, vLLM's convention) is served first."""
+    args = ["--time-scale", "2", "--scheduling-policy", "priority", "--max-num-seqs", "1"]
+    with spawned_backend(args) as url, httpx.Client(base_url=url, timeout=60, trust_env=False) as http:
+        done: list[str] = []
+
+        def send(name: str, priority: int, max_tokens: int) -> None:
+            body = {"prompt": [1, 2, 3], "max_tokens": max_tokens, "priority": priority}
+            assert http.post("/v1/completions", json=body).status_code == 200
+            done.append(name)
+
+        first = threading.Thread(target=send, args=("long", 0, 400))
+        first.start()
+        deadline = time.monotonic() + 10
+        while metrics(url)["vllm:num_requests_running"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        low = threading.Thread(target=send, args=("low", 10, 2))
+        low.start()
+        while metrics(url)["vllm:num_requests_waiting"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        high = threading.Thread(target=send, args=("high", -1, 2))
+        high.start()
+        for t in (first, low, high):
+            t.join(timeout=30)
+        assert done == ["long", "high", "low"]
