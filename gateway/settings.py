@@ -119,7 +119,7 @@ class GatewaySettings(BaseSettings):
     """Shared prediction history for the semantic predictor (in-process when unset)."""
     predictor_options: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments for the predictor's constructor."""
-    tokenizer: str = "o200k_base"
+    tokenizer: str = "cl100k_base"
     """Encoding used to count prompt tokens (``bpe-openai``); ``chars`` = characters / 4."""
     default_capacity_tokens: int = Field(default=65_536, gt=0)
     """KV capacity assumed for a backend that neither reports nor is configured with one."""

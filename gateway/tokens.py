@@ -11,10 +11,8 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any
 
-from predictor.embedder import flatten_prompt
+from sim.tokens import flatten_messages
 
-PER_MESSAGE = 4
-"""Chat template overhead per message (role markers), as OpenAI counts it."""
 INLINE_CHARS = 16_384
 """Prompts up to this many characters are counted on the event loop (tens of microseconds)."""
 
@@ -29,7 +27,7 @@ def _counter(encoding: str) -> Callable[[str], int]:
     return lambda text: len(enc.encode_ordinary(text))
 
 
-def count_text(text: str, encoding: str = "o200k_base") -> int:
+def count_text(text: str, encoding: str = "cl100k_base") -> int:
     return _counter(encoding)(text)
 
 
@@ -44,30 +42,21 @@ def prompt_chars(prompt: Any) -> int:
     return 0
 
 
-def count_prompt(prompt: Any, encoding: str = "o200k_base") -> int:
-    """Tokens of a completion prompt (text or token ids) or of a chat message list."""
+def count_prompt(prompt: Any, encoding: str = "cl100k_base") -> int:
+    """Tokens of a completion prompt (text or token ids) or of a chat message list (every turn as a
+``role: content`` line, as ``sim.tokens`` and the simulated backend count it)."""
     if isinstance(prompt, str):
         return count_text(prompt, encoding)
     if prompt and all(isinstance(t, int) for t in prompt):
         return len(prompt)
     if prompt and isinstance(prompt[0], dict):
-        text = flatten_all(prompt)
-        return count_text(text, encoding) + PER_MESSAGE * len(prompt) + 3
+        return count_text(flatten_messages(prompt), encoding)
     if len(prompt) == 1:
         return count_prompt(prompt[0], encoding)
     return sum(count_prompt(p, encoding) for p in prompt)
 
 
-def flatten_all(messages: Sequence[dict[str, Any]]) -> str:
-    """Every message's text (the assistant's turns too: they occupy KV as well)."""
-    texts = []
-    for m in messages:
-        content = m.get("content")
-        texts.append(flatten_prompt([{"role": "user", "content": content}]))
-    return "\n".join(texts)
-
-
-async def acount_prompt(prompt: Any, encoding: str = "o200k_base") -> int:
+async def acount_prompt(prompt: Any, encoding: str = "cl100k_base") -> int:
     """:func:`count_prompt`, in a worker thread when the prompt is long."""
     if prompt_chars(prompt) <= INLINE_CHARS:
         return count_prompt(prompt, encoding)

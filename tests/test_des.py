@@ -16,7 +16,7 @@ from sim.des import SimSetup, client_view, simulate
 from sim.hardware import get_gpu, get_model
 from sim.perf import PerfModel
 
-from .conftest import data_path
+from conftest import data_path
 
 PERF = PerfModel(get_model("llama-3.1-8b"), get_gpu("h100"))
 

@@ -1,0 +1,191 @@
+"""The dispatcher: best-ranked request first, to the backend the admission rule picks.
+
+It mirrors ``sim.des.Simulation._dispatch`` line for line — peek the head, charge it
+(``policies.admission.Charge``), ask ``choose_backend``, let the policy screen it, dispatch or stop —
+so the simulator's results describe this code. It runs on the event loop, woken (coalesced, once per
+loop iteration) by whatever can make room: an arrival, a first byte, a completion, a scrape, a backend
+coming back. Each decision is O(log n) in the queue (heap) plus O(backends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+
+from gateway.backends import BackendPool
+from gateway.metrics import GatewayMetrics
+from gateway.queue import BoundedQueue, Dispatched, GatewayRequest
+from policies.admission import AdmissionConfig, BackendLoad, Charge, choose_backend
+from policies.base import LoadView, Policy, Verdict
+
+
+class QueueFull(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        policy: Policy,
+        pool: BackendPool,
+        admission: AdmissionConfig,
+        queue: BoundedQueue,
+        metrics: GatewayMetrics | None = None,
+        *,
+        capacity_requests: int = 256,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.policy = policy
+        self.pool = pool
+        self.cfg = admission
+        self.queue = queue
+        self.metrics = metrics
+        self.clock = clock
+        self.capacity_requests = capacity_requests * max(1, len(pool))
+        self._scheduled = False
+        self.decisions = 0
+
+    # --- entry points -------------------------------------------------------------------------
+    def submit(self, req: GatewayRequest) -> asyncio.Future[int]:
+        """Queue ``req`` (raises :class:`QueueFull`); the future resolves to a backend index."""
+        reason = self.queue.full_reason(req)
+        if reason is not None:
+            raise QueueFull(reason)
+        now = self.clock()
+        req.future = asyncio.get_running_loop().create_future()
+        req.charge = Charge(req.prompt_tokens, req.prediction, self.cfg)
+        req.t_enqueue = now
+        self.policy.on_arrival(req, now)
+        self.queue.push(req, now)
+        self.kick()
+        return req.future
+
+    def requeue(self, req: GatewayRequest) -> asyncio.Future[int]:
+        """Put back a request whose backend failed before answering (a retry; bounds do not apply)."""
+        req.future = asyncio.get_running_loop().create_future()
+        req.charge = Charge(req.prompt_tokens, req.prediction, self.cfg)
+        self.queue.push(req, self.clock())
+        self.kick()
+        return req.future
+
+    def withdraw(self, req: GatewayRequest) -> bool:
+        """Take a still-queued request out (client gone, waited too long). Returns if it was queued."""
+        if not self.queue.remove(req):
+            return False
+        self.policy.on_finish(req, self.clock())
+        return True
+
+    def kick(self) -> None:
+        """Run a dispatch pass soon (once per loop iteration however many events asked)."""
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._run)
+
+    # --- the decision -------------------------------------------------------------------------
+    def _run(self) -> None:
+        self._scheduled = False
+        self.dispatch()
+
+    def dispatch(self) -> int:
+        """Dispatch queued requests, best rank first, while a backend admits the head. Returns how many."""
+        now, queue, cfg = self.clock(), self.queue, self.cfg
+        loads = self.pool.loads
+        sent = 0
+        while len(queue):
+            req = queue.peek(now)
+            assert req is not None and req.charge is not None
+            charge = req.charge
+            self.decisions += 1
+            idx = choose_backend(charge.value, self._eligible(req, loads), cfg)
+            view = LoadView(
+                kv_usage=_usage_after(charge.value, idx, loads),
+                queue_len=len(queue),
+                capacity_requests=self.capacity_requests,
+            )
+            screening = self.policy.screen(req, now, view)
+            if screening.verdict is Verdict.REJECT:
+                self.withdraw(req)
+                _resolve_error(req, screening.reason or "rejected_by_policy")
+                continue
+            if screening.verdict is Verdict.HOLD or idx is None:
+                return sent
+            queue.remove(req)
+            self.policy.on_dispatch(req, now)
+            b = self.pool.backends[idx]
+            loads[idx].charged_tokens += charge.value
+            req.backend = idx
+            req.epoch = b.sent()
+            req.t_dispatch = now
+            if self.metrics is not None:
+                self.metrics.dispatched(b.name, now - req.t_enqueue)
+            fut = req.future
+            if fut is not None and not fut.done():
+                fut.set_result(idx)
+            sent += 1
+        return sent
+
+    def _eligible(self, req: GatewayRequest, loads: list[BackendLoad]) -> Sequence[BackendLoad]:
+        """The loads ``choose_backend`` sees: backends this request may not use appear unhealthy."""
+        backends = self.pool.backends
+        if not req.excluded and all(b.serves(req.model) for b in backends):
+            return loads
+        return [
+            ld
+            if i not in req.excluded and backends[i].serves(req.model)
+            else BackendLoad(ld.capacity_tokens, ld.charged_tokens, ld.waiting, ld.running, healthy=False)
+            for i, ld in enumerate(loads)
+        ]
+
+    # --- life of a dispatched request ---------------------------------------------------------
+    def first_byte(self, req: GatewayRequest) -> None:
+        """The backend answered: it no longer counts as waiting there."""
+        if req.backend is not None:
+            self.pool.backends[req.backend].started(req.epoch)
+            self.kick()
+
+    def progress(self, req: GatewayRequest, generated: int) -> None:
+        """``generated`` tokens so far: correct the charge."""
+        if req.backend is None or req.charge is None or generated <= req.generated:
+            return
+        new = generated - req.generated
+        req.generated = generated
+        self.pool.loads[req.backend].charged_tokens += req.charge.update(generated)
+        self.policy.on_progress(req, new, self.clock())
+
+    def release(self, req: GatewayRequest, *, final: bool = True) -> None:
+        """The request left its backend (done, failed or cancelled): free its charge at once.
+
+        ``final=False`` for a retry: the policy keeps tracking it.
+        """
+        idx = req.backend
+        if idx is None:
+            return
+        b = self.pool.backends[idx]
+        b.started(req.epoch)
+        b.inflight -= 1
+        if req.charge is not None:
+            b.load.charged_tokens -= req.charge.value
+            if b.inflight == 0:
+                b.load.charged_tokens = 0.0  # no float drift on an idle backend
+        req.backend = None
+        if final:
+            self.policy.on_finish(req, self.clock())
+        self.kick()
+
+
+def _usage_after(charge: float, idx: int | None, loads: list[BackendLoad]) -> float:
+    if not loads:
+        return 1.0
+    if idx is None:
+        idx = min(range(len(loads)), key=lambda i: loads[i].charged_tokens / loads[i].capacity_tokens)
+    b = loads[idx]
+    return (b.charged_tokens + charge) / b.capacity_tokens
+
+
+def _resolve_error(req: GatewayRequest, reason: str) -> None:
+    fut = req.future
+    if fut is not None and not fut.done():
+        fut.set_exception(Dispatched(reason))

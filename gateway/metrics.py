@@ -1,0 +1,90 @@
+"""The gateway's Prometheus metrics, in a registry of its own (several gateways may share a process).
+
+Counters and histograms are updated as things happen; gauges of state (queue depth, per-backend
+in-flight and reserved KV tokens, health) are read from the live objects when scraped, so keeping
+them costs nothing per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+TOKEN_BUCKETS = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, float("inf"))
+WAIT_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, float("inf"))
+RATIO_BUCKETS = (0.125, 0.25, 0.5, 0.8, 1.0, 1.25, 2, 4, 8, float("inf"))
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "sagegate_requests", "Requests answered, by route and status.", ["route", "status"], registry=r
+        )
+        self.admissions = Counter(
+            "sagegate_admissions", "Requests dispatched to a backend.", ["backend"], registry=r
+        )
+        self.rejections = Counter(
+            "sagegate_rejections", "Requests refused or dropped, by reason.", ["reason"], registry=r
+        )
+        self.retries = Counter(
+            "sagegate_retries", "Requests retried on another backend.", ["backend"], registry=r
+        )
+        self.cancellations = Counter(
+            "sagegate_cancellations", "Requests whose client went away, by stage.", ["stage"], registry=r
+        )
+        self.queue_wait = Histogram(
+            "sagegate_queue_wait_seconds", "Time from enqueue to dispatch.", buckets=WAIT_BUCKETS, registry=r
+        )
+        self.ttft = Histogram(
+            "sagegate_ttft_seconds", "Time from arrival to the first byte from the backend.",
+            buckets=WAIT_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.predicted = Histogram(
+            "sagegate_predicted_output_tokens", "Predicted mean output length.", buckets=TOKEN_BUCKETS,
+            registry=r,
+        )  # fmt: skip
+        self.actual = Histogram(
+            "sagegate_actual_output_tokens", "True output length.", buckets=TOKEN_BUCKETS, registry=r
+        )
+        self.ratio = Histogram(
+            "sagegate_output_actual_over_predicted", "True output length over the predicted mean.",
+            buckets=RATIO_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.predictor_paths = Counter(
+            "sagegate_predictor_path", "Predictions by the path the predictor took.", ["path"], registry=r
+        )
+
+    def dispatched(self, backend: str, wait_s: float) -> None:
+        self.admissions.labels(backend).inc()
+        self.queue_wait.observe(wait_s)
+
+    def rejected(self, reason: str) -> None:
+        self.rejections.labels(reason).inc()
+
+    def outcome(self, predicted_mean: float | None, actual: int) -> None:
+        self.actual.observe(actual)
+        if predicted_mean is not None and predicted_mean > 0:
+            self.ratio.observe(actual / predicted_mean)
+
+    def attach_state(self, read: Callable[[], Iterable[GaugeMetricFamily]]) -> None:
+        """Gauges computed at scrape time by ``read``."""
+        self.registry.register(_StateCollector(read))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StateCollector(Collector):
+    def __init__(self, read: Callable[[], Iterable[GaugeMetricFamily]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        return self.read()
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return []

@@ -1,0 +1,158 @@
+"""The gateway's output-length predictor, behind one small async interface.
+
+``none``: no prediction (the policy sees prompt length only). ``global`` / ``length-bucket``: the
+history baselines of ``predictor.baselines`` (cheap, run inline). ``semantic``: the product's predictor
+(similar past prompts), whose embedding runs off the event loop; its history is in-process, or in
+Redis when ``redis_url`` is set so several gateway replicas learn from each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from loadgen.records import TraceRequest
+from predictor.distribution import LengthDistribution
+
+log = logging.getLogger("sagegate.gateway")
+
+
+@dataclass(frozen=True, slots=True)
+class PredictInput:
+    prompt: Any
+    """The completion prompt or the chat messages."""
+    prompt_tokens: int
+    model: str
+    tenant: str = "default"
+
+
+class GatewayPredictor(Protocol):
+    name: str
+
+    async def predict(self, inp: PredictInput) -> tuple[LengthDistribution | None, str]:
+        """The output-length distribution (None: no idea) and the path taken (for metrics)."""
+        ...
+
+    async def record(self, inp: PredictInput, output_tokens: int) -> None:
+        """The request finished with ``output_tokens`` tokens: learn from it."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class NoPredictor:
+    name = "none"
+
+    async def predict(self, inp: PredictInput) -> tuple[LengthDistribution | None, str]:
+        return None, "none"
+
+    async def record(self, inp: PredictInput, output_tokens: int) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+class BaselinePredictor:
+    """A ``predictor.baselines`` history predictor (sync, microseconds), fed prompt lengths only."""
+
+    def __init__(self, inner: Any, name: str) -> None:
+        self.inner = inner
+        self.name = name
+
+    @staticmethod
+    def _trace(inp: PredictInput) -> TraceRequest:
+        return TraceRequest(arrival_s=0.0, prompt_tokens=inp.prompt_tokens, output_tokens=0, tenant=inp.tenant)
+
+    async def predict(self, inp: PredictInput) -> tuple[LengthDistribution | None, str]:
+        return self.inner.predict(self._trace(inp)), self.name
+
+    async def record(self, inp: PredictInput, output_tokens: int) -> None:
+        self.inner.observe(self._trace(inp), output_tokens)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class SemanticAdapter:
+    """``predictor.semantic``: async ``apredict``/``arecord`` that keep the model off the loop."""
+
+    name = "semantic"
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def predict(self, inp: PredictInput) -> tuple[LengthDistribution | None, str]:
+        pred = await self.inner.apredict(inp.prompt, inp.prompt_tokens, model=inp.model)
+        return pred.distribution, str(getattr(pred, "path", "semantic"))
+
+    async def record(self, inp: PredictInput, output_tokens: int) -> None:
+        await self.inner.arecord(inp.prompt, inp.prompt_tokens, output_tokens, model=inp.model)
+
+    async def aclose(self) -> None:
+        close = getattr(self.inner, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def build_predictor(name: str, redis_url: str | None = None, options: dict[str, Any] | None = None) -> Any:
+    """A :class:`GatewayPredictor` by name (``none``, ``global``, ``length-bucket``, ``semantic``)."""
+    opts = dict(options or {})
+    if name == "none":
+        return NoPredictor()
+    if name == "global":
+        from predictor.baselines import GlobalPredictor
+
+        return BaselinePredictor(GlobalPredictor(**opts), name)
+    if name == "length-bucket":
+        from predictor.baselines import LengthBucketPredictor
+
+        return BaselinePredictor(LengthBucketPredictor(**opts), name)
+    if name == "semantic":
+        from predictor import semantic
+
+        return SemanticAdapter(semantic.build_semantic(redis_url=redis_url, **opts))
+    raise ValueError(f"unknown predictor {name!r}")
+
+
+def cap(dist: LengthDistribution | None, max_tokens: int | None) -> LengthDistribution | None:
+    """The distribution given the client's ``max_tokens``: mass beyond it moves onto it."""
+    if dist is None or max_tokens is None or dist.support[-1] <= max_tokens:
+        return dist
+    support: list[int] = []
+    probs: list[float] = []
+    over = 0.0
+    for o, p in zip(dist.support, dist.probs, strict=True):
+        if o < max_tokens:
+            support.append(o)
+            probs.append(p)
+        else:
+            over += p
+    support.append(max_tokens)
+    probs.append(over)
+    return LengthDistribution(tuple(support), tuple(probs))
+
+
+class Recorder:
+    """Fire-and-forget history updates: a response never waits for the predictor to learn."""
+
+    def __init__(self, predictor: Any) -> None:
+        self.predictor = predictor
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def record(self, inp: PredictInput, output_tokens: int) -> None:
+        task = asyncio.get_running_loop().create_task(self._record(inp, output_tokens))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _record(self, inp: PredictInput, output_tokens: int) -> None:
+        try:
+            await self.predictor.record(inp, output_tokens)
+        except Exception:
+            log.exception("predictor failed to record an outcome")
+
+    async def drain(self) -> None:
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)

@@ -1,0 +1,112 @@
+"""Fair-share orderings at the gateway: VTC (per-tenant virtual token counters) and LSSP's WFS.
+
+Both keep per-tenant counters fed by the life-cycle hooks, so both are ``dynamic``: a request's key
+depends on what other tenants have been served.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from policies.base import GATEWAY, Policy, SchedRequest, fcfs_tiebreak
+from policies.deadline import priority_weight
+from policies.prediction import predicted_output
+from policies.registry import register
+
+_QUEUED, _IN_FLIGHT, _DONE = 0, 1, 2
+
+
+@register("vtc")
+class VTC(Policy):
+    """Virtual token counter per tenant: serve the tenant with the least counter, first come first
+    served within a tenant (Sheng et al., OSDI'24, "Fairness in Serving Large Language Models").
+
+    A tenant's counter grows by ``input_weight`` (1) per prompt token when one of its requests is
+    dispatched and by ``output_weight`` (2) per output token as they stream. A tenant that *returns*
+    (it had nothing queued or in flight) is lifted to the least counter among the tenants that are
+    active (something queued or in flight), so idle time is not banked as credit; with no active
+    tenant its counter is kept.
+    """
+
+    levels = frozenset({GATEWAY})
+    dynamic = True
+
+    def __init__(self, input_weight: float = 1.0, output_weight: float = 2.0) -> None:
+        if input_weight < 0 or output_weight < 0:
+            raise ValueError("input_weight and output_weight must be >= 0")
+        self.input_weight = input_weight
+        self.output_weight = output_weight
+        self.counters: dict[str, float] = defaultdict(float)
+        self.active: dict[str, int] = defaultdict(int)  # queued + in flight, per tenant
+
+    def counter(self, tenant: str) -> float:
+        return self.counters[tenant]
+
+    def key(self, req: SchedRequest, now: float) -> Any:
+        return (self.counters[req.tenant], *fcfs_tiebreak(req))
+
+    def on_arrival(self, req: SchedRequest, now: float) -> None:
+        t = req.tenant
+        if self.active[t] == 0:
+            others = [self.counters[u] for u, n in self.active.items() if n > 0 and u != t]
+            if others:
+                self.counters[t] = max(self.counters[t], min(others))
+        self.active[t] += 1
+        req.pstate = _QUEUED
+
+    def on_dispatch(self, req: SchedRequest, now: float) -> None:
+        self.counters[req.tenant] += self.input_weight * req.prompt_tokens
+        req.pstate = _IN_FLIGHT
+
+    def on_progress(self, req: SchedRequest, new_tokens: int, now: float) -> None:
+        self.counters[req.tenant] += self.output_weight * new_tokens
+
+    def on_finish(self, req: SchedRequest, now: float) -> None:
+        if req.pstate in (_QUEUED, _IN_FLIGHT):
+            self.active[req.tenant] -= 1
+        req.pstate = _DONE
+
+
+@register("wfs")
+class WFS(Policy):
+    """Weighted fair share over request classes: serve the highest
+    ``(demand/(served+1)) · priority / estimated steps`` first (LSSP panel).
+
+    Our reading of LSSP's terms: a *class* is a tenant; ``demand`` the requests of that class now
+    queued; ``served`` the requests of that class dispatched so far; ``priority`` the request's
+    (higher is more important); ``estimated steps`` its predicted output tokens (LSSP's simulator
+    emits one token per step, prefill free). So a backlogged, under-served class goes first, and
+    within a class short, important requests.
+    """
+
+    levels = frozenset({GATEWAY})
+    dynamic = True
+    uses_prediction = True
+
+    def __init__(self) -> None:
+        self.queued: dict[str, int] = defaultdict(int)
+        self.served: dict[str, int] = defaultdict(int)
+
+    def score(self, req: SchedRequest) -> float:
+        c = req.tenant
+        steps = max(1.0, predicted_output(req))
+        return (self.queued[c] / (self.served[c] + 1)) * priority_weight(req) / steps
+
+    def key(self, req: SchedRequest, now: float) -> Any:
+        return (-self.score(req), *fcfs_tiebreak(req))
+
+    def on_arrival(self, req: SchedRequest, now: float) -> None:
+        self.queued[req.tenant] += 1
+        req.pstate = _QUEUED
+
+    def on_dispatch(self, req: SchedRequest, now: float) -> None:
+        if req.pstate == _QUEUED:
+            self.queued[req.tenant] -= 1
+            self.served[req.tenant] += 1
+        req.pstate = _IN_FLIGHT
+
+    def on_finish(self, req: SchedRequest, now: float) -> None:
+        if req.pstate == _QUEUED:  # rejected or cancelled while queued
+            self.queued[req.tenant] -= 1
+        req.pstate = _DONE

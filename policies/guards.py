@@ -1,0 +1,219 @@
+"""Gateway guards of the LSSP panel: policies that screen admission as well as order the queue.
+
+They read the fleet through :class:`~policies.base.LoadView` (``kv_usage`` is the reserved share of
+KV after this request would be admitted to the best backend). A guard that HOLDs never holds while
+nothing is in flight: an idle fleet must take work, or a request larger than the threshold would
+wait forever. Every REJECT carries one of the class's documented ``reject_reasons``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+from policies.base import ADMIT, GATEWAY, LoadView, Policy, SchedRequest, Screening, Verdict, fcfs_tiebreak
+from policies.deadline import (
+    S_PER_OUTPUT_TOKEN,
+    S_PER_PROMPT_TOKEN,
+    laxity,
+    latest_start,
+    priority_weight,
+)
+from policies.prediction import predicted_output
+from policies.registry import register
+
+_QUEUED, _IN_FLIGHT, _DONE = 0, 1, 2
+
+
+class _Guard(Policy):
+    """Counts requests in flight (dispatched, not finished) so a HOLD never starves an idle fleet."""
+
+    levels = frozenset({GATEWAY})
+    uses_prediction = True
+    reject_reasons: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+
+    def on_arrival(self, req: SchedRequest, now: float) -> None:
+        req.pstate = _QUEUED
+
+    def on_dispatch(self, req: SchedRequest, now: float) -> None:
+        if req.pstate != _IN_FLIGHT:
+            self.in_flight += 1
+        req.pstate = _IN_FLIGHT
+
+    def on_finish(self, req: SchedRequest, now: float) -> None:
+        if req.pstate == _IN_FLIGHT:
+            self.in_flight -= 1
+        req.pstate = _DONE
+
+    def _hold(self, reason: str) -> Screening:
+        return ADMIT if self.in_flight == 0 else Screening(Verdict.HOLD, reason)
+
+
+@register("kv-constrained")
+class KVConstrained(_Guard):
+    """Admit only while post-admission KV use ≤ 0.82, unless urgent (laxity ≤ 0.25 s); order by
+    non-urgent, ``(I + 0.25·predicted O)/priority``, laxity (LSSP panel).
+
+    Laxity uses the LSSP deadline rule's service estimate (``policies.deadline``); requests without a
+    deadline are never urgent. Urgency depends on the clock, hence ``dynamic``.
+    """
+
+    dynamic = True
+
+    def __init__(
+        self,
+        kv_threshold: float = 0.82,
+        urgent_laxity_s: float = 0.25,
+        output_weight: float = 0.25,
+        s_per_prompt_token: float = S_PER_PROMPT_TOKEN,
+        s_per_output_token: float = S_PER_OUTPUT_TOKEN,
+    ) -> None:
+        super().__init__()
+        if not 0.0 < kv_threshold <= 1.0:
+            raise ValueError(f"kv_threshold must be in (0, 1], got {kv_threshold!r}")
+        if output_weight < 0 or s_per_prompt_token < 0 or s_per_output_token < 0:
+            raise ValueError("weights and per-token costs must be >= 0")
+        self.kv_threshold = kv_threshold
+        self.urgent_laxity_s = urgent_laxity_s
+        self.output_weight = output_weight
+        self.s_in = s_per_prompt_token
+        self.s_out = s_per_output_token
+
+    def laxity(self, req: SchedRequest, now: float) -> float:
+        return laxity(req, now, self.s_in, self.s_out)
+
+    def urgent(self, req: SchedRequest, now: float) -> bool:
+        return self.laxity(req, now) <= self.urgent_laxity_s
+
+    def key(self, req: SchedRequest, now: float) -> Any:
+        lax = self.laxity(req, now)
+        size = (req.prompt_tokens + self.output_weight * predicted_output(req)) / priority_weight(req)
+        return (lax > self.urgent_laxity_s, size, lax, *fcfs_tiebreak(req))
+
+    def screen(self, req: SchedRequest, now: float, load: LoadView) -> Screening:
+        if load.kv_usage <= self.kv_threshold or self.urgent(req, now):
+            return ADMIT
+        return self._hold("kv_above_threshold")
+
+
+@register("admission-control")
+class AdmissionControl(_Guard):
+    """Drop requests whose laxity is below ``min_laxity_s`` (default: none, never drop); order by
+    laxity (LSSP panel).
+
+    Laxity as in ``llf`` (LSSP deadline rule's service estimate); a request without a deadline has
+    infinite laxity and is never dropped. Ordered by latest start (static: ``now`` cancels).
+    """
+
+    reject_reasons = frozenset({"laxity_below_threshold"})
+
+    def __init__(
+        self,
+        min_laxity_s: float | None = None,
+        s_per_prompt_token: float = S_PER_PROMPT_TOKEN,
+        s_per_output_token: float = S_PER_OUTPUT_TOKEN,
+    ) -> None:
+        super().__init__()
+        if min_laxity_s is not None and math.isnan(min_laxity_s):
+            raise ValueError("min_laxity_s must be a number or None")
+        if s_per_prompt_token < 0 or s_per_output_token < 0:
+            raise ValueError("per-token service costs must be >= 0")
+        self.min_laxity_s = min_laxity_s
+        self.s_in = s_per_prompt_token
+        self.s_out = s_per_output_token
+
+    def key(self, req: SchedRequest, now: float) -> Any:
+        ls = latest_start(req, self.s_in, self.s_out)
+        return (ls == math.inf, ls if ls != math.inf else 0.0, *fcfs_tiebreak(req))
+
+    def screen(self, req: SchedRequest, now: float, load: LoadView) -> Screening:
+        if self.min_laxity_s is not None and laxity(req, now, self.s_in, self.s_out) < self.min_laxity_s:
+            return Screening(Verdict.REJECT, "laxity_below_threshold")
+        return ADMIT
+
+
+@register("scorpio-guard")
+class ScorpioGuard(_Guard):
+    """SLO guard: TTFT-slack filter, urgency score, throttled admission when KV ≥ 0.65 or the queue
+    exceeds 3× capacity (LSSP robustness panel, after Scorpio, Tang et al. 2025).
+
+    Our reading of the terms:
+
+    * *TTFT deadline*: ``arrival + ttft_slo_s`` when that is set; by default (None) the latest first
+      token that can still meet the end-to-end deadline, ``deadline − s_out·predicted O``.
+    * *TTFT slack*: TTFT deadline − now − ``s_in``·I (the prefill). Filter: a request whose slack is
+      negative cannot make its first token in time and is rejected (``ttft_slack_exhausted``), as
+      Scorpio's TTFT guard rejects unattainable requests.
+    * *Urgency score*: ``priority / max(slack, slack_floor_s)``; the queue serves the most urgent
+      first (least slack, weighted by priority); no TTFT deadline means urgency 0, FCFS.
+    * *Throttle*: while the post-admission KV use is ≥ ``kv_threshold`` (0.65) or the queue holds
+      more than ``queue_factor`` (3) × the fleet's running capacity, only urgent requests (slack ≤
+      ``urgent_slack_s``) are admitted; the rest wait.
+
+    Time-dependent, hence ``dynamic``.
+    """
+
+    dynamic = True
+    reject_reasons = frozenset({"ttft_slack_exhausted"})
+
+    def __init__(
+        self,
+        kv_threshold: float = 0.65,
+        queue_factor: float = 3.0,
+        ttft_slo_s: float | None = None,
+        urgent_slack_s: float = 0.5,
+        slack_floor_s: float = 0.01,
+        s_per_prompt_token: float = S_PER_PROMPT_TOKEN,
+        s_per_output_token: float = S_PER_OUTPUT_TOKEN,
+    ) -> None:
+        super().__init__()
+        if not 0.0 < kv_threshold <= 1.0:
+            raise ValueError(f"kv_threshold must be in (0, 1], got {kv_threshold!r}")
+        if not queue_factor > 0:
+            raise ValueError(f"queue_factor must be positive, got {queue_factor!r}")
+        if ttft_slo_s is not None and not ttft_slo_s > 0:
+            raise ValueError(f"ttft_slo_s must be positive or None, got {ttft_slo_s!r}")
+        if not slack_floor_s > 0:
+            raise ValueError(f"slack_floor_s must be positive, got {slack_floor_s!r}")
+        if s_per_prompt_token < 0 or s_per_output_token < 0:
+            raise ValueError("per-token service costs must be >= 0")
+        self.kv_threshold = kv_threshold
+        self.queue_factor = queue_factor
+        self.ttft_slo_s = ttft_slo_s
+        self.urgent_slack_s = urgent_slack_s
+        self.slack_floor_s = slack_floor_s
+        self.s_in = s_per_prompt_token
+        self.s_out = s_per_output_token
+
+    def ttft_deadline(self, req: SchedRequest) -> float:
+        if self.ttft_slo_s is not None:
+            return req.arrival_s + self.ttft_slo_s
+        if req.deadline_s is None:
+            return math.inf
+        return req.deadline_s - self.s_out * predicted_output(req)
+
+    def ttft_slack(self, req: SchedRequest, now: float) -> float:
+        return self.ttft_deadline(req) - now - self.s_in * req.prompt_tokens
+
+    def urgency(self, req: SchedRequest, now: float) -> float:
+        slack = self.ttft_slack(req, now)
+        if slack == math.inf:
+            return 0.0
+        return priority_weight(req) / max(slack, self.slack_floor_s)
+
+    def key(self, req: SchedRequest, now: float) -> Any:
+        return (-self.urgency(req, now), *fcfs_tiebreak(req))
+
+    def screen(self, req: SchedRequest, now: float, load: LoadView) -> Screening:
+        slack = self.ttft_slack(req, now)
+        if slack < 0:
+            return Screening(Verdict.REJECT, "ttft_slack_exhausted")
+        pressured = (
+            load.kv_usage >= self.kv_threshold or load.queue_len > self.queue_factor * load.capacity_requests
+        )
+        if pressured and slack > self.urgent_slack_s:
+            return self._hold("throttled")
+        return ADMIT

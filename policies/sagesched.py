@@ -1,0 +1,172 @@
+"""SageSched (Gan et al., arXiv 2603.07917) and its two ablations, on the Gittins core.
+
+``sagesched`` ranks a request by the Gittins rank of its predicted *cost* distribution
+(``C = I·O + O²/2``) at the cost it has attained; ``gittins-length`` does the same over the output
+length alone (no memory-time cost); ``mean-cost`` orders by the expected cost, uncertainty-unaware.
+All three recompute a running request's rank only at boundaries (support points and the output
+buckets ``b, 2b, 4b, …``) and keep it in ``req.pstate``, so :meth:`key` is a field read.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from policies.base import ENGINE, GATEWAY, Policy, SchedRequest, fcfs_tiebreak
+from policies.cost import service_cost
+from policies.gittins import GittinsTable, GittinsTracker
+from policies.prediction import prior_of
+from policies.registry import register
+from predictor.distribution import LengthDistribution
+
+_NEVER = 1 << 62
+
+
+def _check_buckets(buckets: int) -> int | None:
+    if buckets < 0:
+        raise ValueError(f"buckets must be >= 0 (0 = support points only), got {buckets!r}")
+    return buckets or None
+
+
+class _GittinsPolicy(Policy):
+    """Shared body of ``sagesched`` and ``gittins-length``: a :class:`GittinsTracker` per request."""
+
+    levels = frozenset({GATEWAY, ENGINE})
+    uses_prediction = True
+    preemptive = True
+    rekey_on_progress = True
+    length_only = False
+
+    def __init__(self, buckets: int = 16, max_points: int = 64, preempt: bool = True) -> None:
+        self.bucket_base = _check_buckets(buckets)
+        if max_points < 1:
+            raise ValueError(f"max_points must be >= 1, got {max_points!r}")
+        self.max_points = max_points
+        self.preemptive = preempt  # type: ignore[misc]  # per-instance override of the class default
+
+    def distribution(self, req: SchedRequest) -> LengthDistribution:
+        """The prediction (the cold-start prior if none), merged onto at most ``max_points`` points."""
+        dist = prior_of(req)
+        if len(dist.support) > self.max_points:
+            dist = LengthDistribution.from_samples(dist.support, dist.probs, max_points=self.max_points)
+        return dist
+
+    def tracker(self, req: SchedRequest) -> GittinsTracker:
+        tr = req.pstate
+        if tr is None:
+            table = GittinsTable(
+                self.distribution(req), req.prompt_tokens, base=self.bucket_base, length_only=self.length_only
+            )
+            tr = req.pstate = GittinsTracker(table, req.generated)
+        return tr
+
+    def rank(self, req: SchedRequest) -> float:
+        """The request's current (boundary-quantised) Gittins rank; lower is served first."""
+        tr = self.tracker(req)
+        tr.update(req.generated)
+        return tr.rank
+
+    def key(self, req: SchedRequest, now: float) -> Any:
+        return (self.rank(req), *fcfs_tiebreak(req))
+
+    def on_arrival(self, req: SchedRequest, now: float) -> None:
+        self.tracker(req)
+
+    def on_progress(self, req: SchedRequest, new_tokens: int, now: float) -> None:
+        self.tracker(req).update(req.generated)
+
+
+@register("sagesched")
+class SageSched(_GittinsPolicy):
+    """Gittins rank over the predicted cost distribution ``C = I·O + O²/2`` at the attained cost,
+    recomputed only at boundaries; the product's default (Gan et al., arXiv 2603.07917, SageSched).
+
+    ``buckets``: first output-token bucket boundary (then doubling; 0 = support points only);
+    ``max_points``: the prediction is merged onto at most this many support points; ``preempt``:
+    at engine level a better-ranked waiting request may displace the worst-ranked running one
+    (SageSched ran at engine level with preemption). At gateway level a queued request has
+    generated nothing, so its key is the rank at attained cost 0.
+    """
+
+
+@register("gittins-length")
+class GittinsLength(_GittinsPolicy):
+    """Ablation of SageSched: Gittins rank over the output length alone, no memory-time cost
+    (POLICIES.md; SageSched reports the cost model mattering)."""
+
+    length_only = True
+
+
+class _MeanCostState:
+    """Rank ``E[C] − C(b)`` at the last bucket boundary ``b ≤ g``; ``next_at`` the next boundary."""
+
+    __slots__ = ("mean_cost", "next_at", "rank")
+
+    def __init__(self, mean_cost: float) -> None:
+        self.mean_cost = mean_cost
+        self.rank = mean_cost
+        self.next_at = 0
+
+
+@register("mean-cost")
+class MeanCost(Policy):
+    """Ablation of SageSched: order by the expected cost ``E[I·O + O²/2]``, uncertainty-unaware
+    (POLICIES.md).
+
+    It is SageSched with the distribution collapsed to its mean cost: the Gittins rank of a point
+    cost is the remaining cost, so a running request's key is ``E[C] − C(b)`` at its last bucket
+    boundary ``b`` (same ``buckets`` and preemption as ``sagesched``, so only uncertainty differs);
+    once its attained cost passes ``E[C]`` the key is the attained cost (the Gittins core's
+    past-the-support rule).
+    """
+
+    levels = frozenset({GATEWAY, ENGINE})
+    uses_prediction = True
+    preemptive = True
+    rekey_on_progress = True
+
+    def __init__(self, buckets: int = 16, preempt: bool = True) -> None:
+        self.bucket_base = _check_buckets(buckets)
+        self.preemptive = preempt  # type: ignore[misc]  # per-instance override of the class default
+
+    @staticmethod
+    def expected_cost(req: SchedRequest) -> float:
+        dist = prior_of(req)
+        i = float(req.prompt_tokens)
+        return math.fsum(p * (i * o + 0.5 * o * o) for o, p in zip(dist.support, dist.probs, strict=True))
+
+    def _boundary_floor(self, generated: int) -> int:
+        base = self.bucket_base
+        if base is None or generated < base:
+            return 0
+        return base << ((generated // base).bit_length() - 1)
+
+    def _next_boundary(self, generated: int) -> int:
+        base = self.bucket_base
+        if base is None:
+            return _NEVER
+        if generated < base:
+            return base
+        return base << (generated // base).bit_length()
+
+    def _state(self, req: SchedRequest) -> _MeanCostState:
+        st = req.pstate
+        if st is None:
+            st = req.pstate = _MeanCostState(self.expected_cost(req))
+        if req.generated >= st.next_at:
+            attained = service_cost(req.prompt_tokens, self._boundary_floor(req.generated))
+            st.rank = st.mean_cost - attained if attained < st.mean_cost else attained
+            st.next_at = self._next_boundary(req.generated)
+        return st
+
+    def rank(self, req: SchedRequest) -> float:
+        return self._state(req).rank
+
+    def key(self, req: SchedRequest, now: float) -> Any:
+        return (self._state(req).rank, *fcfs_tiebreak(req))
+
+    def on_arrival(self, req: SchedRequest, now: float) -> None:
+        self._state(req)
+
+    def on_progress(self, req: SchedRequest, new_tokens: int, now: float) -> None:
+        self._state(req)
