@@ -69,7 +69,9 @@ class CircuitBreaker:
 class Backend:
     """One engine: its address, its admission view and what the probes last saw."""
 
-    def __init__(self, cfg: BackendSettings, default_capacity: int, health: HealthSettings, clock: Clock) -> None:
+    def __init__(
+        self, cfg: BackendSettings, default_capacity: int, health: HealthSettings, clock: Clock
+    ) -> None:
         self.name = cfg.name or cfg.url
         self.url = cfg.url
         self.configured_capacity = cfg.capacity_tokens

@@ -142,8 +142,9 @@ class Dispatcher:
     # --- life of a dispatched request ---------------------------------------------------------
     def first_byte(self, req: GatewayRequest) -> None:
         """The backend answered: it no longer counts as waiting there."""
-        if req.backend is not None:
+        if req.backend is not None and req.epoch >= 0:
             self.pool.backends[req.backend].started(req.epoch)
+            req.epoch = -1
             self.kick()
 
     def progress(self, req: GatewayRequest, generated: int) -> None:
@@ -164,7 +165,9 @@ class Dispatcher:
         if idx is None:
             return
         b = self.pool.backends[idx]
-        b.started(req.epoch)
+        if req.epoch >= 0:
+            b.started(req.epoch)
+            req.epoch = -1
         b.inflight -= 1
         if req.charge is not None:
             b.load.charged_tokens -= req.charge.value

@@ -64,7 +64,9 @@ class BaselinePredictor:
 
     @staticmethod
     def _trace(inp: PredictInput) -> TraceRequest:
-        return TraceRequest(arrival_s=0.0, prompt_tokens=inp.prompt_tokens, output_tokens=0, tenant=inp.tenant)
+        return TraceRequest(
+            arrival_s=0.0, prompt_tokens=inp.prompt_tokens, output_tokens=0, tenant=inp.tenant
+        )
 
     async def predict(self, inp: PredictInput) -> tuple[LengthDistribution | None, str]:
         return self.inner.predict(self._trace(inp)), self.name
@@ -111,8 +113,9 @@ def build_predictor(name: str, redis_url: str | None = None, options: dict[str, 
 
         return BaselinePredictor(LengthBucketPredictor(**opts), name)
     if name == "semantic":
-        from predictor import semantic
+        import importlib
 
+        semantic = importlib.import_module("predictor.semantic")  # lands with the predictor issue
         return SemanticAdapter(semantic.build_semantic(redis_url=redis_url, **opts))
     raise ValueError(f"unknown predictor {name!r}")
 

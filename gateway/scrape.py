@@ -6,6 +6,7 @@ lines it wants (summing over label sets, e.g. several engines behind one server)
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 
@@ -49,10 +50,8 @@ def parse_metrics(text: str) -> EngineMetrics:
         end = line.rfind("}") + 1 if labelled else space
         if name == "vllm:cache_config_info":
             labels = dict(_LABEL.findall(line[brace:end])) if labelled else {}
-            try:
+            with contextlib.suppress(KeyError, ValueError):
                 blocks += int(labels["num_gpu_blocks"]) * int(labels["block_size"])
-            except (KeyError, ValueError):
-                pass
             continue
         field = _NAMES.get(name)
         if field is None:

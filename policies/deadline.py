@@ -33,11 +33,7 @@ def remaining_service_s(
     """Predicted seconds of service left: the prefill until the first token, plus the predicted
     remaining output (``E[O | O > generated] − generated``) at the per-token decode cost."""
     prefill = s_per_prompt_token * req.prompt_tokens if req.generated == 0 else 0.0
-    if req.generated == 0:
-        out = predicted_output(req)
-    else:
-        out = expected_remaining(prior_of(req), req.generated)
-    return prefill + s_per_output_token * out
+    return prefill + s_per_output_token * expected_remaining(prior_of(req), req.generated)
 
 
 def latest_start(
@@ -82,7 +78,7 @@ class EDF(Policy):
 
 @register("llf")
 class LLF(Policy):
-    """Least laxity first: deadline − now − predicted remaining service time, in seconds (LSSP panel).
+    """Least laxity first: deadline − now − predicted remaining service time (LSSP panel).
 
     Service time: ``s_per_prompt_token`` × prompt tokens (until the first token) plus
     ``s_per_output_token`` × predicted remaining output; the defaults are STUDY.md's deadline rule.

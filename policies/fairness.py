@@ -19,14 +19,13 @@ _QUEUED, _IN_FLIGHT, _DONE = 0, 1, 2
 
 @register("vtc")
 class VTC(Policy):
-    """Virtual token counter per tenant: serve the tenant with the least counter, first come first
-    served within a tenant (Sheng et al., OSDI'24, "Fairness in Serving Large Language Models").
+    """Virtual token counter per tenant: serve the least-served tenant (Sheng et al., OSDI'24, VTC).
 
-    A tenant's counter grows by ``input_weight`` (1) per prompt token when one of its requests is
-    dispatched and by ``output_weight`` (2) per output token as they stream. A tenant that *returns*
-    (it had nothing queued or in flight) is lifted to the least counter among the tenants that are
-    active (something queued or in flight), so idle time is not banked as credit; with no active
-    tenant its counter is kept.
+    First come first served within a tenant. A tenant's counter grows by ``input_weight`` (1) per
+    prompt token when one of its requests is dispatched and by ``output_weight`` (2) per output token
+    as they stream. A tenant that *returns* (it had nothing queued or in flight) is lifted to the
+    least counter among the tenants that are active (something queued or in flight), so idle time is
+    not banked as credit; with no active tenant its counter is kept.
     """
 
     levels = frozenset({GATEWAY})
@@ -70,8 +69,9 @@ class VTC(Policy):
 
 @register("wfs")
 class WFS(Policy):
-    """Weighted fair share over request classes: serve the highest
-    ``(demand/(served+1)) · priority / estimated steps`` first (LSSP panel).
+    """Weighted fair share over classes: (demand/(served+1)) · priority / estimated steps (LSSP panel).
+
+    The highest score is served first.
 
     Our reading of LSSP's terms: a *class* is a tenant; ``demand`` the requests of that class now
     queued; ``served`` the requests of that class dispatched so far; ``priority`` the request's

@@ -15,8 +15,8 @@ from policies.base import ADMIT, GATEWAY, LoadView, Policy, SchedRequest, Screen
 from policies.deadline import (
     S_PER_OUTPUT_TOKEN,
     S_PER_PROMPT_TOKEN,
-    laxity,
     latest_start,
+    laxity,
     priority_weight,
 )
 from policies.prediction import predicted_output
@@ -54,8 +54,10 @@ class _Guard(Policy):
 
 @register("kv-constrained")
 class KVConstrained(_Guard):
-    """Admit only while post-admission KV use ≤ 0.82, unless urgent (laxity ≤ 0.25 s); order by
-    non-urgent, ``(I + 0.25·predicted O)/priority``, laxity (LSSP panel).
+    """Admit while post-admission KV use ≤ 0.82 unless urgent; order by urgency, then size (LSSP panel).
+
+    Urgent: laxity ≤ 0.25 s. Order: urgent first, then ``(I + 0.25·predicted O)/priority``, then
+    laxity.
 
     Laxity uses the LSSP deadline rule's service estimate (``policies.deadline``); requests without a
     deadline are never urgent. Urgency depends on the clock, hence ``dynamic``.
@@ -101,8 +103,9 @@ class KVConstrained(_Guard):
 
 @register("admission-control")
 class AdmissionControl(_Guard):
-    """Drop requests whose laxity is below ``min_laxity_s`` (default: none, never drop); order by
-    laxity (LSSP panel).
+    """Drop requests whose laxity is below a threshold (default: none); order by laxity (LSSP panel).
+
+    The threshold is ``min_laxity_s``; None never drops.
 
     Laxity as in ``llf`` (LSSP deadline rule's service estimate); a request without a deadline has
     infinite laxity and is never dropped. Ordered by latest start (static: ``now`` cancels).
@@ -137,8 +140,10 @@ class AdmissionControl(_Guard):
 
 @register("scorpio-guard")
 class ScorpioGuard(_Guard):
-    """SLO guard: TTFT-slack filter, urgency score, throttled admission when KV ≥ 0.65 or the queue
-    exceeds 3× capacity (LSSP robustness panel, after Scorpio, Tang et al. 2025).
+    """SLO guard: TTFT-slack filter, urgency order, throttle at KV ≥ 0.65 (LSSP panel; Scorpio 2025).
+
+    LSSP's robustness-panel guard, after Scorpio (Tang et al. 2025): it also throttles when the
+    queue exceeds 3× the fleet's running capacity.
 
     Our reading of the terms:
 

@@ -27,10 +27,11 @@ class _MlfqState:
 
 @register("fastserve")
 class FastServe(Policy):
-    """Skip-join MLFQ: quanta doubling per queue from ``base_quantum_ms`` (10 ms), skip-join by
-    prefill time, demotion after a used-up quantum, promotion to the top after ``starvation_s`` (3 s)
-    of waiting (Wu et al. 2023, FastServe).
+    """Skip-join MLFQ, quanta doubling from 10 ms, promotion after 3 s waiting (Wu et al. 2023, FastServe).
 
+    Quanta double per queue from ``base_quantum_ms``; a new request skips to the first queue whose
+    quantum covers its prefill; it is demoted after a used-up quantum and promoted to the top queue
+    after ``starvation_s`` of waiting.
     Running time is measured on the caller's clock: from dispatch to each token (``on_progress``),
     so a request is charged its prefill and its decode steps, queueing excluded. The prefill time
     that decides the skip-join is estimated as ``prefill_s_per_token`` × prompt tokens (25 µs: an

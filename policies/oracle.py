@@ -37,8 +37,9 @@ class SJFOracle(Policy):
 
 @register("srpt-oracle")
 class SRPTOracle(Policy):
-    """Shortest true remaining cost first, ``C(O_true) − C(generated)``, preemptive at engine level:
-    a bound, not deployable (POLICIES.md).
+    """Shortest true remaining cost first, preemptive at engine level: a bound (POLICIES.md).
+
+    The key is ``C(O_true) − C(generated)``; not deployable.
 
     At gateway level queued requests have generated nothing, so it orders like ``sjf-oracle``.
     The key is two multiplications, so re-sorting the running batch every step stays cheap.

@@ -62,8 +62,7 @@ def _check_positive(name: str, value: float) -> None:
 # --- SSJF ---------------------------------------------------------------------------------------
 @register("ssjf")
 class SSJF(Policy):
-    """Speculative shortest-job-first on the predicted output (point value), with a starvation guard
-    (Qiu et al., AIOps'24).
+    """Shortest predicted output (point value) first, with a starvation guard (Qiu et al., AIOps'24).
 
     Non-preemptive, as published. The paper states no starvation guard; ours: a request that has
     waited ``starvation_s`` seconds (since it last entered a queue) goes ahead of every
@@ -103,15 +102,16 @@ class _LtrState:
 
 @register("ltr")
 class LearningToRank(Policy):
-    """Order by a predicted rank score; a request passed over for ``starvation_rounds`` scheduling
-    rounds is promoted (Fu et al., NeurIPS'24; their starvation setting ``starv200``).
+    """Order by a predicted rank score, promoting a request passed over N rounds (Fu et al., NeurIPS'24).
 
-    The score is the predicted mean output: LTR only needs the *ranking* of lengths, and the mean is
-    the rank-preserving summary every predictor here gives. A *round* is one scheduling instant: a
-    distinct time at which this policy saw a dispatch or tokens produced (at engine level, one engine
-    step; at gateway level, one dispatch pass). A request's count restarts whenever it (re)enters a
-    queue. Promoted requests go first, first come first served. Non-preemptive. The promotion
-    depends on other requests' progress, hence ``dynamic``.
+    A request passed over for ``starvation_rounds`` scheduling rounds (200, the setting ``starv200``
+    of the authors' evaluation) is promoted. The score is the predicted mean output: LTR only needs
+    the *ranking* of lengths, and the mean is the rank-preserving summary every predictor here
+    gives. A *round* is one scheduling instant: a distinct time at which this policy saw a dispatch
+    or tokens produced (at engine level, one engine step; at gateway level, one dispatch pass). A
+    request's count restarts whenever it (re)enters a queue. Promoted requests go first, first come
+    first served. Non-preemptive. The promotion depends on other requests' progress, hence
+    ``dynamic``.
     """
 
     levels = frozenset({GATEWAY, ENGINE})
@@ -187,10 +187,9 @@ class _TrailState:
 
 @register("trail")
 class Trail(Policy):
-    """Shortest predicted *remaining* length first, refined as tokens are generated, with limited
-    preemption (Shahout et al., ICLR'25, "TRAIL").
+    """Shortest predicted remaining length, refined per token, limited preemption (Shahout et al., ICLR'25).
 
-    The refined remaining length is ``E[O | O > g] − g`` over the predicted distribution (a point
+    TRAIL. The refined remaining length is ``E[O | O > g] − g`` over the predicted distribution (a point
     prediction degenerates to ``o − g``); it is cached per request and recomputed only when ``g``
     passes a support point, so a key is O(1). Engine level: a better waiting request may displace
     the running request with the longest predicted remainder, but never one that has generated
@@ -240,4 +239,3 @@ class Trail(Policy):
         st = self._state(req)
         if req.generated >= st.next_at:
             st.refresh(req.generated)
-

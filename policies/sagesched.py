@@ -78,9 +78,9 @@ class _GittinsPolicy(Policy):
 
 @register("sagesched")
 class SageSched(_GittinsPolicy):
-    """Gittins rank over the predicted cost distribution ``C = I·O + O²/2`` at the attained cost,
-    recomputed only at boundaries; the product's default (Gan et al., arXiv 2603.07917, SageSched).
+    """Gittins rank over the predicted cost distribution C = I·O + O²/2 (Gan et al., arXiv 2603.07917).
 
+    SageSched, the product's default: the rank at the attained cost, recomputed only at boundaries.
     ``buckets``: first output-token bucket boundary (then doubling; 0 = support points only);
     ``max_points``: the prediction is merged onto at most this many support points; ``preempt``:
     at engine level a better-ranked waiting request may displace the worst-ranked running one
@@ -91,8 +91,9 @@ class SageSched(_GittinsPolicy):
 
 @register("gittins-length")
 class GittinsLength(_GittinsPolicy):
-    """Ablation of SageSched: Gittins rank over the output length alone, no memory-time cost
-    (POLICIES.md; SageSched reports the cost model mattering)."""
+    """SageSched ablation: Gittins rank over the output length alone, no memory-time cost (POLICIES.md).
+
+    SageSched reports its cost model mattering; this measures by how much."""
 
     length_only = True
 
@@ -110,8 +111,7 @@ class _MeanCostState:
 
 @register("mean-cost")
 class MeanCost(Policy):
-    """Ablation of SageSched: order by the expected cost ``E[I·O + O²/2]``, uncertainty-unaware
-    (POLICIES.md).
+    """SageSched ablation: order by the expected cost E[I·O + O²/2], uncertainty-unaware (POLICIES.md).
 
     It is SageSched with the distribution collapsed to its mean cost: the Gittins rank of a point
     cost is the remaining cost, so a running request's key is ``E[C] − C(b)`` at its last bucket

@@ -32,7 +32,7 @@ from sim.perf import PerfModel
 MODEL, GPU = "qwen3-32b", "a100-80gb"
 TIME_SCALE = 10.0
 N = 200
-RATE = 3.0  # requests per engine second
+RATE = 4.0  # requests per engine second
 SEED = 7
 
 pytestmark = pytest.mark.slow
@@ -56,6 +56,9 @@ async def replay(url: str, requests: list[TraceRequest], scale: float) -> list[f
     loop = asyncio.get_running_loop()
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits, trust_env=False) as client:
+        for stream in (False, True):  # warm up: the first requests pay for lazy set-up on both sides
+            warm = {"prompt": [1, 2, 3], "max_tokens": 2, "stream": stream}
+            (await client.post("/v1/completions", json=warm)).raise_for_status()
 
         async def one(req: TraceRequest, prompt: list[int]) -> float:
             await asyncio.sleep(max(0.0, t0 + req.arrival_s / scale - loop.time()))

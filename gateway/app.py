@@ -1,0 +1,296 @@
+"""The gateway as an ASGI app: ``create_app(settings)`` wires the pieces and declares the routes.
+
+Request path: intake (limits, validation, identity, token count, prediction) → dispatcher queue
+(policy order, memory-aware admission) → forwarder (pooled upstream client, retries, streaming).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.core import GaugeMetricFamily
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, Response
+
+from gateway import errors
+from gateway.backends import BackendPool
+from gateway.dispatcher import Dispatcher
+from gateway.errors import GatewayError
+from gateway.intake import Intake
+from gateway.metrics import GatewayMetrics
+from gateway.openai_schema import ChatCompletionRequest, CompletionRequest, ErrorBody
+from gateway.predict import Recorder, build_predictor
+from gateway.proxy import DisconnectGuard, Forwarder
+from gateway.queue import BoundedQueue
+from gateway.settings import GatewaySettings
+from gateway.tenants import is_admin
+from policies.base import Policy
+from policies.registry import parse_policy
+
+log = logging.getLogger("sagegate.gateway")
+
+
+class Gateway:
+    """Everything one gateway process holds; ``app.state.gateway``."""
+
+    def __init__(
+        self, settings: GatewaySettings, policy: Policy | None = None, predictor: Any = None
+    ) -> None:
+        self.settings = settings
+        self.clock = time.monotonic
+        self.policy = policy if policy is not None else parse_policy(settings.policy)
+        self.predictor = predictor if predictor is not None else build_predictor(
+            settings.predictor, settings.redis_url, settings.predictor_options
+        )  # fmt: skip
+        up = settings.upstream
+        limits = httpx.Limits(
+            max_connections=up.max_connections, max_keepalive_connections=up.max_connections
+        )
+        self.client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(up.read_timeout_s))
+        self.metrics = GatewayMetrics()
+        self.pool = BackendPool(settings, self.client, on_change=self._on_change, clock=self.clock)
+        self.queue = BoundedQueue(self.policy, settings.queue.max_requests, settings.queue.max_tokens)
+        self.dispatcher = Dispatcher(
+            self.policy,
+            self.pool,
+            settings.admission.config(),
+            self.queue,
+            self.metrics,
+            capacity_requests=settings.capacity_requests_per_backend,
+            clock=self.clock,
+        )
+        self.recorder = Recorder(self.predictor)
+        self.intake = Intake(settings, self.predictor, self.metrics, self._known_models, self.clock)
+        self.forwarder = Forwarder(
+            settings, self.dispatcher, self.pool, self.client, self.metrics, self.recorder
+        )
+        self.metrics.attach_state(self._state_metrics)
+        self.draining = False
+        self.started = False
+
+    def _on_change(self) -> None:
+        if self.started:
+            self.dispatcher.kick()
+
+    def _known_models(self) -> set[str]:
+        return {str(m["id"]) for m in self.pool.models()}
+
+    async def start(self) -> None:
+        await self.pool.start()
+        self.started = True
+        self.dispatcher.kick()
+
+    async def stop(self) -> None:
+        self.draining = True
+        await self.pool.stop()
+        await self.recorder.drain()
+        await self.predictor.aclose()
+        await self.client.aclose()
+
+    def ready(self) -> bool:
+        return self.started and not self.draining and self.pool.any_healthy()
+
+    async def handle(self, request: Request, route: str) -> Response:
+        if self.draining:
+            raise errors.unavailable("draining", "the gateway is shutting down", retry_after=1)
+        raw = await self.intake.read_body(request)
+        body = self.intake.parse(raw, route)
+        async with DisconnectGuard(request.receive):
+            req, inp = await self.intake.build(request, route, body)
+            return await self.forwarder.run(req, inp)
+        self.metrics.requests.labels(route, "client_gone").inc()
+        return Response(status_code=499)
+
+    def queue_snapshot(self, limit: int) -> dict[str, Any]:
+        now = self.clock()
+        items = []
+        for rank, r in enumerate(self.queue.ordered(now, limit)):
+            pred = r.prediction
+            items.append(
+                {
+                    "rank": rank,
+                    "id": r.rid,
+                    "key": repr(r.key_cache),
+                    "tenant": r.tenant,
+                    "model": r.model,
+                    "prompt_tokens": r.prompt_tokens,
+                    "priority": r.priority,
+                    "deadline_in_s": None if r.deadline_s is None else r.deadline_s - now,
+                    "prediction": None if pred is None else pred.summary(),
+                    "predictor_path": r.path,
+                    "wait_s": now - r.t_enqueue,
+                    "attempt": r.attempt,
+                }
+            )
+        backends = [
+            {
+                "name": b.name,
+                "url": b.url,
+                "healthy": b.healthy,
+                "inflight": b.inflight,
+                "reserved_tokens": b.load.charged_tokens,
+                "capacity_tokens": b.load.capacity_tokens,
+                "waiting": b.load.waiting,
+                "circuit_open": b.breaker.is_open,
+            }
+            for b in self.pool.backends
+        ]
+        return {
+            "policy": self.policy.name,
+            "queued": len(self.queue),
+            "queued_tokens": self.queue.tokens,
+            "requests": items,
+            "backends": backends,
+        }
+
+    def _state_metrics(self) -> Iterable[GaugeMetricFamily]:
+        depth = GaugeMetricFamily("sagegate_queue_depth", "Requests waiting in the gateway's queue.")
+        depth.add_metric([], len(self.queue))
+        tokens = GaugeMetricFamily("sagegate_queue_prompt_tokens", "Prompt tokens waiting in the queue.")
+        tokens.add_metric([], self.queue.tokens)
+        labels = ["backend"]
+        inflight = GaugeMetricFamily(
+            "sagegate_backend_inflight", "Requests in flight per backend.", labels=labels
+        )
+        reserved = GaugeMetricFamily(
+            "sagegate_backend_reserved_kv_tokens",
+            "KV tokens charged to a backend's in-flight requests.",
+            labels=labels,
+        )
+        capacity = GaugeMetricFamily(
+            "sagegate_backend_capacity_kv_tokens", "Backend KV capacity.", labels=labels
+        )
+        healthy = GaugeMetricFamily(
+            "sagegate_backend_healthy", "1 if the backend takes requests.", labels=labels
+        )
+        waiting = GaugeMetricFamily(
+            "sagegate_backend_waiting",
+            "Backend's waiting requests (scraped, plus sent since).",
+            labels=labels,
+        )
+        for b in self.pool.backends:
+            inflight.add_metric([b.name], b.inflight)
+            reserved.add_metric([b.name], b.load.charged_tokens)
+            capacity.add_metric([b.name], b.load.capacity_tokens)
+            healthy.add_metric([b.name], 1.0 if b.healthy else 0.0)
+            waiting.add_metric([b.name], b.load.waiting)
+        return [depth, tokens, inflight, reserved, capacity, healthy, waiting]
+
+
+def create_app(settings: GatewaySettings, *, policy: Policy | None = None, predictor: Any = None) -> FastAPI:
+    """The gateway app. ``policy``/``predictor`` override the ones ``settings`` names (tests)."""
+    gw = Gateway(settings, policy, predictor)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await gw.start()
+        try:
+            yield
+        finally:
+            await gw.stop()
+
+    app = FastAPI(title="sagegate", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.gateway = gw
+
+    @app.exception_handler(GatewayError)
+    async def _gateway_error(request: Request, exc: GatewayError) -> Response:
+        if exc.status >= 400:
+            gw.metrics.requests.labels(_route(request), str(exc.status)).inc()
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        return GatewayError(exc.status_code, str(exc.detail), reason="http_error").response()
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, exc: Exception) -> Response:
+        log.exception("internal error")
+        return GatewayError(500, "internal error", type="internal_error", reason="internal_error").response()
+
+    @app.post("/v1/chat/completions", openapi_extra=_body_doc("ChatCompletionRequest"), responses=_RESPONSES)
+    async def chat_completions(request: Request) -> Response:
+        return await gw.handle(request, "chat")
+
+    @app.post("/v1/completions", openapi_extra=_body_doc("CompletionRequest"), responses=_RESPONSES)
+    async def completions(request: Request) -> Response:
+        return await gw.handle(request, "completions")
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": gw.pool.models()}
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        ok = gw.ready()
+        status = "ready" if ok else ("draining" if gw.draining else "no_healthy_backend")
+        return JSONResponse({"status": status}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(gw.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/admin/queue")
+    async def admin_queue(request: Request, limit: int = 100) -> Response:
+        if not is_admin(request.headers, settings.admin_key):
+            raise GatewayError(403, "admin key required", type="authentication_error", reason="forbidden")
+        return JSONResponse(gw.queue_snapshot(max(0, min(limit, 10_000))))
+
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _route(request: Request) -> str:
+    path = request.url.path
+    return (
+        "chat"
+        if path.endswith("chat/completions")
+        else "completions"
+        if path.endswith("completions")
+        else path
+    )
+
+
+def _body_doc(name: str) -> dict[str, Any]:
+    schema = {"$ref": f"#/components/schemas/{name}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+_ERROR = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "content": {"application/json": {}, "text/event-stream": {}},
+        "description": "The backend's answer.",
+    },
+    400: {**_ERROR, "description": "Invalid request."},
+    401: {**_ERROR, "description": "Missing or invalid API key."},
+    404: {**_ERROR, "description": "Unknown model."},
+    413: {**_ERROR, "description": "Body too large."},
+    429: {**_ERROR, "description": "Queue full or waited too long; see Retry-After and x-sagegate-reason."},
+    502: {**_ERROR, "description": "Every backend tried failed."},
+    503: {**_ERROR, "description": "No healthy backend, or draining."},
+}
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    comps = schema.setdefault("components", {}).setdefault("schemas", {})
+    for model in (ChatCompletionRequest, CompletionRequest, ErrorBody):
+        js = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        comps.update(js.pop("$defs", {}))
+        comps[model.__name__] = js
+    app.openapi_schema = schema
+    return schema

@@ -1,0 +1,134 @@
+"""Engine-variant policies: vLLM v0, vLLM v1, Sarathi-Serve (all FCFS), and SLAI.
+
+These choose how the engine itself batches (``engine_variant``, ``engine_chunk_size``; the
+simulator applies them, ``sim.des.engine_config_for``) more than how requests are ordered, so they
+run at engine level only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from policies.base import ENGINE, Policy, SchedRequest, fcfs_tiebreak
+from policies.fifo import FCFS
+from policies.registry import register
+
+
+@register("vllm-v0")
+class VllmV0(FCFS):
+    """vLLM v0 engine: prefill-only or decode-only steps, no chunking; FCFS (vLLM; ENGINE_MODEL.md)."""
+
+    levels = frozenset({ENGINE})
+    engine_variant = "v0"
+
+
+@register("vllm-v1")
+class VllmV1(FCFS):
+    """vLLM v1 engine: chunked prefill, running requests first; FCFS (vLLM's default; ENGINE_MODEL.md)."""
+
+    levels = frozenset({ENGINE})
+    engine_variant = "v1"
+
+
+@register("sarathi")
+class Sarathi(FCFS):
+    """Sarathi-Serve engine: decodes first, then 512-token prefill chunks; FCFS (Agrawal et al., OSDI'24)."""
+
+    levels = frozenset({ENGINE})
+    engine_variant = "sarathi"
+    engine_chunk_size = 512
+
+
+class _SlaiState:
+    __slots__ = ("last_token_s",)
+
+    def __init__(self, now: float) -> None:
+        self.last_token_s = now
+
+
+@register("slai")
+class SLAI(Policy):
+    """Decode deferral by last schedulable time, shortest prefill first (Bari et al., arXiv 2508.01002).
+
+    SLAI, with chunked prefill on a 512-token budget.
+
+    * Engine: Sarathi-style (decodes, then prefill chunks), 512 tokens per step.
+    * Admission: the waiting request with the fewest tokens to prefill (prompt plus any tokens
+      generated before a preemption) first.
+    * Deferral: a decoding request's next token is due ``tpot_slo_s`` after its last one; its *last
+      schedulable time* is that minus ``step_estimate_s`` (one step must still fit). While requests
+      wait for admission on the same engine, a decode whose last schedulable time has not come is
+      left out of the step, giving its budget to prefills. The first decode the engine offers in each
+      step is never deferred (nor the next, if that one is preempted), so deferral alone never
+      leaves a step empty.
+
+    SLAI targets a time-between-tokens SLO the traces do not carry; the default 0.1 s per output
+    token is a common interactive target (an assumption of this project, not from the paper).
+    Which engine a request is on is read from the driver's ``backend`` field when it has one.
+    Memory victims: the largest context (default rule: the largest key).
+    """
+
+    levels = frozenset({ENGINE})
+    engine_variant = "sarathi"
+    engine_chunk_size = 512
+    defers_decode = True
+
+    def __init__(self, tpot_slo_s: float = 0.1, step_estimate_s: float = 0.03) -> None:
+        if not tpot_slo_s > 0:
+            raise ValueError(f"tpot_slo_s must be positive, got {tpot_slo_s!r}")
+        if step_estimate_s < 0:
+            raise ValueError(f"step_estimate_s must be >= 0, got {step_estimate_s!r}")
+        self.tpot_slo_s = tpot_slo_s
+        self.step_estimate_s = step_estimate_s
+        self._waiting: dict[Any, set[Any]] = {}
+        self._passed: dict[Any, tuple[float, Any]] = {}  # engine -> (step time, decode let through)
+
+    def key(self, req: SchedRequest, now: float) -> Any:
+        return (req.prompt_tokens + req.generated, *fcfs_tiebreak(req))
+
+    def last_schedulable(self, req: SchedRequest) -> float:
+        """Latest start of a step that still delivers ``req``'s next token within the SLO."""
+        st = req.pstate
+        last = st.last_token_s if isinstance(st, _SlaiState) else req.arrival_s
+        return last + self.tpot_slo_s - self.step_estimate_s
+
+    def defer_decode(self, req: SchedRequest, now: float) -> bool:
+        engine = getattr(req, "backend", None)
+        if not self._waiting.get(engine):
+            return False
+        passed = self._passed.get(engine)
+        if passed is None or passed[0] != now:
+            self._passed[engine] = (now, req.rid)  # first decode of this step: always runs
+            return False
+        return now < self.last_schedulable(req)
+
+    # --- bookkeeping: who waits where, when each request last produced a token -------------------
+    def _waits(self, req: SchedRequest, waiting: bool) -> None:
+        engine = getattr(req, "backend", None)
+        bucket = self._waiting.setdefault(engine, set())
+        if waiting:
+            bucket.add(req.rid)
+        else:
+            bucket.discard(req.rid)
+
+    def on_arrival(self, req: SchedRequest, now: float) -> None:
+        self._waits(req, True)
+
+    def on_preempt(self, req: SchedRequest, now: float) -> None:
+        self._waits(req, True)
+        engine = getattr(req, "backend", None)
+        if self._passed.get(engine) == (now, req.rid):
+            del self._passed[engine]  # the decode let through lost its place: let the next one run
+
+    def on_dispatch(self, req: SchedRequest, now: float) -> None:
+        self._waits(req, False)
+
+    def on_progress(self, req: SchedRequest, new_tokens: int, now: float) -> None:
+        st = req.pstate
+        if isinstance(st, _SlaiState):
+            st.last_token_s = now
+        else:
+            req.pstate = _SlaiState(now)
+
+    def on_finish(self, req: SchedRequest, now: float) -> None:
+        self._waits(req, False)
