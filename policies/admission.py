@@ -22,10 +22,13 @@ from predictor.distribution import LengthDistribution
 class AdmissionConfig:
     quantile: float = 0.5
     """Quantile of the predicted remaining output charged for a request."""
-    target: float = 1.0
-    """Share of KV capacity the charges may fill."""
-    max_waiting: int = 4
-    """A backend reporting this many waiting requests or more admits nothing."""
+    target: float = 1.5
+    """Share of KV capacity the charges may fill. Above 1 on purpose: a request is charged its whole
+    predicted footprint from the start, but holds on average only ``I + O/2`` over its life (tuned in
+    the simulator, see BENCHMARKS.md: 1.2 and below starved memory-bound engines)."""
+    max_waiting: int = 1
+    """A backend with this many requests waiting (not yet running) admits nothing more: the gateway
+    keeps the order decision to itself and the engine never idles."""
     unknown_output: int = 256
     """Charge for output when a request has no prediction."""
 

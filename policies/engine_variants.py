@@ -7,6 +7,7 @@ run at engine level only.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from policies.base import ENGINE, Policy, SchedRequest, fcfs_tiebreak
@@ -46,6 +47,19 @@ class _SlaiState:
         self.last_token_s = now
 
 
+class _EngineView:
+    """What SLAI knows of one engine from the hooks: who waits, when it last admitted, its steps."""
+
+    __slots__ = ("last_admit", "passed", "prev_step", "step", "waiting")
+
+    def __init__(self) -> None:
+        self.waiting: set[Any] = set()
+        self.last_admit = -math.inf
+        self.step = -math.inf  # start of the current step (first decode offered at that time)
+        self.prev_step = -math.inf
+        self.passed: Any = None  # the decode let through in the current step
+
+
 @register("slai")
 class SLAI(Policy):
     """Decode deferral by last schedulable time, shortest prefill first (Bari et al., arXiv 2508.01002).
@@ -56,11 +70,13 @@ class SLAI(Policy):
     * Admission: the waiting request with the fewest tokens to prefill (prompt plus any tokens
       generated before a preemption) first.
     * Deferral: a decoding request's next token is due ``tpot_slo_s`` after its last one; its *last
-      schedulable time* is that minus ``step_estimate_s`` (one step must still fit). While requests
-      wait for admission on the same engine, a decode whose last schedulable time has not come is
-      left out of the step, giving its budget to prefills. The first decode the engine offers in each
-      step is never deferred (nor the next, if that one is preempted), so deferral alone never
-      leaves a step empty.
+      schedulable time* is that minus ``step_estimate_s`` (one step must still fit). A decode whose
+      last schedulable time has not come is left out of the step, giving its budget to prefills,
+      but only while that budget is what holds prefills back: requests wait on the same engine and
+      the engine admitted someone in its previous step (when admission is blocked by KV blocks or
+      the sequence cap, deferring a decode would only slow it down). The first decode the engine
+      offers in each step is never deferred (nor the next, if that one is preempted), so deferral
+      alone never leaves a step empty.
 
     SLAI targets a time-between-tokens SLO the traces do not carry; the default 0.1 s per output
     token is a common interactive target (an assumption of this project, not from the paper).
@@ -80,8 +96,7 @@ class SLAI(Policy):
             raise ValueError(f"step_estimate_s must be >= 0, got {step_estimate_s!r}")
         self.tpot_slo_s = tpot_slo_s
         self.step_estimate_s = step_estimate_s
-        self._waiting: dict[Any, set[Any]] = {}
-        self._passed: dict[Any, tuple[float, Any]] = {}  # engine -> (step time, decode let through)
+        self._engines: dict[Any, _EngineView] = {}
 
     def key(self, req: SchedRequest, now: float) -> Any:
         return (req.prompt_tokens + req.generated, *fcfs_tiebreak(req))
@@ -93,35 +108,38 @@ class SLAI(Policy):
         return last + self.tpot_slo_s - self.step_estimate_s
 
     def defer_decode(self, req: SchedRequest, now: float) -> bool:
-        engine = getattr(req, "backend", None)
-        if not self._waiting.get(engine):
+        v = self._view(req)
+        if now != v.step:  # the first decode of a new step: always runs
+            v.prev_step, v.step, v.passed = v.step, now, req.rid
             return False
-        passed = self._passed.get(engine)
-        if passed is None or passed[0] != now:
-            self._passed[engine] = (now, req.rid)  # first decode of this step: always runs
+        if v.passed is None:  # the one let through was preempted: this one runs instead
+            v.passed = req.rid
+            return False
+        if not v.waiting or v.last_admit < v.prev_step:
             return False
         return now < self.last_schedulable(req)
 
-    # --- bookkeeping: who waits where, when each request last produced a token -------------------
-    def _waits(self, req: SchedRequest, waiting: bool) -> None:
+    # --- bookkeeping from the hooks ----------------------------------------------------------------
+    def _view(self, req: SchedRequest) -> _EngineView:
         engine = getattr(req, "backend", None)
-        bucket = self._waiting.setdefault(engine, set())
-        if waiting:
-            bucket.add(req.rid)
-        else:
-            bucket.discard(req.rid)
+        v = self._engines.get(engine)
+        if v is None:
+            v = self._engines[engine] = _EngineView()
+        return v
 
     def on_arrival(self, req: SchedRequest, now: float) -> None:
-        self._waits(req, True)
+        self._view(req).waiting.add(req.rid)
 
     def on_preempt(self, req: SchedRequest, now: float) -> None:
-        self._waits(req, True)
-        engine = getattr(req, "backend", None)
-        if self._passed.get(engine) == (now, req.rid):
-            del self._passed[engine]  # the decode let through lost its place: let the next one run
+        v = self._view(req)
+        v.waiting.add(req.rid)
+        if v.step == now and v.passed == req.rid:
+            v.passed = None
 
     def on_dispatch(self, req: SchedRequest, now: float) -> None:
-        self._waits(req, False)
+        v = self._view(req)
+        v.waiting.discard(req.rid)
+        v.last_admit = now
 
     def on_progress(self, req: SchedRequest, new_tokens: int, now: float) -> None:
         st = req.pstate
@@ -131,4 +149,4 @@ class SLAI(Policy):
             req.pstate = _SlaiState(now)
 
     def on_finish(self, req: SchedRequest, now: float) -> None:
-        self._waits(req, False)
+        self._view(req).waiting.discard(req.rid)

@@ -10,7 +10,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import IO, Annotated
 
 import typer
 
@@ -90,38 +90,40 @@ def free_port(host: str = "127.0.0.1") -> int:
 def spawned_backend(args: Sequence[str] = (), *, startup_timeout_s: float = 30.0) -> Iterator[str]:
     """Run ``sagegate backend [args]`` in a child process on a free loopback port and yield its base
     URL once ``/health`` answers; stop it on exit. For tests and demos; needs no installed entry point."""
-    import httpx
-
     port = free_port()
     cmd = [sys.executable, "-m", "sagegate.cmd_backend", "--host", "127.0.0.1", "--port", str(port), *args]
-    log = tempfile.TemporaryFile("w+")  # a file, not a pipe: a chatty child never blocks on it
     root = Path(__file__).resolve().parents[1]  # the repository, so `-m sagegate...` imports
-    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.DEVNULL, stderr=log, text=True)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + startup_timeout_s
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                err = log.read()
-                raise RuntimeError(f"backend exited with {proc.returncode}: {err.strip()}")
-            try:
-                if httpx.get(url + "/health", timeout=1.0, trust_env=False).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"backend did not answer /health within {startup_timeout_s} s")
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
+    # stderr to a file, not a pipe: a chatty child never blocks on it.
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.DEVNULL, stderr=log, text=True)
         try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+            yield _wait_healthy(proc, url, log, startup_timeout_s)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _wait_healthy(proc: subprocess.Popen[str], url: str, log: IO[str], timeout_s: float) -> str:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"backend exited with {proc.returncode}: {log.read().strip()}")
+        try:
+            if httpx.get(url + "/health", timeout=1.0, trust_env=False).status_code == 200:
+                return url
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"backend did not answer /health within {timeout_s} s")
+        time.sleep(0.1)
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m sagegate.cmd_backend` (tests, no install needed)

@@ -27,7 +27,7 @@ import struct
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -52,11 +52,14 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions; used for chat too (vLLM's would fill the context)
 FILLER = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed", "do")
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
-TTFT_BUCKETS += (20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+# Histogram buckets (seconds), spaced like vLLM's own.
+# fmt: off
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0)
-E2E_BUCKETS += (240.0, 480.0, 960.0, 1920.0, 7680.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+               480.0, 960.0, 1920.0, 7680.0)
+# fmt: on
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,8 @@ class BackendSettings:
             raise ValueError(f"time_scale must be a positive number, got {self.time_scale}")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(
-                f"unknown scheduling policy {self.scheduling_policy!r}; valid: {', '.join(SCHEDULING_POLICIES)}"
+                f"unknown scheduling policy {self.scheduling_policy!r}; "
+                f"valid: {', '.join(SCHEDULING_POLICIES)}"
             )
         if self.max_lag_s < 0:
             raise ValueError("max_lag_s must be >= 0")
@@ -121,9 +125,8 @@ def _validation_error(exc: ValidationError | RequestValidationError) -> ApiError
     errors = exc.errors()
     first = errors[0] if errors else {}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
     msg = first.get("msg", "invalid request")
-    return ApiError(f"{param}: {msg}" if param else msg, param=param)
+    return ApiError(f"{'.'.join(loc)}: {msg}" if loc else msg, param=loc[0] if loc else None)
 
 
 # ---------------------------------------------------------------------------------------------- bodies
@@ -282,10 +285,8 @@ class EngineRunner:
             step = eng.plan(start, start)
             if not step.scheduled:  # cannot happen for requests that fit the pool; never spin
                 wake.clear()
-                try:
+                with suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), 0.1)
-                except TimeoutError:
-                    pass
                 continue
             end = start + step.duration
             await asyncio.sleep(max(0.0, self._wall(end) - loop.time()))
@@ -540,15 +541,16 @@ class Backend:
     async def _sse(self, stream: Stream, shape: _Shape, usage: bool) -> AsyncIterator[bytes]:
         """Server-sent events, one chunk per token, written when the step that made it ends."""
         try:
-            if shape.chat:
-                yield _event(shape.chunk(None, None))
             sent = 0
             done = False
             while not done:
                 items = [await stream.queue.get()]
                 while not stream.queue.empty():
                     items.append(stream.queue.get_nowait())
-                parts = []
+                # Chat opens with a role chunk, sent with the first token (as vLLM does) so that a
+                # client timing its first chunk measures the time to first token.
+                opening = shape.chat and sent == 0 and items[0] is not None
+                parts = [_event(shape.chunk(None, None))] if opening else []
                 for item in items:
                     if item is None:
                         done = True

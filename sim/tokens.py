@@ -9,6 +9,7 @@ with pseudo token ids derived from each 4-character slice so equal text still gi
 
 from __future__ import annotations
 
+import warnings
 import zlib
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
@@ -26,7 +27,11 @@ def _encoder() -> Any:
         import bpe_openai
     except ImportError:
         return None
-    return bpe_openai.get_encoding(ENCODING)
+    with warnings.catch_warnings():  # it reads its tables through a deprecated importlib API
+        warnings.simplefilter("ignore", DeprecationWarning)
+        enc = bpe_openai.get_encoding(ENCODING)
+        enc.encode_ordinary("warm up")  # tables may load lazily, on the first encode
+    return enc
 
 
 def encode(text: str) -> list[int]:

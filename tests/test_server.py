@@ -45,7 +45,8 @@ def server() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def small() -> Iterator[str]:
-    args = ["--time-scale", "10", "--num-gpu-blocks-override", str(SMALL_BLOCKS), "--max-num-seqs", "8"]
+    # Real time: a 3000-token request would run ~20 s, far longer than the 5 s a cancellation may take.
+    args = ["--time-scale", "1", "--num-gpu-blocks-override", str(SMALL_BLOCKS), "--max-num-seqs", "8"]
     with spawned_backend(args) as url:
         yield url
 
@@ -67,7 +68,7 @@ def metrics(url: str) -> dict[str, Any]:
     return out
 
 
-CHAT = [
+CHAT: Any = [  # Any: the openai client wants its own TypedDicts
     {"role": "system", "content": "You answer briefly."},
     {"role": "user", "content": "Name three rivers in Europe."},
     {"role": "assistant", "content": "The Danube, the Rhine and the Loire."},
@@ -89,7 +90,9 @@ def test_openai_completion_non_streaming(client: openai.OpenAI) -> None:
 
 def test_openai_completion_text_prompt_counts_tokens(client: openai.OpenAI) -> None:
     prompt = "The quick brown fox jumps over the lazy dog, again and again."
-    out = client.completions.create(model=SERVED, prompt=prompt, max_tokens=3, extra_body={"ignore_eos": True})
+    out = client.completions.create(
+        model=SERVED, prompt=prompt, max_tokens=3, extra_body={"ignore_eos": True}
+    )
     assert out.usage is not None and out.usage.prompt_tokens == count_tokens(prompt)
 
 
@@ -117,8 +120,10 @@ def test_openai_completion_streaming_without_usage(client: openai.OpenAI) -> Non
 
 
 def test_openai_chat_non_streaming(client: openai.OpenAI, server: str) -> None:
-    out = client.chat.completions.create(model=SERVED, messages=CHAT, max_tokens=7)  # type: ignore[arg-type]
-    expected_prompt = httpx.post(server + "/tokenize", json={"messages": CHAT}, trust_env=False).json()["count"]
+    out = client.chat.completions.create(model=SERVED, messages=CHAT, max_tokens=7)
+    expected_prompt = httpx.post(server + "/tokenize", json={"messages": CHAT}, trust_env=False).json()[
+        "count"
+    ]
     assert out.usage is not None
     assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (expected_prompt, 7)
     assert expected_prompt == count_tokens(flatten_messages(CHAT))
@@ -129,7 +134,7 @@ def test_openai_chat_non_streaming(client: openai.OpenAI, server: str) -> None:
 def test_openai_chat_streaming_with_usage(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
         model=SERVED,
-        messages=CHAT,  # type: ignore[arg-type]
+        messages=CHAT,
         max_completion_tokens=6,
         stream=True,
         stream_options={"include_usage": True},
@@ -191,7 +196,7 @@ def test_metrics_count_one_request(server: str, client: openai.OpenAI) -> None:
 # --- cancellation ----------------------------------------------------------------------------------
 
 
-def wait_idle(url: str, timeout_s: float = 15.0) -> dict[str, Any]:
+def wait_idle(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while True:
         m = metrics(url)
@@ -221,7 +226,6 @@ def test_cancelled_streams_free_their_kv(small: str) -> None:
     assert idle["vllm:num_requests_running"] == 0
     assert idle["vllm:num_requests_waiting"] == 0
     assert idle["vllm:kv_cache_usage_perc"] == 0
-    assert idle["vllm:generation_tokens_total"] < 4 * 3000  # they did stop
 
 
 def test_cancelled_non_streaming_request_frees_its_kv(small: str) -> None:
@@ -236,7 +240,10 @@ def test_cancelled_non_streaming_request_frees_its_kv(small: str) -> None:
 def test_openai_client_closing_a_stream_cancels(small: str) -> None:
     client = openai.OpenAI(base_url=small + "/v1", api_key="unused", max_retries=0)
     stream = client.chat.completions.create(
-        model="llama-3.1-8b", messages=CHAT, max_tokens=3000, stream=True  # type: ignore[arg-type]
+        model="llama-3.1-8b",
+        messages=CHAT,
+        max_tokens=3000,
+        stream=True,
     )
     for i, _ in enumerate(stream):
         if i == 3:
@@ -269,7 +276,10 @@ BAD_CHATS: list[tuple[str, Any]] = [
     ("empty messages", {"messages": []}),
     ("message without role", {"messages": [{"content": "hi"}]}),
     ("messages not a list", {"messages": "hi"}),
-    ("max_completion_tokens negative", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -1}),
+    (
+        "max_completion_tokens negative",
+        {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -1},
+    ),
 ]
 
 
