@@ -17,7 +17,7 @@ from gateway.backends import BackendPool
 from gateway.metrics import GatewayMetrics
 from gateway.queue import BoundedQueue, Dispatched, GatewayRequest
 from policies.admission import AdmissionConfig, BackendLoad, Charge, choose_backend
-from policies.base import LoadView, Policy, Verdict
+from policies.base import ADMIT, LoadView, Policy, Verdict
 
 
 class QueueFull(Exception):
@@ -46,6 +46,8 @@ class Dispatcher:
         self.clock = clock
         self.capacity_requests = capacity_requests * max(1, len(pool))
         self._scheduled = False
+        self._screens = type(policy).screen is not Policy.screen
+        """Only a policy that screens gets a :class:`LoadView` (building one costs O(backends))."""
         self.decisions = 0
 
     # --- entry points -------------------------------------------------------------------------
@@ -100,12 +102,15 @@ class Dispatcher:
             charge = req.charge
             self.decisions += 1
             idx = choose_backend(charge.value, self._eligible(req, loads), cfg)
-            view = LoadView(
-                kv_usage=_usage_after(charge.value, idx, loads),
-                queue_len=len(queue),
-                capacity_requests=self.capacity_requests,
-            )
-            screening = self.policy.screen(req, now, view)
+            if self._screens:
+                view = LoadView(
+                    kv_usage=_usage_after(charge.value, idx, loads),
+                    queue_len=len(queue),
+                    capacity_requests=self.capacity_requests,
+                )
+                screening = self.policy.screen(req, now, view)
+            else:
+                screening = ADMIT
             if screening.verdict is Verdict.REJECT:
                 self.withdraw(req)
                 _resolve_error(req, screening.reason or "rejected_by_policy")

@@ -32,6 +32,8 @@ from gateway.sse import SseScanner
 log = logging.getLogger("sagegate.gateway")
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+BACKEND_HEADER = "x-sagegate-backend"
+PREDICTED_HEADER = "x-sagegate-predicted-tokens"
 RETRYABLE = frozenset({429, 500, 502, 503, 504})
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -210,7 +212,7 @@ class Forwarder:
             output = _completion_tokens(body)
             self.pool.request_succeeded(b)
         self.finish(req, inp, "ok" if status == 200 else "client_error", output)
-        headers = {"content-type": resp.headers.get("content-type", "application/json")}
+        headers = {"content-type": resp.headers.get("content-type", "application/json"), **_info(req, b)}
         return Response(body, status_code=status, headers=headers)
 
     def _build(self, req: GatewayRequest, b: Backend) -> httpx.Request:
@@ -276,7 +278,10 @@ class SseResponse(Response):
         outcome = "cancelled"
         try:
             async with DisconnectGuard(receive) as guard:
-                await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+                headers = SSE_HEADERS + [
+                    (k.encode(), v.encode()) for k, v in _info(req, self.backend).items()
+                ]
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
                 try:
                     await self._forward(send, scanner.feed(self.first))
                     async for chunk in self.chunks:
@@ -310,6 +315,14 @@ class SseResponse(Response):
         if data:
             await send({"type": "http.response.body", "body": data, "more_body": True})
             self.fwd.dispatcher.progress(self.req, self.scanner.events)
+
+
+def _info(req: GatewayRequest, b: Backend) -> dict[str, str]:
+    """Response headers telling the client where its request went and what was predicted."""
+    out = {BACKEND_HEADER: b.name}
+    if req.prediction is not None:
+        out[PREDICTED_HEADER] = str(round(req.prediction.mean))
+    return out
 
 
 def _completion_tokens(body: bytes) -> int | None:

@@ -39,13 +39,17 @@ class BackendSettings(BaseModel):
         return v
 
 
-class AdmissionSettings(BaseModel):
-    """The memory-aware admission rule's knobs (see ``policies.admission``)."""
+_ADMISSION = AdmissionConfig()
 
-    quantile: float = Field(default=0.5, ge=0.0, le=1.0)
-    target: float = Field(default=1.0, gt=0.0)
-    max_waiting: int = Field(default=4, ge=1)
-    unknown_output: int = Field(default=256, ge=1)
+
+class AdmissionSettings(BaseModel):
+    """The memory-aware admission rule's knobs (see ``policies.admission``; defaults are its own,
+    tuned in the simulator)."""
+
+    quantile: float = Field(default=_ADMISSION.quantile, ge=0.0, le=1.0)
+    target: float = Field(default=_ADMISSION.target, gt=0.0)
+    max_waiting: int = Field(default=_ADMISSION.max_waiting, ge=1)
+    unknown_output: int = Field(default=_ADMISSION.unknown_output, ge=1)
 
     def config(self) -> AdmissionConfig:
         return AdmissionConfig(self.quantile, self.target, self.max_waiting, self.unknown_output)
@@ -65,8 +69,10 @@ class QueueSettings(BaseModel):
 class HealthSettings(BaseModel):
     """Health probing, metrics scraping and the circuit breaker."""
 
-    scrape_interval_s: float = Field(default=0.1, gt=0.0)
-    """How often each backend's ``/metrics`` is read (waiting requests, KV capacity)."""
+    scrape_interval_s: float = Field(default=0.05, gt=0.0)
+    """How often each backend's ``/metrics`` is read (waiting requests, KV capacity). Between scrapes a
+    request sent to a backend counts as waiting there until its first byte (non-streaming: until the
+    next scrape), so with ``max_waiting: 1`` this bounds how fast a backend is fed."""
     probe_interval_s: float = Field(default=1.0, gt=0.0)
     """How often each backend's ``/health`` is probed."""
     probe_timeout_s: float = Field(default=2.0, gt=0.0)

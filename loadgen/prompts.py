@@ -32,13 +32,13 @@ PROMPT_MODES = ("auto", "filler", "sharegpt", "trace", "none")
 else Mooncake blocks for requests with ``hash_ids``, else a ShareGPT prompt; ``trace``: the trace's
 text, an error when a request has none; ``none``: leave the requests as they are."""
 
-_CANDIDATES = (
+_WORDS = (
     "the and for you not are but can all one out day get has him his how man new now old see two way "
     "who boy did its let put say she too use act add age ago air arm art ask bad bag bed big bit box "
     "bus buy car cat cup cut dog dry ear eat egg end eye far fat few fit fly fun gas god gun guy hat "
     "hit hot ice job key kid lab law lay leg lie lot low map mix net oil own pay pen pet pop raw red "
     "rid row run sad sea set sit six sky son sun tax tea ten tie tip top toy try war wet win yes yet zoo"
-).split()
+)
 
 
 @lru_cache(maxsize=1)
@@ -46,7 +46,7 @@ def vocabulary() -> tuple[str, ...]:
     """The filler words (each with its leading space) that the offline tokenizer counts as one token."""
     from sim.tokens import count_tokens
 
-    words = tuple(" " + w for w in _CANDIDATES if count_tokens(" " + w) == 1 and len(w) == 3)
+    words = tuple(" " + w for w in _WORDS.split() if count_tokens(" " + w) == 1 and len(w) == 3)
     if len(words) < 16:  # pragma: no cover - a tokenizer that splits common words
         raise RuntimeError("the offline tokenizer splits the filler words; filler text is unavailable")
     return words
@@ -94,7 +94,7 @@ def _mix(seed: int, rid: int) -> int:
 
 def bucket_of(tokens: int) -> int:
     """Length bucket of a prompt: ``floor(log_1.25(tokens))`` (so a bucket spans a factor 1.25)."""
-    return int(math.floor(math.log(max(tokens, 1)) / math.log(BUCKET_RATIO)))
+    return math.floor(math.log(max(tokens, 1)) / math.log(BUCKET_RATIO))
 
 
 @dataclass

@@ -7,12 +7,14 @@ side by side. Times are seconds from the start of the workload (a live replay's 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -67,7 +69,7 @@ class RequestRecord:
     def itls(self) -> list[float]:
         """Gaps between consecutive token chunks."""
         c = self.chunk_times
-        return [b - a for a, b in zip(c, c[1:], strict=False)]
+        return [b - a for a, b in itertools.pairwise(c)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +163,7 @@ def summarize(records: Sequence[RequestRecord], slo: Slo | None = None) -> dict[
 
 
 def errors_by_kind(records: Sequence[RequestRecord]) -> dict[str, int]:
-    """Failed and rejected measured requests counted by kind (``error_kind``, else ``reason``, else status)."""
+    """Failed and rejected measured requests by kind: ``error_kind``, else ``reason``, else status."""
     kinds = Counter(
         r.error_kind or r.reason or r.status for r in measured(records) if r.status not in ("ok",)
     )
@@ -217,7 +219,7 @@ def read_results(path: str | Path) -> list[RequestRecord]:
     return read_jsonl(p)
 
 
-def _arrow_schema():  # type: ignore[no-untyped-def]
+def _arrow_schema() -> Any:
     import pyarrow as pa
 
     kinds = {

@@ -78,9 +78,7 @@ def prepare_workload(
         from loadgen.synthetic import synthetic_workload
 
         n = requests if limit is None else min(limit, requests)
-        work = synthetic_workload(
-            n, rate=rate or SYNTHETIC_RATE, arrival=arrival, cv=cv, seed=seed, **opts
-        )
+        work = synthetic_workload(n, rate=rate or SYNTHETIC_RATE, arrival=arrival, cv=cv, seed=seed, **opts)
         name = SYNTHETIC
         rate = None  # already at the asked rate
     else:
@@ -119,9 +117,8 @@ def _check(**values: float | int | None) -> None:
     for key, value in values.items():
         if value is None:
             continue
-        bad = not math.isfinite(value) or (value <= 0 if key in ("rate_scale", "rate", "limit") else value < 0)
-        if key == "duration" and value == 0:
-            bad = True
+        strict = key in ("rate_scale", "rate", "limit", "duration")
+        bad = not math.isfinite(value) or (value <= 0 if strict else value < 0)
         if bad:
             raise ValueError(f"{key} must be a positive number, got {value}")
 

@@ -50,14 +50,19 @@ class _SlaiState:
 class _EngineView:
     """What SLAI knows of one engine from the hooks: who waits, when it last admitted, its steps."""
 
-    __slots__ = ("last_admit", "passed", "prev_step", "step", "waiting")
+    __slots__ = ("blocked", "had_waiting", "last_admit", "passed", "step", "waiting")
 
     def __init__(self) -> None:
         self.waiting: set[Any] = set()
         self.last_admit = -math.inf
         self.step = -math.inf  # start of the current step (first decode offered at that time)
-        self.prev_step = -math.inf
+        self.had_waiting = False  # requests waited when the current step was planned
+        self.blocked = False  # the previous step had waiting requests and admitted none
         self.passed: Any = None  # the decode let through in the current step
+
+    def new_step(self, now: float, first: Any) -> None:
+        self.blocked = self.had_waiting and self.last_admit < self.step
+        self.step, self.passed, self.had_waiting = now, first, bool(self.waiting)
 
 
 @register("slai")
@@ -72,9 +77,10 @@ class SLAI(Policy):
     * Deferral: a decoding request's next token is due ``tpot_slo_s`` after its last one; its *last
       schedulable time* is that minus ``step_estimate_s`` (one step must still fit). A decode whose
       last schedulable time has not come is left out of the step, giving its budget to prefills,
-      but only while that budget is what holds prefills back: requests wait on the same engine and
-      the engine admitted someone in its previous step (when admission is blocked by KV blocks or
-      the sequence cap, deferring a decode would only slow it down). The first decode the engine
+      but only while that budget is what holds prefills back: requests wait on the same engine, and
+      the engine's previous step did not leave waiting requests un-admitted (a heuristic for
+      "admission is blocked by KV blocks or the sequence cap", when deferring a decode would only
+      slow it down; the engine does not tell a policy why admission stopped). The first decode the engine
       offers in each step is never deferred (nor the next, if that one is preempted), so deferral
       alone never leaves a step empty.
 
@@ -110,12 +116,12 @@ class SLAI(Policy):
     def defer_decode(self, req: SchedRequest, now: float) -> bool:
         v = self._view(req)
         if now != v.step:  # the first decode of a new step: always runs
-            v.prev_step, v.step, v.passed = v.step, now, req.rid
+            v.new_step(now, req.rid)
             return False
         if v.passed is None:  # the one let through was preempted: this one runs instead
             v.passed = req.rid
             return False
-        if not v.waiting or v.last_admit < v.prev_step:
+        if not v.waiting or v.blocked:
             return False
         return now < self.last_schedulable(req)
 

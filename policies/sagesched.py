@@ -99,12 +99,18 @@ class GittinsLength(_GittinsPolicy):
 
 
 class _MeanCostState:
-    """Rank ``E[C] − C(b)`` at the last bucket boundary ``b ≤ g``; ``next_at`` the next boundary."""
+    """Rank ``E[C] − C(b)`` at the last boundary ``b ≤ g``; ``next_at`` the next boundary.
 
-    __slots__ = ("mean_cost", "next_at", "rank")
+    Boundaries: the buckets, and ``o_mean``, the output length at which the attained cost reaches
+    ``E[C]`` (the point distribution's one support point).
+    """
 
-    def __init__(self, mean_cost: float) -> None:
+    __slots__ = ("mean_cost", "next_at", "o_mean", "rank")
+
+    def __init__(self, mean_cost: float, prompt_tokens: int) -> None:
         self.mean_cost = mean_cost
+        i = float(prompt_tokens)
+        self.o_mean = max(1, math.ceil(-i + math.sqrt(i * i + 2.0 * mean_cost)))  # C(o_mean) ≥ E[C]
         self.rank = mean_cost
         self.next_at = 0
 
@@ -114,10 +120,10 @@ class MeanCost(Policy):
     """SageSched ablation: order by the expected cost E[I·O + O²/2], uncertainty-unaware (POLICIES.md).
 
     It is SageSched with the distribution collapsed to its mean cost: the Gittins rank of a point
-    cost is the remaining cost, so a running request's key is ``E[C] − C(b)`` at its last bucket
-    boundary ``b`` (same ``buckets`` and preemption as ``sagesched``, so only uncertainty differs);
-    once its attained cost passes ``E[C]`` the key is the attained cost (the Gittins core's
-    past-the-support rule).
+    cost is the remaining cost, so a running request's key is ``E[C] − C(b)`` at its last boundary
+    ``b`` (the same buckets and preemption as ``sagesched``, so only uncertainty differs); once its
+    attained cost reaches ``E[C]`` the key is the attained cost (the Gittins core's past-the-support
+    rule).
     """
 
     levels = frozenset({GATEWAY, ENGINE})
@@ -135,13 +141,13 @@ class MeanCost(Policy):
         i = float(req.prompt_tokens)
         return math.fsum(p * (i * o + 0.5 * o * o) for o, p in zip(dist.support, dist.probs, strict=True))
 
-    def _boundary_floor(self, generated: int) -> int:
+    def _bucket_floor(self, generated: int) -> int:
         base = self.bucket_base
         if base is None or generated < base:
             return 0
         return base << ((generated // base).bit_length() - 1)
 
-    def _next_boundary(self, generated: int) -> int:
+    def _bucket_after(self, generated: int) -> int:
         base = self.bucket_base
         if base is None:
             return _NEVER
@@ -152,11 +158,16 @@ class MeanCost(Policy):
     def _state(self, req: SchedRequest) -> _MeanCostState:
         st = req.pstate
         if st is None:
-            st = req.pstate = _MeanCostState(self.expected_cost(req))
-        if req.generated >= st.next_at:
-            attained = service_cost(req.prompt_tokens, self._boundary_floor(req.generated))
+            st = req.pstate = _MeanCostState(self.expected_cost(req), req.prompt_tokens)
+        g = req.generated
+        if g >= st.next_at:
+            floor = self._bucket_floor(g)
+            if g >= st.o_mean:
+                floor = max(floor, st.o_mean)
+            attained = service_cost(req.prompt_tokens, floor)
             st.rank = st.mean_cost - attained if attained < st.mean_cost else attained
-            st.next_at = self._next_boundary(req.generated)
+            nxt = self._bucket_after(g)
+            st.next_at = min(nxt, st.o_mean) if g < st.o_mean else nxt
         return st
 
     def rank(self, req: SchedRequest) -> float:

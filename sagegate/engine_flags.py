@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from sim.config import EngineConfig
+    from sim.perf import PerfModel
 
 Model = Annotated[str, typer.Option(help="Model name from the catalogue, or a path to a HF config.json.")]
 Gpu = Annotated[str, typer.Option(help="GPU: a100-80gb, a100-40gb, h100, h200.")]
@@ -33,7 +37,7 @@ def engine_config(
     enable_prefix_caching: bool,
     tensor_parallel_size: int,
     variant: str,
-):  # type: ignore[no-untyped-def]
+) -> tuple[EngineConfig, PerfModel]:
     """Build the engine's config and performance model from the flags (raises ValueError)."""
     from sim.config import EngineConfig
     from sim.hardware import get_gpu, get_model

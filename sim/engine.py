@@ -208,11 +208,14 @@ class Engine:
         budget = cfg.chunk_size if decode_first else cfg.max_num_batched_tokens
         step = Step(now, 0.0)
         sched = step.scheduled
+        displaced = 0
         if self.policy.preemptive and self.waiting:
-            step.preempted += self._preempt_for_waiting(now)
+            # Preemptions the policy chose to make room for a better request do not stop admission
+            # (only running out of memory mid-step does, as in vLLM).
+            displaced = self._preempt_for_waiting(now)
         order = self.running
         if decode_first:
-            order = sorted(order, key=lambda r: r.num_computed < r.known_tokens)
+            order = sorted(order, key=lambda r: r.num_computed + 1 < r.known_tokens)  # decodes first
         elif self.policy.rekey_on_progress:
             order = sorted(order, key=lambda r: self.policy.key(r, now))
         defer = self.policy.defers_decode
@@ -235,6 +238,7 @@ class Engine:
             budget -= n
         if not step.preempted:
             self._admit(now, step, budget)
+        step.preempted += displaced
         return step
 
     def _plan_v0(self, now: float) -> Step:
@@ -336,8 +340,15 @@ class Engine:
             full = len(self.running) >= self.config.max_num_seqs or need > self.pool.free_blocks
             if not full:
                 break
-            worst = max(self.running, key=lambda r: policy.key(r, now))
-            if not policy.key(best, now) < policy.key(worst, now) or not policy.may_preempt(worst, now):
+            best_key = policy.key(best, now)
+            worst = None
+            for cand in sorted(self.running, key=lambda r: policy.key(r, now), reverse=True):
+                if not best_key < policy.key(cand, now):
+                    break
+                if policy.may_preempt(cand, now):
+                    worst = cand
+                    break
+            if worst is None:
                 break
             self._preempt(worst, now)
             done += 1

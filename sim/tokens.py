@@ -23,15 +23,13 @@ _FALLBACK_VOCAB = 100_000
 @lru_cache(maxsize=1)
 def _encoder() -> Any:
     """The BPE encoder, loaded once on first use (about 50 ms); None when the package is missing."""
-    try:
-        import bpe_openai
-    except ImportError:
-        return None
     with warnings.catch_warnings():  # it reads its tables through a deprecated importlib API
         warnings.simplefilter("ignore", DeprecationWarning)
-        enc = bpe_openai.get_encoding(ENCODING)
-        enc.encode_ordinary("warm up")  # tables may load lazily, on the first encode
-    return enc
+        try:
+            import bpe_openai  # loads the tables on import
+        except ImportError:
+            return None
+        return bpe_openai.get_encoding(ENCODING)
 
 
 def encode(text: str) -> list[int]:

@@ -101,7 +101,9 @@ def wait_until(cond: Callable[[], bool], timeout: float = 5.0, what: str = "cond
         time.sleep(0.01)
 
 
-def chat_body(content: str = "hello", *, stream: bool = False, max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
+def chat_body(
+    content: str = "hello", *, stream: bool = False, max_tokens: int = 8, **extra: Any
+) -> dict[str, Any]:
     return {
         "model": "fake",
         "messages": [{"role": "user", "content": content}],
@@ -124,6 +126,7 @@ class FakeState:
     blocks: int = 4096
     block_size: int = 16
     model: str = "fake"
+    list_models: bool = True
     requests: int = 0
     completed: int = 0
     disconnects: int = 0
@@ -154,7 +157,8 @@ class FakeBackend:
         )
 
     async def _models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": self.state.model, "object": "model"}]})
+        data = [{"id": self.state.model, "object": "model"}] if self.state.list_models else []
+        return JSONResponse({"object": "list", "data": data})
 
     async def _health(self, request: Request) -> Response:
         return Response(status_code=200 if self.state.healthy else 503)
@@ -219,3 +223,6 @@ async def _wait_disconnect(request: Request) -> None:
         msg = await request.receive()
         if msg["type"] == "http.disconnect":
             return
+
+
+REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]

@@ -254,3 +254,16 @@ def test_engine_config_rejects_bad_values():
         EngineConfig(max_num_seqs=0)
     with pytest.raises(ValueError):
         dataclasses.replace(EngineConfig(), gpu_memory_utilization=1.5)
+
+
+def test_sarathi_schedules_decodes_before_prefill_chunks():
+    eng = Engine(PERF, EngineConfig(variant="sarathi", chunk_size=512))
+    a, b = mkreq(0, 10, 50), mkreq(1, 2000, 5)
+    eng.add(a, 0.0)
+    eng.add(b, 0.0)
+    step = eng.plan(0.0, 0.0)
+    eng.complete(step, step.duration)
+    assert a.generated == 1 and b.num_computed == 502
+    eng.running.reverse()  # the prefilling request now comes first in the running list
+    step = eng.plan(step.duration, step.duration)
+    assert step.scheduled[a] == 1 and step.scheduled[b] == 511

@@ -35,10 +35,14 @@ def fakes(*states: dict[str, Any]) -> Iterator[list[tuple[FakeBackend, ServerThr
 
 def idle(url: str) -> bool:
     snap = admin(url)
-    return snap["queued"] == 0 and all(b["inflight"] == 0 and b["reserved_tokens"] == 0 for b in snap["backends"])
+    return snap["queued"] == 0 and all(
+        b["inflight"] == 0 and b["reserved_tokens"] == 0 for b in snap["backends"]
+    )
 
 
-def post_in_background(url: str, body: dict[str, Any], timeout: float = 10.0) -> tuple[threading.Thread, list[Any]]:
+def post_in_background(
+    url: str, body: dict[str, Any], timeout: float = 10.0
+) -> tuple[threading.Thread, list[Any]]:
     out: list[Any] = []
 
     def go() -> None:
@@ -204,7 +208,9 @@ def one_fake() -> Iterator[str]:
 @pytest.mark.parametrize(("body", "param"), BAD_BODIES)
 def test_invalid_body_is_400_openai_error(one_fake: str, body: Any, param: str | None) -> None:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    r = httpx.post(one_fake + "/v1/chat/completions", content=content, headers={"content-type": "application/json"})
+    r = httpx.post(
+        one_fake + "/v1/chat/completions", content=content, headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["message"]
@@ -232,9 +238,13 @@ def test_api_keys_and_admin_key() -> None:
     with fakes({}) as [(fake, srv)], gateway([srv], api_keys=keys) as url:
         r = httpx.post(url + "/v1/chat/completions", json=chat_body())
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
-        r = httpx.post(url + "/v1/chat/completions", json=chat_body(), headers={"authorization": "Bearer wrong"})
+        r = httpx.post(
+            url + "/v1/chat/completions", json=chat_body(), headers={"authorization": "Bearer wrong"}
+        )
         assert r.status_code == 401
-        r = httpx.post(url + "/v1/chat/completions", json=chat_body(), headers={"authorization": "Bearer key-beta"})
+        r = httpx.post(
+            url + "/v1/chat/completions", json=chat_body(), headers={"authorization": "Bearer key-beta"}
+        )
         assert r.status_code == 200
         assert "authorization" not in {k.lower() for k in fake.state.bodies[-1]}
         assert httpx.get(url + "/admin/queue").status_code == 403

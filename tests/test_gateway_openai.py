@@ -6,6 +6,7 @@ import concurrent.futures
 from collections.abc import Iterator
 
 import httpx
+import openai
 import pytest
 
 from gateway.app import create_app
@@ -13,8 +14,6 @@ from sim.config import EngineConfig
 from sim.server import BackendSettings
 from sim.server import create_app as backend_app
 from tests.gateway_support import ServerThread, admin, settings_for, wait_until
-
-openai = pytest.importorskip("openai")
 
 
 def sim_backend(name: str = "sim", **engine: object) -> ServerThread:

@@ -6,11 +6,10 @@ from __future__ import annotations
 import re
 
 import pytest
+from conftest import data_path
 
 from policies.base import ENGINE, GATEWAY, Policy
 from policies.registry import PolicySpecError, names, parse_policy, registry
-
-from conftest import data_path
 
 # The panel as issue 3 lists it; checked against POLICIES.md's table below when the docs are present.
 PANEL = [

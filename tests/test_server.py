@@ -324,6 +324,35 @@ def test_unknown_fields_are_ignored(server: str) -> None:
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
 
 
+# --- tokens and the command line ------------------------------------------------------------------
+
+
+def test_flatten_messages_keeps_every_turn() -> None:
+    text = flatten_messages(CHAT)
+    assert text.splitlines() == [
+        "system: You answer briefly.",
+        "user: Name three rivers in Europe.",
+        "assistant: The Danube, the Rhine and the Loire.",
+        "user: And in Africa?",
+    ]
+
+
+def test_token_count_fallback_without_the_tokenizer(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sim.tokens as tokens
+
+    monkeypatch.setattr(tokens, "_encoder", lambda: None)
+    assert tokens.count_tokens("abcdefghi") == 3  # one token per 4 characters, rounded up
+    assert tokens.encode("abcdabcd") == tokens.encode("abcd") * 2 and len(tokens.encode("abcdefghi")) == 3
+
+
+def test_cli_rejects_a_bad_setting() -> None:
+    with (
+        pytest.raises(RuntimeError, match="scheduling policy"),
+        spawned_backend(["--scheduling-policy", "lottery"]),
+    ):
+        pass
+
+
 # --- priority scheduling ---------------------------------------------------------------------------
 
 
@@ -355,7 +384,8 @@ def test_priority_mode_serves_urgent_first() -> None:
         deadline = time.monotonic() + 10
         while metrics(url)["vllm:num_requests_running"] < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
-        low = threading.Thread(target=send, args=("low", 10, 2))
+        low = threading.Thread(target=send, args=("low", 10, 50))  # long enough to finish well after
+
         low.start()
         while metrics(url)["vllm:num_requests_waiting"] < 1 and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -1,0 +1,27 @@
+# sagegate: the gateway and the simulated backend in one image (the command picks which).
+#   docker build -t sagegate .                      # gateway + simulated backend + semantic predictor
+#   docker build --build-arg EXTRAS=tokenize -t sagegate-slim .   # without torch (predictor: global)
+FROM python:3.11-slim
+
+ARG EXTRAS=tokenize,embed
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    HF_HUB_OFFLINE=1
+
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY sagegate ./sagegate
+COPY gateway ./gateway
+COPY predictor ./predictor
+COPY policies ./policies
+COPY loadgen ./loadgen
+COPY sim ./sim
+COPY study ./study
+RUN pip install ".[${EXTRAS}]" uvloop httptools \
+    && useradd --system --uid 10001 sagegate
+USER sagegate
+
+EXPOSE 8080
+ENTRYPOINT ["sagegate"]
+CMD ["serve", "--config", "/etc/sagegate/gateway.yaml"]

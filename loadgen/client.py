@@ -1,0 +1,493 @@
+"""Open-loop replay of a workload against any OpenAI-compatible endpoint (this gateway, vLLM, a proxy).
+
+Open loop: each request leaves at its scheduled time whether or not earlier ones have finished, so a
+slow server meets the trace's load instead of slowing the client down. The only brake is the
+connection limit; every send it delays is counted and reported. Times are seconds from the replay's
+start in the workload's clock (``time_scale`` > 1 replays against a backend running that much faster
+and records its engine seconds), with ``arrival_s`` the scheduled send time — the simulator's
+convention, so live and simulated runs compare directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from loadgen.records import TraceRequest
+from loadgen.results import RequestRecord
+from loadgen.sse import DONE, ERROR, TOKEN, EventSplitter, classify
+
+log = logging.getLogger(__name__)
+
+APIS = ("completions", "chat")
+PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+@dataclass
+class ReplayConfig:
+    url: str
+    """Base URL of the server (``http://host:port``, with or without ``/v1``)."""
+    api: str = "completions"
+    model: str | None = None
+    """Model name; None asks the server's ``/v1/models`` for the first one."""
+    api_key: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    max_connections: int = 1000
+    timeout_s: float = 600.0
+    """Per request, wall seconds from send to the end of the stream."""
+    time_scale: float = 1.0
+    trace_headers: bool = True
+    """Send the trace's tenant, priority and deadline as ``x-tenant``/``x-priority``/``x-deadline-ms``."""
+    queue_metric: str | None = "sagegate_queue_depth"
+    """Prometheus gauge polled from ``metrics_url`` during the run (None: no polling)."""
+    metrics_url: str | None = None
+    """Default: ``<url>/metrics``."""
+    metrics_interval_s: float = 0.5
+    predicted_header: str = "x-sagegate-predicted-tokens"
+    backend_header: str = "x-sagegate-backend"
+    progress: bool = False
+    prime: bool = True
+    """Send one unrecorded one-token request before the clock starts (cold caches, connection setup)."""
+    start_delay_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.api not in APIS:
+            raise ValueError(f"api must be one of {APIS}, got {self.api!r}")
+        if self.max_connections < 1:
+            raise ValueError("max_connections must be >= 1")
+        if not (self.time_scale > 0 and math.isfinite(self.time_scale)):
+            raise ValueError("time_scale must be a positive number")
+        if not self.timeout_s > 0:
+            raise ValueError("timeout_s must be > 0")
+
+    @property
+    def base_url(self) -> str:
+        base = self.url.rstrip("/")
+        return base[:-3] if base.endswith("/v1") else base
+
+    @property
+    def endpoint(self) -> str:
+        return self.base_url + PATHS[self.api]
+
+
+@dataclass
+class ReplayResult:
+    records: list[RequestRecord]
+    t0: float
+    """The event loop's clock (``time.monotonic``) at workload time 0."""
+    wall_s: float
+    model: str | None
+    max_connections: int
+    delayed_sends: int = 0
+    """Sends the connection limit held back."""
+    max_send_delay_s: float = 0.0
+    queue_metric: str | None = None
+    queue_samples: list[tuple[float, float]] = field(default_factory=list)
+    metrics_failures: int = 0
+
+    def meta(self) -> dict[str, Any]:
+        """What a results file's ``.meta.json`` sidecar keeps besides the records."""
+        return {
+            "model": self.model,
+            "wall_s": self.wall_s,
+            "max_connections": self.max_connections,
+            "delayed_sends": self.delayed_sends,
+            "max_send_delay_s": self.max_send_delay_s,
+            "queue_metric": self.queue_metric,
+            "queue_samples": self.queue_samples,
+            "metrics_failures": self.metrics_failures,
+        }
+
+
+def request_body(req: TraceRequest, cfg: ReplayConfig, model: str | None) -> bytes:
+    """The JSON body: the prompt, ``max_tokens`` = the trace's output with ``ignore_eos``, streamed,
+    with usage."""
+    if req.prompt is None:
+        raise ValueError(f"request {req.rid} has no prompt text: prepare the workload with prompts")
+    body: dict[str, Any] = {}
+    if model is not None:
+        body["model"] = model
+    if cfg.api == "chat":
+        body["messages"] = [{"role": "user", "content": req.prompt}]
+    else:
+        body["prompt"] = req.prompt
+    body.update(
+        max_tokens=req.output_tokens,
+        ignore_eos=True,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    body.update(cfg.extra_body)
+    return json.dumps(body).encode()
+
+
+def request_headers(req: TraceRequest, cfg: ReplayConfig) -> dict[str, str]:
+    """Per-request headers carrying the trace's tenant, priority and relative deadline."""
+    if not cfg.trace_headers:
+        return {}
+    out = {}
+    if req.tenant != "default":
+        out["x-tenant"] = req.tenant
+    if req.priority != 1:
+        out["x-priority"] = str(req.priority)
+    if req.deadline_s is not None:
+        out["x-deadline-ms"] = str(max(1, round((req.deadline_s - req.arrival_s) / cfg.time_scale * 1000)))
+    return out
+
+
+def gauge_value(text: str, name: str) -> float | None:
+    """The sum over label sets of gauge ``name`` in a Prometheus exposition, None when absent."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = [s.value for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name]
+    return float(sum(values)) if values else None
+
+
+async def prime(client: httpx.AsyncClient, cfg: ReplayConfig, model: str | None) -> None:
+    """One small request, answered before the replay starts; its outcome does not matter."""
+    warm = TraceRequest(0.0, 2, 1, prompt="warm up")
+    body = json.loads(request_body(warm, cfg, model))
+    body.pop("stream_options", None)
+    body["stream"] = False
+    with contextlib.suppress(httpx.HTTPError):
+        await client.post(cfg.endpoint, json=body, timeout=min(cfg.timeout_s, 60.0))
+
+
+async def discover_model(client: httpx.AsyncClient, base_url: str) -> str | None:
+    """The first model ``/v1/models`` lists, None when the server does not say."""
+    try:
+        resp = await client.get(base_url + "/v1/models", timeout=10.0)
+        data = resp.json().get("data") or []
+        return str(data[0]["id"]) if data else None
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+class ClientPool:
+    """httpx clients sharded by load: each holds at most ``per_client`` requests at once.
+
+    httpx's connection pool rescans all of its connections on every request start and end (a cost
+    that grows with the square of the connections open), which caps one client at a few hundred
+    streaming requests; many small pools keep that scan short. Concurrency itself is bounded by the
+    replay's connection limit, not here.
+    """
+
+    def __init__(self, headers: dict[str, str], per_client: int = 8) -> None:
+        import ssl
+
+        self.headers = headers
+        self.tls = ssl.create_default_context()  # shared: loading the CA bundle takes ~50 ms a client
+        self.per_client = per_client
+        self.clients: list[httpx.AsyncClient] = []
+        self.load: list[int] = []
+
+    def _new(self) -> int:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=self.per_client)
+        timeout = httpx.Timeout(None)
+        self.clients.append(
+            httpx.AsyncClient(limits=limits, timeout=timeout, headers=self.headers, verify=self.tls)
+        )
+        self.load.append(0)
+        return len(self.clients) - 1
+
+    @property
+    def first(self) -> httpx.AsyncClient:
+        return self.clients[0] if self.clients else self.clients[self._new()]
+
+    def acquire(self) -> int:
+        load = self.load
+        i = min(range(len(load)), key=load.__getitem__) if load else -1
+        if i < 0 or load[i] >= self.per_client:
+            i = self._new()
+        load[i] += 1
+        return i
+
+    def release(self, i: int) -> None:
+        self.load[i] -= 1
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(c.aclose() for c in self.clients), return_exceptions=True)
+
+
+class _Replay:
+    """One run: the schedule, the in-flight requests, the metrics poller and the progress view."""
+
+    def __init__(self, requests: Sequence[TraceRequest], cfg: ReplayConfig, clients: ClientPool) -> None:
+        self.requests = list(requests)
+        self.cfg = cfg
+        self.clients = clients
+        self.chat = cfg.api == "chat"
+        self.sem = asyncio.Semaphore(cfg.max_connections)
+        self.loop = asyncio.get_running_loop()
+        self.t0 = 0.0
+        self.records = [
+            RequestRecord(
+                rid=r.rid,
+                arrival_s=r.arrival_s,
+                prompt_tokens=r.prompt_tokens,
+                output_tokens=0,
+                status="cancelled",
+                reason="not sent",
+                tenant=r.tenant,
+                deadline_s=r.deadline_s,
+            )
+            for r in self.requests
+        ]
+        self.delayed = 0
+        self.max_delay = 0.0
+        self.finished = 0
+        self.samples: list[tuple[float, float]] = []
+        self.metrics_failures = 0
+        self.stop = asyncio.Event()
+
+    def now(self) -> float:
+        return (self.loop.time() - self.t0) * self.cfg.time_scale
+
+    async def run(self, model: str | None) -> None:
+        bodies = [request_body(r, self.cfg, model) for r in self.requests]
+        headers = [request_headers(r, self.cfg) for r in self.requests]
+        self.t0 = self.loop.time() + self.cfg.start_delay_s
+        helpers = []
+        if self.cfg.queue_metric:
+            helpers.append(asyncio.create_task(self._poll_metrics()))
+        view = _Progress(self) if self.cfg.progress else None
+        if view is not None:
+            helpers.append(asyncio.create_task(view.run(self.stop)))
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            scale = self.cfg.time_scale
+            for i, req in enumerate(self.requests):
+                delay = self.t0 + req.arrival_s / scale - self.loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(self._send(i, bodies[i], headers[i])))
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            self.stop.set()
+            await asyncio.gather(*helpers, return_exceptions=True)
+
+    async def _send(self, i: int, body: bytes, headers: dict[str, str]) -> None:
+        rec = self.records[i]
+        held = self.sem.locked()
+        if held:
+            self.delayed += 1
+        async with self.sem:
+            rec.sent_s = self.now()
+            if held:
+                self.max_delay = max(self.max_delay, rec.sent_s - rec.arrival_s)
+            rec.status, rec.reason = "error", ""
+            try:
+                async with asyncio.timeout(self.cfg.timeout_s):
+                    await self._exchange(rec, body, headers)
+            except TimeoutError:
+                _fail(rec, "timeout", f"no end of stream within {self.cfg.timeout_s}s")
+            except httpx.ConnectError as exc:
+                _fail(rec, "connect", str(exc))
+            except httpx.RemoteProtocolError as exc:
+                _fail(rec, "protocol", str(exc))
+            except httpx.HTTPError as exc:
+                _fail(rec, type(exc).__name__.lower(), str(exc))
+            except asyncio.CancelledError:
+                _fail(rec, "cancelled", "replay stopped")
+                rec.status = "cancelled"
+                raise
+            finally:
+                self.finished += 1
+
+    async def _exchange(self, rec: RequestRecord, body: bytes, headers: dict[str, str]) -> None:
+        pool = self.clients
+        slot = pool.acquire()
+        try:
+            await self._stream(pool.clients[slot], rec, body, headers)
+        finally:
+            pool.release(slot)
+
+    async def _stream(
+        self, client: httpx.AsyncClient, rec: RequestRecord, body: bytes, headers: dict[str, str]
+    ) -> None:
+        async with client.stream("POST", self.cfg.endpoint, content=body, headers=headers) as resp:
+            rec.first_byte_s = self.now()
+            rec.http_status = resp.status_code
+            _read_headers(rec, resp.headers, self.cfg)
+            if resp.status_code != 200:
+                _http_failure(rec, resp.status_code, resp.headers, await resp.aread())
+                return
+            splitter = EventSplitter()
+            usage: dict[str, Any] | None = None
+            done = False
+            error = ""
+            chat = self.chat
+            times = rec.chunk_times
+            async for chunk in resp.aiter_bytes():
+                t = self.now()
+                for payload in splitter.feed(chunk):
+                    ev = classify(payload, chat)
+                    if ev.kind == TOKEN:
+                        times.append(t)
+                    elif ev.kind == DONE:
+                        done = True
+                    elif ev.kind == ERROR:
+                        error = ev.message
+                    if ev.usage is not None:
+                        usage = ev.usage
+        _finish(rec, usage, done, error)
+
+    async def _poll_metrics(self) -> None:
+        cfg = self.cfg
+        assert cfg.queue_metric is not None
+        url = cfg.metrics_url or cfg.base_url + "/metrics"
+        async with httpx.AsyncClient(timeout=2.0, headers=_auth(cfg)) as client:
+            while not self.stop.is_set():
+                t = self.now()
+                try:
+                    resp = await client.get(url)
+                    value = gauge_value(resp.text, cfg.queue_metric) if resp.status_code == 200 else None
+                    if value is None:
+                        self.metrics_failures += 1
+                    else:
+                        self.samples.append((t, value))
+                except (httpx.HTTPError, ValueError):
+                    self.metrics_failures += 1
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), cfg.metrics_interval_s)
+
+
+def _auth(cfg: ReplayConfig) -> dict[str, str]:
+    return {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+
+
+def _fail(rec: RequestRecord, kind: str, message: str) -> None:
+    rec.status, rec.error_kind, rec.reason = "error", kind, message[:200]
+
+
+def _read_headers(rec: RequestRecord, headers: httpx.Headers, cfg: ReplayConfig) -> None:
+    pred = headers.get(cfg.predicted_header)
+    if pred is not None:
+        with contextlib.suppress(ValueError):
+            rec.predicted_mean = float(pred)
+    rec.backend = headers.get(cfg.backend_header, rec.backend)
+
+
+def _http_failure(rec: RequestRecord, status: int, headers: httpx.Headers, body: bytes) -> None:
+    """A non-200 answer: ``rejected`` when the server turned the request away (429, or a 503 naming a
+    reason), else an error of kind ``http_<status>``."""
+    message = body[:200].decode(errors="replace")
+    try:
+        err = json.loads(body).get("error")
+        message = str(err.get("message", message) if isinstance(err, dict) else err)[:200]
+    except (ValueError, AttributeError):
+        pass
+    reason = headers.get("x-sagegate-reason")
+    if status == 429 or (status == 503 and reason):
+        rec.status, rec.error_kind, rec.reason = "rejected", reason or f"http_{status}", message
+    else:
+        _fail(rec, f"http_{status}", message)
+
+
+def _finish(rec: RequestRecord, usage: dict[str, Any] | None, done: bool, error: str) -> None:
+    times = rec.chunk_times
+    rec.output_tokens = len(times)
+    if usage is not None:
+        rec.output_tokens = int(usage.get("completion_tokens") or rec.output_tokens)
+        rec.prompt_tokens = int(usage.get("prompt_tokens") or rec.prompt_tokens)
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and details.get("cached_tokens"):
+            rec.cached_tokens = int(details["cached_tokens"])
+    if times:
+        rec.first_token_s, rec.finish_s = times[0], times[-1]
+    if error:
+        _fail(rec, "stream_error", error)
+    elif not done:
+        _fail(rec, "incomplete", "the stream ended without [DONE]")
+    elif not times:
+        _fail(rec, "no_tokens", "the stream carried no token")
+    else:
+        rec.status, rec.error_kind, rec.reason = "ok", "", ""
+
+
+class _Progress:
+    """A rich progress bar with live throughput and latency, refreshed a few times a second."""
+
+    def __init__(self, run: _Replay) -> None:
+        self.run_ = run
+
+    def line(self) -> str:
+        r = self.run_
+        now = max(r.now(), 1e-9)
+        done = [x for x in r.records if x.status == "ok" and x.finish_s is not None]
+        tokens = sum(x.output_tokens for x in done)
+        ttfts = sorted(x.ttft for x in done if x.ttft is not None)
+        p50 = f"{ttfts[len(ttfts) // 2] * 1000:.0f} ms" if ttfts else "-"
+        errors = sum(x.status in ("error", "rejected") for x in r.records if x.sent_s is not None)
+        return f"{tokens / now:,.0f} tok/s · {len(done) / now:.1f} req/s · TTFT p50 {p50} · errors {errors}"
+
+    async def run(self, stop: asyncio.Event) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        r = self.run_
+        from rich.console import Console
+
+        with Progress(
+            TextColumn("replay"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            console=Console(stderr=True),
+        ) as bar:
+            task = bar.add_task("", total=len(r.records))
+            while not stop.is_set():
+                bar.update(task, completed=r.finished, description=self.line())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.5)
+            bar.update(task, completed=r.finished, description=self.line())
+
+
+async def replay_async(requests: Sequence[TraceRequest], cfg: ReplayConfig) -> ReplayResult:
+    """Replay ``requests`` (with prompt text) at their arrival times; every request gets a record."""
+    clients = ClientPool({**_auth(cfg), **cfg.headers})
+    try:
+        model = cfg.model or await discover_model(clients.first, cfg.base_url)
+        if cfg.prime:
+            await prime(clients.first, cfg, model)
+        run = _Replay(requests, cfg, clients)
+        start = run.loop.time()
+        await run.run(model)
+        wall = run.loop.time() - start
+    finally:
+        await clients.aclose()
+    if run.delayed:
+        log.warning(
+            "the connection limit (%d) delayed %d sends, by up to %.3fs",
+            cfg.max_connections,
+            run.delayed,
+            run.max_delay,
+        )
+    return ReplayResult(
+        records=run.records,
+        t0=run.t0,
+        wall_s=wall,
+        model=model,
+        max_connections=cfg.max_connections,
+        delayed_sends=run.delayed,
+        max_send_delay_s=run.max_delay,
+        queue_metric=cfg.queue_metric,
+        queue_samples=run.samples,
+        metrics_failures=run.metrics_failures,
+    )
+
+
+def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig) -> ReplayResult:
+    """:func:`replay_async` on a fresh event loop."""
+    return asyncio.run(replay_async(requests, cfg))

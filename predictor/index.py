@@ -1,0 +1,281 @@
+"""One model's live window of completions: an hnswlib cosine index over the embeddings, the lexical
+index over the same rows, per-row lengths, and the window bounds.
+
+Rows are small integers reused after expiry (hnswlib re-adding a deleted label updates it in place),
+so memory follows the window, not the total ever seen. When a burst of expiries leaves more deleted
+points than live ones, the graph is rebuilt from the live points; in the background by default, with
+changes made meanwhile replayed before the swap. Every method takes the index's lock: the gateway's
+request path, the store's consumer thread and the rebuild thread share it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from predictor.history import Completion, WindowBounds
+from predictor.lexical import LexicalIndex
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    """hnswlib parameters; ``background`` runs rebuilds on a thread (off for deterministic replays)."""
+
+    dim: int = 384
+    initial_capacity: int = 1024
+    m: int = 16
+    ef_construction: int = 100
+    ef_search: int = 128
+    seed: int = 0
+    rebuild_min_deleted: int = 4096
+    background: bool = True
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Neighbour candidates of one query: rows, both similarities, and the rows' lengths."""
+
+    rows: np.ndarray
+    dense: np.ndarray
+    lexical: np.ndarray
+    output_tokens: np.ndarray
+    prompt_tokens: np.ndarray
+
+    @staticmethod
+    def empty() -> Candidates:
+        z = np.zeros(0)
+        return Candidates(z.astype(np.int64), z, z, z, z)
+
+
+class WindowIndex:
+    def __init__(
+        self,
+        bounds: WindowBounds,
+        config: IndexConfig | None = None,
+        on_add: Callable[[Completion], None] | None = None,
+    ) -> None:
+        self.bounds = bounds
+        self.config = config or IndexConfig()
+        self.on_add = on_add
+        self.lock = threading.RLock()
+        self._hnsw: Any = self._new_hnsw(self.config.initial_capacity)
+        self.lexical = LexicalIndex()
+        cap = self.config.initial_capacity
+        self.out_tokens = np.zeros(cap, dtype=np.int32)
+        self.prompt_tokens = np.zeros(cap, dtype=np.int32)
+        self.ts = np.zeros(cap, dtype=np.float64)
+        self._order: deque[tuple[float, int, str]] = deque()
+        self._rows: dict[str, int] = {}
+        self._free: list[int] = []
+        self._next_row = 0
+        self._deleted_rows: set[int] = set()
+        self._journal: set[int] | None = None
+        self._jobs: dict[str, threading.Thread] = {}
+        self.rebuilds = 0
+
+    # --- size ---------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._rows
+
+    @property
+    def deleted(self) -> int:
+        """Points marked deleted in the current graph."""
+        return len(self._deleted_rows)
+
+    @property
+    def capacity(self) -> int:
+        return int(self._hnsw.get_max_elements())
+
+    def live_output_tokens(self) -> np.ndarray:
+        with self.lock:
+            rows = np.fromiter(self._rows.values(), dtype=np.int64, count=len(self._rows))
+            return self.out_tokens[rows].copy()
+
+    # --- changes ------------------------------------------------------------------------------
+    def add(self, rec: Completion, weights: np.ndarray, now: float) -> bool:
+        """Index one completion (``weights``: its terms' TF-IDF weights). False when it is a
+        duplicate or already outside the window."""
+        with self.lock:
+            if rec.id in self._rows or rec.ts < self.bounds.horizon(now):
+                return False
+            row = self._take_row()
+            full = self._hnsw.get_current_count() >= self._hnsw.get_max_elements()
+            if full and row not in self._deleted_rows:
+                self._hnsw.resize_index(2 * self._hnsw.get_max_elements())
+            self._hnsw.add_items(rec.embedding.reshape(1, -1), np.array([row]))
+            self._deleted_rows.discard(row)  # re-adding a deleted label revives it
+            self.out_tokens[row] = max(1, rec.output_tokens)
+            self.prompt_tokens[row] = max(1, rec.prompt_tokens)
+            self.ts[row] = rec.ts
+            self.lexical.add(row, rec.terms, weights)
+            self._rows[rec.id] = row
+            self._order.append((rec.ts, row, rec.id))
+            if self._journal is not None:
+                self._journal.add(row)
+            if self.on_add is not None:
+                self.on_add(rec)
+            self._expire_locked(now)
+            self._maybe_rebuild_locked()
+            return True
+
+    def expire(self, now: float) -> int:
+        with self.lock:
+            n = self._expire_locked(now)
+            self._maybe_rebuild_locked()
+            return n
+
+    def _take_row(self) -> int:
+        if self._free:
+            return self._free.pop()
+        row = self._next_row
+        self._next_row += 1
+        if row >= self.out_tokens.size:
+            grow = 2 * self.out_tokens.size
+            self.out_tokens = _grow(self.out_tokens, grow)
+            self.prompt_tokens = _grow(self.prompt_tokens, grow)
+            self.ts = _grow(self.ts, grow)
+        return row
+
+    def _expire_locked(self, now: float) -> int:
+        horizon = self.bounds.horizon(now)
+        n = 0
+        while self._order and (len(self._order) > self.bounds.max_entries or self._order[0][0] < horizon):
+            _, row, rid = self._order.popleft()
+            self._remove_locked(rid, row)
+            n += 1
+        return n
+
+    def _remove_locked(self, rid: str, row: int) -> None:
+        del self._rows[rid]
+        self._hnsw.mark_deleted(row)
+        self._deleted_rows.add(row)
+        self.lexical.remove(row)
+        self._free.append(row)
+
+    # --- rebuilds -----------------------------------------------------------------------------
+    def _maybe_rebuild_locked(self) -> None:
+        if self.lexical.needs_rebuild():
+            self._run("lexical", self._rebuild_lexical)
+        if self.deleted > max(self.config.rebuild_min_deleted, len(self._rows)) and self._journal is None:
+            self._run("graph", self._rebuild_graph)
+
+    def _run(self, name: str, job: Callable[[], None]) -> None:
+        if not self.config.background:
+            job()
+            return
+        running = self._jobs.get(name)
+        if running is not None and running.is_alive():
+            return
+        self._jobs[name] = t = threading.Thread(target=job, name=f"sagegate-rebuild-{name}", daemon=True)
+        t.start()
+
+    def wait_rebuilds(self, timeout: float = 30.0) -> None:
+        """Join running rebuild threads (tests, shutdown)."""
+        for t in list(self._jobs.values()):
+            t.join(timeout)
+
+    def _rebuild_lexical(self) -> None:
+        with self.lock:
+            snap = self.lexical.snapshot()
+        built = LexicalIndex.build(snap)
+        with self.lock:
+            self.lexical.install(snap, built)
+
+    def _rebuild_graph(self) -> None:
+        with self.lock:
+            self._journal = set()
+            rows = np.fromiter(self._rows.values(), dtype=np.int64, count=len(self._rows))
+            vecs = self._hnsw.get_items(rows, return_type="numpy") if rows.size else None
+        fresh = self._new_hnsw(max(self.config.initial_capacity, 2 * rows.size))
+        if vecs is not None:
+            fresh.add_items(vecs, rows)
+        with self.lock:
+            live_now = set(self._rows.values())
+            gone = set(rows.tolist()) - live_now
+            for row in gone:
+                fresh.mark_deleted(row)
+            changed = sorted((self._journal or set()) & live_now)
+            if changed:
+                need = fresh.get_current_count() + len(changed)
+                if need > fresh.get_max_elements():
+                    fresh.resize_index(2 * need)
+                fresh.add_items(self._hnsw.get_items(changed, return_type="numpy"), np.array(changed))
+            self._hnsw = fresh
+            self._deleted_rows = gone
+            self._journal = None
+            self.rebuilds += 1
+
+    def _new_hnsw(self, capacity: int) -> Any:
+        import hnswlib
+
+        c = self.config
+        index = hnswlib.Index(space="cosine", dim=c.dim)
+        index.init_index(max_elements=capacity, ef_construction=c.ef_construction, M=c.m, random_seed=c.seed)
+        index.set_ef(c.ef_search)
+        index.set_num_threads(1)
+        return index
+
+    # --- queries ------------------------------------------------------------------------------
+    def search(
+        self, vec: np.ndarray, q_terms: np.ndarray, q_weights: np.ndarray, k_dense: int, k_lexical: int
+    ) -> Candidates:
+        """Union of the ``k_dense`` nearest embeddings and the ``k_lexical`` best lexical matches, with
+        both similarities filled in for every candidate."""
+        with self.lock:
+            live = len(self._rows)
+            if not live:
+                return Candidates.empty()
+            d_rows, d_sim = self._dense_locked(vec, min(k_dense, live))
+            l_rows, _ = self.lexical.query(q_terms, q_weights, k_lexical)
+            extra = np.setdiff1d(l_rows, d_rows, assume_unique=True)
+            rows = np.concatenate([d_rows, extra])
+            dense = d_sim
+            if extra.size:
+                ev = self._hnsw.get_items(extra, return_type="numpy")
+                dense = np.concatenate([d_sim, ev @ vec.astype(np.float32)])
+            lex = self.lexical.score(rows, q_terms, q_weights)
+            return Candidates(
+                rows=rows,
+                dense=dense.astype(np.float64),
+                lexical=lex.astype(np.float64),
+                output_tokens=self.out_tokens[rows].astype(np.float64),
+                prompt_tokens=self.prompt_tokens[rows].astype(np.float64),
+            )
+
+    def dense(self, vec: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` nearest rows by cosine (for benchmarks and tests)."""
+        with self.lock:
+            return self._dense_locked(vec, min(k, len(self._rows)))
+
+    def _dense_locked(self, vec: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if k <= 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        q = vec.reshape(1, -1).astype(np.float32)
+        ef = self.config.ef_search
+        while True:
+            try:
+                self._hnsw.set_ef(max(ef, k))
+                labels, dist = self._hnsw.knn_query(q, k=k)
+                return labels[0].astype(np.int64), 1.0 - dist[0].astype(np.float64)
+            except RuntimeError:
+                # Too many deleted points near the query for this ef: widen, then shrink k.
+                if ef < 4 * max(k, self.config.ef_search):
+                    ef *= 2
+                elif k > 1:
+                    k //= 2
+                else:
+                    return np.zeros(0, dtype=np.int64), np.zeros(0)
+
+
+def _grow(a: np.ndarray, size: int) -> np.ndarray:
+    out = np.zeros(size, dtype=a.dtype)
+    out[: a.size] = a
+    return out

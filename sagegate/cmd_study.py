@@ -1,0 +1,111 @@
+"""``sagegate study``: the portability study (issue 7, docs STUDY.md) — corpus, calibration, sweep, report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def study(
+    out: Annotated[Path, typer.Option(help="Output folder: results, logs, report.md and figures/.")],
+    smoke: Annotated[
+        bool, typer.Option(help="The CI smoke study: 2 sources × 3 windows × 2 regions × 4 policies.")
+    ] = False,
+    executor: Annotated[str, typer.Option(help="Where cells run: local (processes) or ray.")] = "local",
+    workers: Annotated[
+        int | None, typer.Option(help="Local processes (or Ray CPUs when starting Ray); default: all cores.")
+    ] = None,
+    ray_address: Annotated[
+        str | None, typer.Option(help="Ray cluster to join (e.g. auto); default: start Ray locally.")
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume/--no-resume", help="Keep finished cells and skip them.")
+    ] = True,
+    source: Annotated[
+        list[str] | None,
+        typer.Option(help="Extra source NAME=PATH[,format=FMT][,key=value…]; repeatable."),
+    ] = None,
+    default_sources: Annotated[
+        bool, typer.Option("--default-sources/--no-default-sources", help="Include the four default sources.")
+    ] = True,
+    windows: Annotated[int | None, typer.Option(help="Windows per source (default 40).")] = None,
+    policies: Annotated[
+        str | None, typer.Option(help="Comma-separated policies (default: every registered one).")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Corpus seed (window choice and noise).")] = None,
+    semantic: Annotated[
+        bool, typer.Option(help="Also run the semantic predictor on sources with prompt text.")
+    ] = False,
+    report_only: Annotated[
+        bool, typer.Option(help="Rewrite the report from the cells already in OUT; simulate nothing.")
+    ] = False,
+) -> None:
+    """Run the portability study: do scheduler rankings survive a change of workload, load and metric?"""
+    import json
+
+    from study.config import StudyConfig, default_sources as defaults, parse_source, smoke_config, with_overrides
+
+    try:
+        cfg = smoke_config() if smoke else StudyConfig()
+        extra = tuple(parse_source(s) for s in source or [])
+        if extra or not default_sources:
+            base = cfg.sources if default_sources else ()
+            if not smoke and default_sources:
+                base = defaults()
+            cfg = with_overrides(cfg, sources=base + extra)
+        if not cfg.sources:
+            raise ValueError("no sources: pass --source or keep the default sources")
+        pol = tuple(p.strip() for p in policies.split(",") if p.strip()) if policies else None
+        cfg = with_overrides(cfg, windows=windows, policies=pol, seed=seed, semantic=semantic or None)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+    if report_only:
+        _report_only(out)
+        return
+
+    from study.executors import make_executor
+    from study.runner import ConfigMismatch, run_study
+
+    try:
+        ex = make_executor(executor, workers, ray_address)
+    except (ValueError, ImportError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    try:
+        timing = run_study(cfg, out, ex, resume=resume)
+    except (ConfigMismatch, FileNotFoundError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    finally:
+        ex.close()
+    typer.echo(json.dumps({"out": str(out), "report": str(out / "report.md"), **timing}))
+
+
+def _report_only(out: Path) -> None:
+    """Rebuild the report from OUT's logs and its own config.json."""
+    import json
+
+    from study.calibrate import Calibration
+    from study.config import StudyConfig
+    from study.report import write_report
+    from study.sweep import ResultStore
+
+    cfg_path = out / "config.json"
+    if not cfg_path.exists():
+        typer.echo(f"error: {cfg_path} not found: run the study first", err=True)
+        raise typer.Exit(2)
+    cfg = StudyConfig.from_dict(json.loads(cfg_path.read_text()))
+    cals = [Calibration(**json.loads(x)) for x in (out / "calibration.jsonl").read_text().splitlines() if x.strip()]
+    timing = json.loads((out / "timing.json").read_text()) if (out / "timing.json").exists() else {}
+    infos_path = out / "sources.json"
+    infos = []
+    if infos_path.exists():
+        from study.runner import SourceInfo
+
+        infos = [SourceInfo(**x) for x in json.loads(infos_path.read_text())]
+    path = write_report(out, cfg, ResultStore(out / "cells.jsonl").rows(), cals, infos, timing)
+    typer.echo(str(path))

@@ -1,0 +1,228 @@
+"""The study's configuration: sources, corpus, calibration, panel and statistics, with every seed.
+
+One frozen :class:`StudyConfig` describes a run completely; it is written next to the report
+(``config.json``) so a second run with the same file reproduces every number. The defaults follow
+STUDY.md (40 windows of 200 requests, the 20× deadline rule, bisection over log10(factor) in
+[−2, 4] in 30 steps, regions 0.5 … 1.5 × λ_ref, 2,000 bootstrap resamples, BH at q = 0.05).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+REGIONS: tuple[tuple[str, float], ...] = (
+    ("LOW", 0.5),
+    ("PRE_KNEE", 0.8),
+    ("KNEE", 1.0),
+    ("POST_KNEE", 1.1),
+    ("OVERLOAD", 1.2),
+    ("HIGH_PRESSURE", 1.5),
+)
+"""Operating regions as multiples of each window's λ_ref (STUDY.md)."""
+
+ROBUSTNESS_POLICIES: tuple[str, ...] = ("sagesched", "ssjf", "trail", "fcfs", "fastserve")
+"""Policies re-run at the larger prediction errors: SageSched and the baselines its paper compares
+against. Only their prediction-dependent entries are re-run (every gateway entry, since the gateway's
+admission charge reads the prediction, and engine entries whose policy reads it)."""
+
+
+def data_root() -> Path:
+    """``$SAGEGATE_DATA`` if set, else ``<repo>/../shared/data`` (the shared, read-only data folder)."""
+    env = os.environ.get("SAGEGATE_DATA")
+    return Path(env) if env else REPO.parent / "shared" / "data"
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """One workload source: a trace file or folder, its reader format and reader options.
+
+    ``fmt="synthetic"`` builds a seeded synthetic workload instead (``options`` go to
+    ``loadgen.synthetic.synthetic_workload``); the smoke study falls back to it without the data.
+    """
+
+    name: str
+    path: str
+    fmt: str = "auto"
+    options: tuple[tuple[str, Any], ...] = ()
+    note: str = ""
+
+    def opts(self) -> dict[str, Any]:
+        return dict(self.options)
+
+
+def default_sources(root: Path | None = None) -> tuple[SourceSpec, ...]:
+    """The four default sources.
+
+    ServeGen slices are generated long enough for 40 × 200 requests with room to sample (about
+    17,000 requests each) and scaled so one H100 running Llama-3.1-8B is a sensible target: Bailian
+    ``m-small`` from 10:00 of day one (≈ 410 req/s over 38 clients) × 0.02 ≈ 8.6 req/s, close to the
+    Azure conversation trace's 5.5 req/s; ``deepseek-r1`` from midnight (≈ 22 req/s, outputs of
+    ≈ 1,300 tokens) × 0.1 ≈ 2.2 req/s. Only the arrival *shape* matters to the study, since every
+    window is recalibrated to its own knee; the base rate just keeps the knee inside the bisection
+    range.
+    """
+    r = data_root() if root is None else root
+    return (
+        SourceSpec("azure-conv", str(r / "azure2023" / "AzureLLMInferenceTrace_conv.csv"), "azure"),
+        SourceSpec("azure-code", str(r / "azure2023" / "AzureLLMInferenceTrace_code.csv"), "azure"),
+        SourceSpec(
+            "bailian-m-small",
+            str(r / "servegen" / "language" / "m-small"),
+            "servegen",
+            (("start_s", 36000.0), ("duration_s", 2000.0), ("rate_scale", 0.02)),
+            "ServeGen Bailian m-small, day 1 10:00 + 2,000 s, rate × 0.02 (≈ 8.6 req/s, 17 active clients)",
+        ),
+        SourceSpec(
+            "bailian-deepseek-r1",
+            str(r / "servegen" / "reason" / "deepseek-r1"),
+            "servegen",
+            (("start_s", 0.0), ("duration_s", 8000.0), ("rate_scale", 0.1)),
+            "ServeGen Bailian deepseek-r1, 00:00 + 8,000 s, rate × 0.1 (≈ 2.2 req/s, 26 active clients)",
+        ),
+    )
+
+
+def synthetic_sources() -> tuple[SourceSpec, ...]:
+    """Two seeded synthetic sources (chat-like and code-like) for a smoke run without the data."""
+    return (
+        SourceSpec(
+            "synthetic-chat",
+            "synthetic",
+            "synthetic",
+            (("requests", 1200), ("rate", 5.0), ("prompt_mean", 1000.0), ("output_mean", 200.0), ("tenants", 4)),
+        ),
+        SourceSpec(
+            "synthetic-code",
+            "synthetic",
+            "synthetic",
+            (("requests", 1200), ("rate", 3.0), ("prompt_mean", 2000.0), ("output_mean", 30.0), ("tenants", 1)),
+        ),
+    )
+
+
+def parse_source(text: str) -> SourceSpec:
+    """``NAME=PATH[,format=FMT][,key=value…]`` → a source (values are numbers when they parse)."""
+    name, eq, rest = text.partition("=")
+    if not eq or not name.strip() or not rest.strip():
+        raise ValueError(f"--source must be NAME=PATH[,format=FMT][,key=value…], got {text!r}")
+    path, *parts = rest.split(",")
+    fmt = "auto"
+    options: list[tuple[str, Any]] = []
+    for part in parts:
+        key, eq, raw = part.partition("=")
+        if not eq:
+            raise ValueError(f"source option {part!r} must be key=value")
+        key = key.strip()
+        if key == "format":
+            fmt = raw.strip()
+        else:
+            options.append((key, _number_or_text(raw.strip())))
+    return SourceSpec(name.strip(), path.strip(), fmt, tuple(options), f"user file {path.strip()}")
+
+
+def _number_or_text(raw: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """Everything that determines the study's numbers."""
+
+    sources: tuple[SourceSpec, ...] = field(default_factory=default_sources)
+    windows: int = 40
+    window_size: int = 200
+    seed: int = 2026
+    # deadline rule (STUDY.md): arrival + multiplier × (prefill · I + decode · predicted O)
+    deadline_multiplier: float = 20.0
+    prefill_s_per_token: float = 0.0004
+    decode_s_per_token: float = 0.02
+    deadline_error: float = 0.2
+    priority: int = 1
+    # calibration on the reference engine: fcfs at engine level (vLLM alone)
+    calibration_policy: str = "fcfs"
+    target_violation: float = 0.005
+    bisect_lo: float = -2.0
+    bisect_hi: float = 4.0
+    bisect_steps: int = 30
+    regions: tuple[tuple[str, float], ...] = REGIONS
+    model: str = "llama-3.1-8b"
+    gpu: str = "h100"
+    # the panel
+    policies: tuple[str, ...] | None = None
+    """Policy names to run (None: every registered policy); each runs at every level it supports."""
+    errors: tuple[float, ...] = (0.2, 0.5, 1.0)
+    """Relative errors of the noisy-oracle predictor; the first is the main setting."""
+    robustness_policies: tuple[str, ...] = ROBUSTNESS_POLICIES
+    semantic: bool = False
+    """Also run the ``semantic`` predictor on sources whose requests carry prompt text."""
+    # statistics
+    bootstrap: int = 2000
+    confidence: float = 0.95
+    margin: float = 0.10
+    fdr_q: float = 0.05
+    subsample_sizes: tuple[int, ...] = (5, 10, 20, 30, 40)
+    subsample_draws: int = 500
+    stats_seed: int = 7
+
+    @property
+    def main_error(self) -> float:
+        return self.errors[0]
+
+    def region_factor(self, region: str) -> float:
+        return dict(self.regions)[region]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(raw: dict[str, Any]) -> StudyConfig:
+        data = dict(raw)
+        data["sources"] = tuple(
+            SourceSpec(s["name"], s["path"], s["fmt"], tuple(tuple(o) for o in s["options"]), s["note"])
+            for s in data["sources"]
+        )
+        for key in ("regions",):
+            data[key] = tuple(tuple(x) for x in data[key])
+        for key in ("errors", "robustness_policies", "subsample_sizes"):
+            data[key] = tuple(data[key])
+        if data.get("policies") is not None:
+            data["policies"] = tuple(data["policies"])
+        return StudyConfig(**data)
+
+
+SMOKE_POLICIES: tuple[str, ...] = ("fcfs", "sagesched", "edf", "vllm-v1")
+
+
+def smoke_config(root: Path | None = None) -> StudyConfig:
+    """2 sources × 3 windows × 2 regions × 4 policies (both levels where they apply), for CI.
+
+    Uses the two Azure 2023 traces when the data folder is present, synthetic sources otherwise.
+    """
+    sources = default_sources(root)[:2]
+    if not all(Path(s.path).exists() for s in sources):
+        sources = synthetic_sources()
+    return StudyConfig(
+        sources=sources,
+        windows=3,
+        regions=(("LOW", 0.5), ("OVERLOAD", 1.2)),
+        policies=SMOKE_POLICIES,
+        errors=(0.2, 1.0),
+        robustness_policies=("sagesched", "fcfs"),
+        subsample_sizes=(2, 3),
+        subsample_draws=100,
+    )
+
+
+def with_overrides(cfg: StudyConfig, **changes: Any) -> StudyConfig:
+    """``cfg`` with ``changes`` applied (None values are ignored)."""
+    return replace(cfg, **{k: v for k, v in changes.items() if v is not None})

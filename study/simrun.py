@@ -1,0 +1,96 @@
+"""Run one window through the simulator: the one place the study builds a ``SimSetup``.
+
+Every run is a fresh episode (new engine, new policy object, new predictor) on the reference engine
+configuration: one engine, ``EngineConfig(model, gpu)`` with vLLM's defaults.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from loadgen.records import TraceRequest, scale_rate
+
+if TYPE_CHECKING:
+    from predictor.distribution import LengthDistribution
+    from sim.des import SimResult
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A policy at one level: one row of every ranking (``sagesched@gateway``)."""
+
+    policy: str
+    level: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.policy}@{self.level}"
+
+    @staticmethod
+    def parse(label: str) -> Entry:
+        policy, _, level = label.rpartition("@")
+        return Entry(policy, level)
+
+
+@functools.lru_cache(maxsize=8)
+def reference(model: str, gpu: str):  # type: ignore[no-untyped-def]
+    """The reference engine's ``(EngineConfig, PerfModel)`` (cached per process)."""
+    from sim.config import EngineConfig
+    from sim.hardware import get_gpu, get_model
+    from sim.perf import PerfModel
+
+    return EngineConfig(model=model, gpu=gpu), PerfModel(get_model(model), get_gpu(gpu))
+
+
+def build_policy(name: str, seed: int):  # type: ignore[no-untyped-def]
+    """A fresh policy; a policy with a ``seed`` parameter gets the cell's seed."""
+    from policies.registry import parse_policy, registry
+
+    info = registry()[name]
+    if any(p.name == "seed" for p in info.params):
+        return parse_policy(name, seed=seed)
+    return parse_policy(name)
+
+
+def build_predictor(
+    predictor: str, error: float, seed: int, dists: Mapping[int, LengthDistribution] | None
+):  # type: ignore[no-untyped-def]
+    """``noisy-oracle`` at ``error`` seeded per window, or precomputed distributions (``semantic``)."""
+    from predictor.baselines import NoisyOraclePredictor, PrecomputedPredictor
+
+    if predictor == "noisy-oracle":
+        return NoisyOraclePredictor(error, seed)
+    if dists is None:
+        raise ValueError(f"predictor {predictor!r} needs precomputed distributions")
+    return PrecomputedPredictor(dists)
+
+
+def run_window(
+    requests: Sequence[TraceRequest],
+    factor: float,
+    entry: Entry,
+    *,
+    model: str,
+    gpu: str,
+    seed: int,
+    predictor: str = "noisy-oracle",
+    error: float = 0.2,
+    dists: Mapping[int, LengthDistribution] | None = None,
+) -> SimResult:
+    """Simulate ``requests`` with arrival gaps compressed by ``factor`` (slack divided by it)."""
+    from sim.des import SimSetup, simulate
+
+    engine, perf = reference(model, gpu)
+    work = scale_rate(list(requests), factor) if factor != 1.0 else list(requests)
+    setup = SimSetup(
+        perf,
+        engine,
+        engines=1,
+        level=entry.level,
+        policy=build_policy(entry.policy, seed),
+        predictor=build_predictor(predictor, error, seed, dists),
+    )
+    return simulate(work, setup)

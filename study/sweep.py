@@ -1,0 +1,254 @@
+"""The sweep: every applicable (policy, level) of the panel × windows × regions × predictors.
+
+A *cell* is one simulation: a window at one region's compression factor, one entry of the panel, one
+predictor. Cells are deterministic (the window's seed seeds the predictor and any randomised policy),
+so every executor produces the same rows. Tasks are batched by (window, region) so a window's
+requests travel to a worker once per batch. Finished cells are appended to a JSON-lines log keyed by
+cell id; a rerun skips them (resume), and :func:`write_results_csv` writes the canonical results file,
+one row per cell sorted by id, whatever order the cells finished in.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from study.calibrate import Calibration
+from study.config import StudyConfig
+from study.executors import Executor
+from study.metrics import METRIC_NAMES, cell_metrics
+from study.simrun import Entry, run_window
+from study.windows import Window
+
+if TYPE_CHECKING:
+    from predictor.distribution import LengthDistribution
+
+NOISY = "noisy-oracle"
+SEMANTIC = "semantic"
+VLLM_ALONE = Entry("vllm-v1", "engine")
+"""vLLM alone: its default (v1) scheduler, FCFS, no gateway queue. ``fcfs@engine`` is the same run."""
+
+
+def panel(cfg: StudyConfig) -> list[Entry]:
+    """Every registered policy (or ``cfg.policies``) at every level it supports.
+
+    ``fcfs@engine`` is left out when ``vllm-v1@engine`` is in: both are vLLM's default engine with
+    FCFS, so their cells are identical and one would only add a tie to every ranking.
+    """
+    from policies.registry import registry
+
+    reg = registry()
+    names = sorted(reg) if cfg.policies is None else list(cfg.policies)
+    unknown = [n for n in names if n not in reg]
+    if unknown:
+        raise ValueError(f"unknown policies {unknown}; valid: {', '.join(sorted(reg))}")
+    entries = [Entry(n, lvl) for n in names for lvl in ("gateway", "engine") if lvl in reg[n].cls.levels]
+    if VLLM_ALONE in entries:
+        entries = [e for e in entries if e != Entry("fcfs", "engine")]
+    return entries
+
+
+def depends_on_prediction(entry: Entry) -> bool:
+    """Whether the entry's behaviour reads the predictor: every gateway entry (the admission charge
+    reads it) and engine entries whose policy does."""
+    from policies.registry import registry
+
+    return entry.level == "gateway" or registry()[entry.policy].cls.uses_prediction
+
+
+def predictor_label(predictor: str, error: float) -> str:
+    return f"{predictor}:{error:g}" if predictor == NOISY else predictor
+
+
+@dataclass(frozen=True)
+class Cell:
+    source: str
+    window: int
+    region: str
+    entry: Entry
+    predictor: str = NOISY
+    error: float = 0.2
+
+    @property
+    def id(self) -> str:
+        pred = predictor_label(self.predictor, self.error)
+        return f"{self.source}/w{self.window:02d}/{self.region}/{self.entry.label}/{pred}"
+
+
+@dataclass
+class Batch:
+    """The cells of one (window, region): what one worker task runs."""
+
+    window: Window
+    region: str
+    factor: float
+    utilisation: float
+    cells: list[Cell]
+    model: str
+    gpu: str
+    dists: Mapping[int, LengthDistribution] | None = field(default=None)
+
+
+def plan(
+    cfg: StudyConfig,
+    corpus: Mapping[str, Sequence[Window]],
+    calibrations: Mapping[str, Calibration],
+    entries: Sequence[Entry],
+    *,
+    skip: Iterable[str] = (),
+    semantic: Mapping[str, Mapping[int, LengthDistribution]] | None = None,
+) -> list[Batch]:
+    """Batches of the cells not in ``skip``; ``semantic`` maps window id → precomputed distributions."""
+    done = set(skip)
+    main = cfg.main_error
+    batches = []
+    for windows in corpus.values():
+        for w in windows:
+            cal = calibrations[w.id]
+            for region, mult in cfg.regions:
+                factor = mult * cal.lambda_ref
+                cells = []
+                for e in entries:
+                    dep = depends_on_prediction(e)
+                    cells.append(Cell(w.source, w.index, region, e, NOISY, main))
+                    if dep and e.policy in cfg.robustness_policies:
+                        cells += [Cell(w.source, w.index, region, e, NOISY, err) for err in cfg.errors[1:]]
+                todo = [c for c in cells if c.id not in done]
+                if todo:
+                    batches.append(
+                        Batch(w, region, factor, cal.utilisation(factor), todo, cfg.model, cfg.gpu)
+                    )
+                dists = None if semantic is None else semantic.get(w.id)
+                if dists is not None:
+                    sem = [Cell(w.source, w.index, region, e, SEMANTIC, main) for e in entries]
+                    sem = [c for c in sem if depends_on_prediction(c.entry) and c.id not in done]
+                    if sem:
+                        batches.append(
+                            Batch(w, region, factor, cal.utilisation(factor), sem, cfg.model, cfg.gpu, dists)
+                        )
+    return batches
+
+
+def run_batch(batch: Batch) -> list[dict[str, Any]]:
+    """Simulate every cell of ``batch``; one row per cell (metrics and the cell's coordinates)."""
+    rows = []
+    for cell in batch.cells:
+        res = run_window(
+            batch.window.requests,
+            batch.factor,
+            cell.entry,
+            model=batch.model,
+            gpu=batch.gpu,
+            seed=batch.window.seed,
+            predictor=cell.predictor,
+            error=cell.error,
+            dists=batch.dists,
+        )
+        work = list(batch.window.requests)
+        row: dict[str, Any] = {
+            "cell": cell.id,
+            "source": cell.source,
+            "window": cell.window,
+            "region": cell.region,
+            "factor": batch.factor,
+            "utilisation": batch.utilisation,
+            "policy": cell.entry.policy,
+            "level": cell.entry.level,
+            "entry": cell.entry.label,
+            "predictor": cell.predictor,
+            "error": cell.error,
+        }
+        row.update(cell_metrics(work, res.records, sum(res.engine_preemptions)))
+        rows.append(row)
+    return rows
+
+
+COLUMNS: tuple[str, ...] = (
+    "cell",
+    "source",
+    "window",
+    "region",
+    "factor",
+    "utilisation",
+    "policy",
+    "level",
+    "entry",
+    "predictor",
+    "error",
+    *METRIC_NAMES,
+)
+
+
+class ResultStore:
+    """The append-only JSON-lines log of finished cells (NaN written as null)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Every logged row, the last one per cell id winning; a torn last line is ignored."""
+        if not self.path.exists():
+            return []
+        out: dict[str, dict[str, Any]] = {}
+        with self.path.open() as fh:
+            for line in fh:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                out[row["cell"]] = {k: (math.nan if v is None else v) for k, v in row.items()}
+        return list(out.values())
+
+    def done(self) -> set[str]:
+        return {r["cell"] for r in self.rows()}
+
+    def append(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as fh:
+            for row in rows:
+                fh.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
+            fh.flush()
+
+
+def _jsonable(v: Any) -> Any:
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def run_sweep(
+    batches: Sequence[Batch],
+    executor: Executor,
+    store: ResultStore,
+    progress: Callable[[int, int], None] | None = None,
+) -> int:
+    """Run ``batches`` on ``executor``, logging each batch's rows as it finishes; returns cells run."""
+    total = sum(len(b.cells) for b in batches)
+    finished = 0
+    for rows in executor.map_unordered(run_batch, batches):
+        store.append(rows)
+        finished += len(rows)
+        if progress is not None:
+            progress(finished, total)
+    return finished
+
+
+def write_results_csv(rows: Iterable[Mapping[str, Any]], path: Path) -> None:
+    """One row per cell, sorted by cell id, floats in their shortest exact form (``repr``)."""
+    ordered = sorted(rows, key=lambda r: r["cell"])
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(COLUMNS)
+        for r in ordered:
+            w.writerow([_csv_value(r.get(c)) for c in COLUMNS])
+
+
+def _csv_value(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return "" if math.isnan(v) else repr(v)
+    return str(v)

@@ -1,0 +1,67 @@
+"""The local stack's compose file is valid (``docker-compose config``; no Docker engine needed), and
+every service command is one the ``sagegate`` CLI accepts, as the tests run it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from sagegate import cmd_backend, cmd_serve
+
+REPO = Path(__file__).resolve().parents[1]
+COMPOSE = REPO / "docker-compose.yml"
+
+
+def _compose_config(*profile: str) -> dict[str, Any]:
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        pytest.skip("docker-compose is not installed (Debian: apt-get install -y docker-compose)")
+    args = [exe, "-f", str(COMPOSE)]
+    if profile:
+        args += ["--profile", *profile]
+    out = subprocess.run([*args, "config"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    config: dict[str, Any] = yaml.safe_load(out.stdout)
+    return config
+
+
+def _cli() -> typer.Typer:
+    app = typer.Typer()
+    app.command("serve")(cmd_serve.serve)
+    app.command("backend")(cmd_backend.backend)
+    return app
+
+
+def test_compose_file_is_valid_and_has_the_stack() -> None:
+    services = _compose_config()["services"]
+    assert {"redis", "gateway", "backend-a", "backend-b"} <= set(services)
+    for name in ("redis", "gateway", "backend-a", "backend-b"):
+        assert not services[name].get("profiles"), name  # the default stack needs no GPU
+    assert services["vllm"]["profiles"] == ["gpu"] and services["gateway-gpu"]["profiles"] == ["gpu"]
+    vllm = _compose_config("gpu")["services"]["vllm"]["command"]
+    assert vllm[vllm.index("--scheduling-policy") + 1] == "priority"
+
+
+def test_compose_commands_are_valid_cli_invocations(monkeypatch: pytest.MonkeyPatch) -> None:
+    services = _compose_config("gpu")["services"]
+    served: list[Any] = []
+    monkeypatch.setattr(cmd_serve, "run", served.append)
+    monkeypatch.setattr("uvicorn.run", lambda *a, **k: None)
+    runner = CliRunner()
+    commands = {
+        name: s["command"] for name, s in services.items() if s.get("image", "").startswith("sagegate")
+    }
+    assert {"gateway", "backend-a", "backend-b", "gateway-gpu"} <= set(commands)
+    for name, command in commands.items():
+        result = runner.invoke(_cli(), [str(c) for c in command])
+        assert result.exit_code == 0, f"{name}: {result.output}"
+    gateway = next(s for s in served if s.port == 8080 and len(s.backends) == 2)
+    assert [b.url for b in gateway.backends] == ["http://backend-a:8000", "http://backend-b:8000"]
+    assert gateway.redis_url == "redis://redis:6379/0" and gateway.policy == "sagesched"

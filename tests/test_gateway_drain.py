@@ -1,0 +1,99 @@
+"""SIGTERM: the gateway (``python -m sagegate.cmd_serve``, a real process) stops accepting connections
+and lets the in-flight stream finish before it exits; a drain timeout bounds how long that may take."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+
+from tests.gateway_support import REPO_ROOT, FakeBackend, ServerThread, chat_body, free_port, wait_until
+
+CLEAN_EXIT = (0, -signal.SIGTERM)
+"""uvicorn re-raises the signal after its graceful shutdown, so a drained process dies of SIGTERM."""
+
+
+@contextmanager
+def serve_process(backend: str, drain_s: float) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    port = free_port()
+    env = {**os.environ, "SAGEGATE_DRAIN_TIMEOUT_S": str(drain_s), "SAGEGATE_LOG_LEVEL": "warning"}
+    cmd = [sys.executable, "-m", "sagegate.cmd_serve", "--backend", backend, "--port", str(port)]
+    cmd += ["--policy", "fcfs", "--predictor", "none"]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _ready(url) or proc.poll() is not None, timeout=30, what="gateway process ready")
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(url + "/ready", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _stream(url: str, out: list[str]) -> None:
+    try:
+        with (
+            httpx.Client(timeout=20) as c,
+            c.stream("POST", url + "/v1/chat/completions", json=chat_body(stream=True, max_tokens=30)) as r,
+        ):
+            out.extend(line for line in r.iter_lines() if line)
+    except httpx.HTTPError as exc:
+        out.append(f"error: {exc!r}")
+
+
+def test_sigterm_drains_in_flight_stream_and_refuses_new_connections() -> None:
+    fake = FakeBackend(tokens=30, delay_s=0.05)
+    with ServerThread(fake.app) as backend, serve_process(backend.url, drain_s=20) as (proc, url):
+        lines: list[str] = []
+        t = threading.Thread(target=_stream, args=(url, lines))
+        t.start()
+        wait_until(lambda: fake.state.requests == 1 and len(lines) == 0, what="stream started")
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: not _accepts(url), timeout=5, what="listening socket closed")
+        t.join(20)
+        assert lines[-1] == "data: [DONE]", lines[-3:]
+        assert sum(1 for line in lines if '"content"' in line) == 30
+        assert proc.wait(15) in CLEAN_EXIT
+        assert fake.state.completed == 1
+
+
+def test_drain_timeout_bounds_shutdown() -> None:
+    fake = FakeBackend(tokens=1000, delay_s=0.05)  # a 50-second stream
+    with ServerThread(fake.app) as backend, serve_process(backend.url, drain_s=0.5) as (proc, url):
+        lines: list[str] = []
+        t = threading.Thread(target=_stream, args=(url, lines))
+        t.start()
+        wait_until(lambda: fake.state.requests == 1, what="stream started")
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) in CLEAN_EXIT
+        assert time.monotonic() - t0 < 10
+        t.join(20)
+        assert "data: [DONE]" not in lines
+        wait_until(lambda: fake.state.disconnects == 1, what="upstream cancelled by the shutdown")
+
+
+def _accepts(url: str) -> bool:
+    try:
+        httpx.get(url + "/health", timeout=1)
+        return True
+    except httpx.ConnectError:
+        return False
+    except httpx.HTTPError:
+        return True

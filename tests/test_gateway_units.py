@@ -1,0 +1,278 @@
+"""The gateway's pure parts: settings sources, SSE scanning, metrics parsing, the circuit breaker,
+tenants, the max_tokens cap, and the dispatcher (against hand-set backend loads, no HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.backends import BackendPool, CircuitBreaker
+from gateway.dispatcher import Dispatcher, QueueFull
+from gateway.errors import GatewayError
+from gateway.predict import cap
+from gateway.queue import BoundedQueue, GatewayRequest
+from gateway.scrape import parse_metrics
+from gateway.settings import GatewaySettings, load_settings
+from gateway.sse import SseScanner
+from gateway.tenants import identify, match_key
+from policies.admission import AdmissionConfig
+from policies.registry import parse_policy
+from predictor.distribution import LengthDistribution
+
+# --- settings -------------------------------------------------------------------------------------
+
+
+def test_settings_yaml_env_and_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "gw.yaml"
+    cfg.write_text(
+        "backends:\n  - url: http://a:8000\n    capacity_tokens: 1000\n  - http://b:8000/\n"
+        "policy: edf\nport: 9000\nadmission:\n  target: 0.8\n  max_waiting: 2\n"
+    )
+    monkeypatch.setenv("SAGEGATE_PORT", "9100")
+    monkeypatch.setenv("SAGEGATE_ADMISSION__MAX_WAITING", "3")
+    s = load_settings(cfg, policy="fcfs", predictor=None)
+    assert [b.url for b in s.backends] == ["http://a:8000", "http://b:8000"]
+    assert [b.name for b in s.backends] == ["backend-0", "backend-1"]
+    assert s.backends[0].capacity_tokens == 1000
+    assert s.port == 9100  # env beats the file
+    assert s.policy == "fcfs"  # an explicit override beats both
+    assert s.admission.target == 0.8 and s.admission.max_waiting == 3
+    assert s.predictor == "semantic" and GatewaySettings().policy == "sagesched"  # the product defaults
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"predictor": "psychic"}, {"backends": ["ftp://x"]}, {"admission": {"target": 0}}, {"surprise": 1}],
+)
+def test_settings_reject_bad_values(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        GatewaySettings(**bad)
+
+
+def test_settings_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        load_settings(tmp_path / "nope.yaml")
+
+
+# --- SSE ------------------------------------------------------------------------------------------
+
+
+def _event(i: int) -> bytes:
+    return b'data: {"choices":[{"index":0,"delta":{"content":"t%d"}}]}\n\n' % i
+
+
+USAGE = (
+    b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":7,"total_tokens":10}}\n\n'
+)
+DONE = b"data: [DONE]\n\n"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 12), st.lists(st.integers(1, 400), max_size=30), st.booleans())
+def test_sse_scanner_is_indifferent_to_chunk_boundaries(n: int, cuts: list[int], strip: bool) -> None:
+    stream = b"".join(_event(i) for i in range(n)) + USAGE + DONE
+    pieces, pos = [], 0
+    for c in cuts:
+        pieces.append(stream[pos : pos + c])
+        pos += c
+    pieces.append(stream[pos:])
+    sc = SseScanner(strip_usage=strip)
+    out = b"".join(sc.feed(p) for p in pieces) + sc.flush()
+    assert sc.events == n and sc.usage == 7 and sc.done
+    expected = stream.replace(USAGE, b"") if strip else stream
+    assert out == expected
+
+
+def test_sse_scanner_keeps_usage_on_a_token_chunk() -> None:
+    ev = b'data: {"choices":[{"delta":{"content":"a"}}],"usage":{"completion_tokens":1}}\n\n'
+    sc = SseScanner(strip_usage=True)
+    assert sc.feed(ev) == ev and sc.events == 1 and sc.usage == 1
+
+
+# --- vLLM metrics ---------------------------------------------------------------------------------
+
+VLLM_METRICS = """\
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 2.0
+vllm:num_requests_running{engine="0",model_name="m"} 7.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.42
+vllm:num_preemptions_total{engine="0",model_name="m"} 11.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",num_gpu_blocks="2048",prefix_caching="True"} 1.0
+vllm:e2e_request_latency_seconds_bucket{le="1.0",model_name="m"} 5.0
+"""
+
+
+def test_parse_vllm_metrics() -> None:
+    m = parse_metrics(VLLM_METRICS)
+    assert (m.waiting, m.running, m.preemptions, m.capacity_tokens) == (5, 7, 11, 2048 * 16)
+    assert m.kv_usage == pytest.approx(0.42)
+    assert parse_metrics("garbage\nvllm:broken\n").capacity_tokens is None
+
+
+# --- circuit breaker ------------------------------------------------------------------------------
+
+
+def test_circuit_breaker_opens_and_closes() -> None:
+    now = [0.0]
+    b = CircuitBreaker(threshold=3, open_s=5.0, clock=lambda: now[0])
+    assert not b.failure() and not b.failure()
+    b.success()  # a success resets the count
+    assert not b.failure() and not b.failure() and b.failure() and b.is_open
+    now[0] = 4.0
+    assert not b.success() and b.is_open  # too soon
+    now[0] = 9.5
+    assert b.success() and not b.is_open
+    assert b.failure(hard=True) and b.is_open  # connection refused opens at once
+
+
+# --- tenants --------------------------------------------------------------------------------------
+
+
+def test_identify_headers_and_keys() -> None:
+    who = identify({"x-tenant": "t1", "x-priority": "3", "x-deadline-ms": "1500"}, {}, now=10.0)
+    assert (who.tenant, who.priority, who.deadline_s) == ("t1", 3, 11.5)
+    assert identify({"x-slo-ttft-ms": "200"}, {}, now=1.0).deadline_s == pytest.approx(1.2)
+    keys = {"k1": "alpha", "k2": "beta"}
+    assert identify({"authorization": "Bearer k2", "x-tenant": "spoof"}, keys, 0.0).tenant == "beta"
+    assert match_key("k3", keys) is None and match_key(None, keys) is None
+    with pytest.raises(GatewayError) as e:
+        identify({"authorization": "Bearer nope"}, keys, 0.0)
+    assert e.value.status == 401
+    for bad in ({"x-priority": "x"}, {"x-deadline-ms": "-5"}, {"x-tenant": "t" * 500}):
+        with pytest.raises(GatewayError) as e:
+            identify(bad, {}, 0.0)
+        assert e.value.status == 400
+
+
+# --- cap ------------------------------------------------------------------------------------------
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 5000), st.floats(0.01, 1.0)), min_size=1, max_size=20),
+    st.integers(1, 6000),
+)
+def test_cap_moves_mass_onto_max_tokens(points: list[tuple[int, float]], max_tokens: int) -> None:
+    dist = LengthDistribution.from_samples([o for o, _ in points], [w for _, w in points])
+    capped = cap(dist, max_tokens)
+    assert capped is not None
+    assert capped.support[-1] <= max_tokens
+    assert sum(capped.probs) == pytest.approx(1.0)
+    assert capped.cdf(max_tokens - 1) == pytest.approx(dist.cdf(max_tokens - 1))
+    assert cap(None, 10) is None and cap(dist, None) is dist
+
+
+# --- dispatcher -----------------------------------------------------------------------------------
+
+_rids = itertools.count()
+
+
+def _req(prompt: int, prediction: int | None = None, arrival: float = 0.0) -> GatewayRequest:
+    pred = None if prediction is None else LengthDistribution.point(prediction)
+    return GatewayRequest(
+        next(_rids), arrival, prompt, body={}, route="chat", model="m", prompt="", prediction=pred
+    )
+
+
+def _dispatcher(
+    capacities: list[int], policy: str = "fcfs", waiting: list[int] | None = None, **queue: int
+) -> Dispatcher:
+    s = GatewaySettings.model_validate({"backends": [f"http://b{i}" for i in range(len(capacities))]})
+    pool = BackendPool(s, httpx.AsyncClient())
+    for b, cap_, w in zip(pool.backends, capacities, waiting or [0] * len(capacities), strict=True):
+        b.load.capacity_tokens = cap_
+        b.load.healthy = True
+        b.scraped_waiting = w
+        b.load.waiting = w
+    pol = parse_policy(policy)
+    q = BoundedQueue(pol, queue.get("max_requests", 1000), queue.get("max_tokens", 10**9))
+    return Dispatcher(pol, pool, AdmissionConfig(max_waiting=100), q, clock=lambda: 0.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(1, 300), min_size=2, max_size=4),
+    st.lists(st.tuples(st.integers(1, 200), st.integers(1, 200)), min_size=1, max_size=40),
+)
+def test_dispatch_never_overfills_and_keeps_rank_order(
+    capacities: list[int], reqs: list[tuple[int, int]]
+) -> None:
+    async def go() -> None:
+        d = _dispatcher(capacities, "sjf-oracle")
+        made = []
+        for prompt, out in reqs:
+            r = _req(prompt, out)
+            r.true_output = out
+            made.append(r)
+            d.submit(r)
+        d.dispatch()
+        loads = d.pool.loads
+        for b in d.pool.backends:  # an idle backend may take one oversized request; else never past target
+            assert b.load.charged_tokens <= d.cfg.target * b.load.capacity_tokens or b.inflight == 1
+        sent = [r for r in made if r.backend is not None]
+        held = [r for r in made if r.backend is None]
+        assert len(sent) + len(d.queue) == len(made)
+        if held and sent:  # dispatch stopped at the best-ranked held request: all sent rank before it
+            head = d.queue.peek(0.0)
+            assert head is not None
+            assert all(r.key_cache < head.key_cache for r in sent)
+        for r in sent:
+            d.release(r)
+        assert all(ld.charged_tokens == 0 for ld in loads)
+
+    asyncio.run(go())
+
+
+def test_dispatch_respects_waiting_threshold_and_most_room() -> None:
+    async def go() -> None:
+        d = _dispatcher([1000, 3000, 5000], waiting=[0, 0, 100])
+        r = _req(10, 10)
+        d.submit(r)
+        d.dispatch()
+        assert r.backend == 1  # backend 2 has more room but reports a long waiting list
+        fut = r.future
+        assert fut is not None and fut.result() == 1
+
+    asyncio.run(go())
+
+
+def test_queue_bounds_and_withdraw() -> None:
+    async def go() -> None:
+        d = _dispatcher([100], waiting=[1000], max_requests=2, max_tokens=50)
+        a, b = _req(20), _req(20)
+        d.submit(a)
+        d.submit(b)
+        with pytest.raises(QueueFull) as e:
+            d.submit(_req(1))
+        assert e.value.reason == "queue_full_requests"
+        assert d.withdraw(a) and not d.withdraw(a)
+        with pytest.raises(QueueFull) as e:
+            d.submit(_req(40))
+        assert e.value.reason == "queue_full_tokens"
+        assert d.queue.tokens == 20
+
+    asyncio.run(go())
+
+
+def test_progress_corrects_the_charge_and_release_frees_it() -> None:
+    async def go() -> None:
+        d = _dispatcher([100_000])
+        r = _req(100, 50)
+        d.submit(r)
+        d.dispatch()
+        load = d.pool.loads[0]
+        assert load.charged_tokens == 150
+        d.progress(r, 80)  # past the prediction: the charge grows with the output
+        assert load.charged_tokens > 180
+        d.release(r)
+        assert load.charged_tokens == 0 and d.pool.backends[0].inflight == 0
+
+    asyncio.run(go())
