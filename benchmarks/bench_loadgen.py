@@ -11,7 +11,7 @@ the 99th percentile under 25 ms, and every request completes. The ceiling is the
 from __future__ import annotations
 
 import argparse
-import statistics
+import os
 import subprocess
 import sys
 import time
@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from loadgen.client import ReplayConfig, replay  # noqa: E402
+from loadgen.results import errors_by_kind  # noqa: E402
 from loadgen.schedule import prepare_workload  # noqa: E402
 
 P50_MS, P99_MS = 5.0, 25.0
@@ -40,16 +41,19 @@ def run_rate(url: str, rate: float, duration: float, tokens: int, seed: int) -> 
     n = max(10, int(rate * duration))
     work = prepare_workload(
         "synthetic",
-        limit=n,
+        requests=n,
         rate=rate,
         seed=seed,
         prompts="filler",
         reader_opts={"prompt_mean": 32, "output_mean": tokens, "length_dist": "constant"},
     )
     cfg = ReplayConfig(url=url, model="fake", timeout_s=60, queue_metric=None, max_connections=4000)
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     res = replay(work.requests, cfg)
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, time.process_time() - cpu
+    errors = errors_by_kind(res.records)
+    if errors:
+        print(f"  errors at {rate:.0f} req/s: {errors}")
     late = np.array([1000 * (r.lateness or 0.0) for r in res.records])
     ok = sum(r.status == "ok" for r in res.records)
     chunks = sum(len(r.chunk_times) for r in res.records)
@@ -63,6 +67,8 @@ def run_rate(url: str, rate: float, duration: float, tokens: int, seed: int) -> 
         "late_max_ms": float(late.max()),
         "chunks_per_s": chunks / span,
         "wall_s": wall,
+        "cpu_us_per_chunk": 1e6 * cpu / max(chunks, 1),
+        "cpu_share": cpu / wall,
     }
 
 
@@ -75,14 +81,17 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=5.0, help="seconds of arrivals per rate")
     ap.add_argument("--tokens", type=int, default=32, help="streamed chunks per request")
     ap.add_argument("--interval-ms", type=float, default=5.0, help="server gap between chunks")
-    ap.add_argument("--rates", type=str, default="25,50,100,200,300,400,600,800,1200,1600")
+    ap.add_argument("--rates", type=str, default="25,50,100,150,200,250,300,400,600,800")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     proc, url = start_server(args.interval_ms)
     rows = []
     try:
         print(f"fake server at {url}; {args.tokens} chunks/request, {args.interval_ms} ms apart")
-        print(f"{'rate':>6} {'reqs':>6} {'ok':>6} {'late p50':>9} {'p99':>8} {'max':>8} {'chunks/s':>9} keeps up")
+        print(
+            f"{'rate':>6} {'reqs':>6} {'ok':>6} {'late p50':>9} {'p99':>8} {'max':>8} "
+            f"{'chunks/s':>9} {'cpu/chunk':>9} {'cpu':>5} keeps up"
+        )
         misses = 0
         for rate in (float(x) for x in args.rates.split(",")):
             row = run_rate(url, rate, args.duration, args.tokens, args.seed)
@@ -91,6 +100,7 @@ def main() -> None:
             print(
                 f"{row['rate']:>6.0f} {row['requests']:>6.0f} {row['ok']:>6.0f} {row['late_p50_ms']:>7.2f}ms "
                 f"{row['late_p99_ms']:>6.1f}ms {row['late_max_ms']:>6.1f}ms {row['chunks_per_s']:>9,.0f} "
+                f"{row['cpu_us_per_chunk']:>7.0f}µs {row['cpu_share']:>5.0%} "
                 f"{'yes' if up else 'no'}",
                 flush=True,
             )
@@ -109,7 +119,14 @@ def main() -> None:
         )
     else:
         print("ceiling: below the lowest rate tried")
-    print(f"load average at the end: {statistics.fmean(list(__import__('os').getloadavg())):.2f}")
+    light = [r for r in rows if r["cpu_share"] < 0.5]
+    if light:
+        per_chunk = min(r["cpu_us_per_chunk"] for r in light)
+        print(
+            f"client CPU per streamed chunk (request costs included): {per_chunk:.0f} µs "
+            f"-> at most ~{1e6 / per_chunk:,.0f} chunks/s on one free core"
+        )
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end")
 
 
 if __name__ == "__main__":

@@ -111,9 +111,11 @@ def panel(quick: bool) -> list[tuple[str, str, str | float | None]]:
         for level in sorted(info.cls.levels):
             if (name, level) == ("fcfs", "engine"):
                 continue  # the baseline
-            if info.cls.uses_prediction or level == "gateway":
+            if info.cls.uses_prediction:
                 errors: Iterable[str | float] = (0.2,) if quick else ERRORS
                 rows.extend((name, level, e) for e in errors)
+            elif level == "gateway":
+                rows.append((name, level, 0.2))  # the admission rule's charge needs a prediction
             else:
                 rows.append((name, level, None))
     return rows

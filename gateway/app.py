@@ -65,6 +65,7 @@ class Gateway:
             self.queue,
             self.metrics,
             capacity_requests=settings.capacity_requests_per_backend,
+            pending_s=settings.admission.pending_s,
             clock=self.clock,
         )
         self.recorder = Recorder(self.predictor)

@@ -36,6 +36,7 @@ class Dispatcher:
         metrics: GatewayMetrics | None = None,
         *,
         capacity_requests: int = 256,
+        pending_s: float = 0.03,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.policy = policy
@@ -45,6 +46,7 @@ class Dispatcher:
         self.metrics = metrics
         self.clock = clock
         self.capacity_requests = capacity_requests * max(1, len(pool))
+        self.pending_s = pending_s
         self._scheduled = False
         self._screens = type(policy).screen is not Policy.screen
         """Only a policy that screens gets a :class:`LoadView` (building one costs O(backends))."""
@@ -62,7 +64,7 @@ class Dispatcher:
         req.t_enqueue = now
         self.policy.on_arrival(req, now)
         self.queue.push(req, now)
-        self.kick()
+        self.dispatch()  # at once: an idle fleet adds no loop iteration to the first byte
         return req.future
 
     def requeue(self, req: GatewayRequest) -> asyncio.Future[int]:
@@ -124,6 +126,7 @@ class Dispatcher:
             req.backend = idx
             req.epoch = b.sent()
             req.t_dispatch = now
+            asyncio.get_running_loop().call_later(self.pending_s, self._expire, req, idx, req.attempt)
             if self.metrics is not None:
                 self.metrics.dispatched(b.name, now - req.t_enqueue)
             fut = req.future
@@ -146,11 +149,15 @@ class Dispatcher:
 
     # --- life of a dispatched request ---------------------------------------------------------
     def first_byte(self, req: GatewayRequest) -> None:
-        """The backend answered: it no longer counts as waiting there."""
+        """The backend answered (or ``pending_s`` passed): it no longer counts as waiting there."""
         if req.backend is not None and req.epoch >= 0:
             self.pool.backends[req.backend].started(req.epoch)
             req.epoch = -1
             self.kick()
+
+    def _expire(self, req: GatewayRequest, idx: int, attempt: int) -> None:
+        if req.backend == idx and req.attempt == attempt:
+            self.first_byte(req)
 
     def progress(self, req: GatewayRequest, generated: int) -> None:
         """``generated`` tokens so far: correct the charge."""

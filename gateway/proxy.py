@@ -11,6 +11,7 @@ as they arrive; a failure mid-stream ends the stream with an SSE error event.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -249,7 +250,13 @@ class Forwarder:
 
 
 class SseResponse(Response):
-    """Streams a backend's SSE to the client chunk by chunk; the reservation follows the stream."""
+    """Streams a backend's SSE to the client chunk by chunk.
+
+    A reader task drains the backend as fast as it produces and settles the request (reservation
+    released, true length recorded) the moment the backend is done, even if the client is still
+    reading: the backend's KV is free then, whatever the client's pace. The response task relays what
+    the reader queued. A client that leaves cancels both, and the upstream request with them.
+    """
 
     def __init__(
         self,
@@ -272,49 +279,68 @@ class SseResponse(Response):
         self.scanner = scanner
         self.status_code = 200
         self.background = None
+        self.outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.settled = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        fwd, req, scanner = self.fwd, self.req, self.scanner
-        outcome = "cancelled"
+        reader = asyncio.get_running_loop().create_task(self._read())
         try:
             async with DisconnectGuard(receive) as guard:
                 headers = SSE_HEADERS + [
-                    (k.encode(), v.encode()) for k, v in _info(req, self.backend).items()
+                    (k.encode(), v.encode()) for k, v in _info(self.req, self.backend).items()
                 ]
                 await send({"type": "http.response.start", "status": 200, "headers": headers})
-                try:
-                    await self._forward(send, scanner.feed(self.first))
-                    async for chunk in self.chunks:
-                        await self._forward(send, scanner.feed(chunk))
-                    await self._forward(send, scanner.flush())
-                    outcome = "ok" if scanner.done else "truncated"
-                except httpx.HTTPError as exc:
-                    outcome = "failed"
-                    log.warning("backend %s failed mid-stream: %s", self.backend.name, type(exc).__name__)
-                if outcome != "ok":
-                    msg = (
-                        "the backend failed mid-stream" if outcome == "failed" else "the backend ended early"
-                    )
-                    await send(
-                        {"type": "http.response.body", "body": errors.sse_error_event(msg), "more_body": True}
-                    )
+                outbox = self.outbox
+                while (data := await outbox.get()) is not None:
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
                 guard.done = True
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             if guard.disconnected:
-                fwd.metrics.cancellations.labels("streaming").inc()
+                self.fwd.metrics.cancellations.labels("streaming").inc()
+        finally:
+            if not reader.done():
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reader
+            self._settle("cancelled")
+
+    async def _read(self) -> None:
+        scanner = self.scanner
+        outcome = "cancelled"
+        try:
+            self._put(scanner.feed(self.first))
+            async for chunk in self.chunks:
+                self._put(scanner.feed(chunk))
+            self._put(scanner.flush())
+            outcome = "ok" if scanner.done else "truncated"
+        except httpx.HTTPError as exc:
+            outcome = "failed"
+            log.warning("backend %s failed mid-stream: %s", self.backend.name, type(exc).__name__)
         finally:
             await self.upstream.aclose()
-            if outcome == "failed":
-                fwd.pool.request_failed(self.backend, hard=False)
-            elif outcome == "ok":
-                fwd.pool.request_succeeded(self.backend)
-            output = scanner.usage if scanner.usage is not None else scanner.events
-            fwd.finish(req, self.inp, outcome, output)
+        if outcome != "ok":
+            msg = "the backend failed mid-stream" if outcome == "failed" else "the backend ended early"
+            self.outbox.put_nowait(errors.sse_error_event(msg))
+        self.outbox.put_nowait(None)
+        self._settle(outcome)
 
-    async def _forward(self, send: Send, data: bytes) -> None:
+    def _put(self, data: bytes) -> None:
         if data:
-            await send({"type": "http.response.body", "body": data, "more_body": True})
+            self.outbox.put_nowait(data)
             self.fwd.dispatcher.progress(self.req, self.scanner.events)
+
+    def _settle(self, outcome: str) -> None:
+        """Once per request: the backend's verdict, then release and record."""
+        if self.settled:
+            return
+        self.settled = True
+        fwd, scanner = self.fwd, self.scanner
+        if outcome == "failed":
+            fwd.pool.request_failed(self.backend, hard=False)
+        elif outcome == "ok":
+            fwd.pool.request_succeeded(self.backend)
+        output = scanner.usage if scanner.usage is not None else scanner.events
+        fwd.finish(self.req, self.inp, outcome, output)
 
 
 def _info(req: GatewayRequest, b: Backend) -> dict[str, str]:

@@ -50,6 +50,9 @@ class AdmissionSettings(BaseModel):
     target: float = Field(default=_ADMISSION.target, gt=0.0)
     max_waiting: int = Field(default=_ADMISSION.max_waiting, ge=1)
     unknown_output: int = Field(default=_ADMISSION.unknown_output, ge=1)
+    pending_s: float = Field(default=0.03, gt=0.0)
+    """A request sent to a backend counts as waiting there until its first byte, the next scrape, or
+    this long (about one engine step: by then the engine has scheduled it or reports it waiting)."""
 
     def config(self) -> AdmissionConfig:
         return AdmissionConfig(self.quantile, self.target, self.max_waiting, self.unknown_output)

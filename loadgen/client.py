@@ -11,6 +11,7 @@ convention, so live and simulated runs compare directly.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -21,6 +22,8 @@ from typing import Any
 
 import httpx
 
+from loadgen.httppool import ClientPool
+from loadgen.progress import ProgressView
 from loadgen.records import TraceRequest
 from loadgen.results import RequestRecord
 from loadgen.sse import DONE, ERROR, TOKEN, EventSplitter, classify
@@ -172,52 +175,6 @@ async def discover_model(client: httpx.AsyncClient, base_url: str) -> str | None
         return None
 
 
-class ClientPool:
-    """httpx clients sharded by load: each holds at most ``per_client`` requests at once.
-
-    httpx's connection pool rescans all of its connections on every request start and end (a cost
-    that grows with the square of the connections open), which caps one client at a few hundred
-    streaming requests; many small pools keep that scan short. Concurrency itself is bounded by the
-    replay's connection limit, not here.
-    """
-
-    def __init__(self, headers: dict[str, str], per_client: int = 8) -> None:
-        import ssl
-
-        self.headers = headers
-        self.tls = ssl.create_default_context()  # shared: loading the CA bundle takes ~50 ms a client
-        self.per_client = per_client
-        self.clients: list[httpx.AsyncClient] = []
-        self.load: list[int] = []
-
-    def _new(self) -> int:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=self.per_client)
-        timeout = httpx.Timeout(None)
-        self.clients.append(
-            httpx.AsyncClient(limits=limits, timeout=timeout, headers=self.headers, verify=self.tls)
-        )
-        self.load.append(0)
-        return len(self.clients) - 1
-
-    @property
-    def first(self) -> httpx.AsyncClient:
-        return self.clients[0] if self.clients else self.clients[self._new()]
-
-    def acquire(self) -> int:
-        load = self.load
-        i = min(range(len(load)), key=load.__getitem__) if load else -1
-        if i < 0 or load[i] >= self.per_client:
-            i = self._new()
-        load[i] += 1
-        return i
-
-    def release(self, i: int) -> None:
-        self.load[i] -= 1
-
-    async def aclose(self) -> None:
-        await asyncio.gather(*(c.aclose() for c in self.clients), return_exceptions=True)
-
-
 class _Replay:
     """One run: the schedule, the in-flight requests, the metrics poller and the progress view."""
 
@@ -244,7 +201,8 @@ class _Replay:
         ]
         self.delayed = 0
         self.max_delay = 0.0
-        self.finished = 0
+        self.finished = self.ok = self.failed = self.tokens = 0
+        self.recent_ttft: collections.deque[float] = collections.deque(maxlen=200)
         self.samples: list[tuple[float, float]] = []
         self.metrics_failures = 0
         self.stop = asyncio.Event()
@@ -259,7 +217,7 @@ class _Replay:
         helpers = []
         if self.cfg.queue_metric:
             helpers.append(asyncio.create_task(self._poll_metrics()))
-        view = _Progress(self) if self.cfg.progress else None
+        view = ProgressView(self) if self.cfg.progress else None
         if view is not None:
             helpers.append(asyncio.create_task(view.run(self.stop)))
         tasks: list[asyncio.Task[None]] = []
@@ -286,7 +244,7 @@ class _Replay:
             rec.sent_s = self.now()
             if held:
                 self.max_delay = max(self.max_delay, rec.sent_s - rec.arrival_s)
-            rec.status, rec.reason = "error", ""
+            rec.reason = "in flight"  # the outcome below sets status and reason
             try:
                 async with asyncio.timeout(self.cfg.timeout_s):
                     await self._exchange(rec, body, headers)
@@ -303,7 +261,18 @@ class _Replay:
                 rec.status = "cancelled"
                 raise
             finally:
-                self.finished += 1
+                self._tally(rec)
+
+    def _tally(self, rec: RequestRecord) -> None:
+        """Running figures for the progress bar, so it never rescans the records."""
+        self.finished += 1
+        if rec.status == "ok":
+            self.ok += 1
+            self.tokens += rec.output_tokens
+            if rec.ttft is not None:
+                self.recent_ttft.append(rec.ttft)
+        elif rec.status in ("error", "rejected"):
+            self.failed += 1
 
     async def _exchange(self, rec: RequestRecord, body: bytes, headers: dict[str, str]) -> None:
         pool = self.clients
@@ -414,44 +383,6 @@ def _finish(rec: RequestRecord, usage: dict[str, Any] | None, done: bool, error:
         _fail(rec, "no_tokens", "the stream carried no token")
     else:
         rec.status, rec.error_kind, rec.reason = "ok", "", ""
-
-
-class _Progress:
-    """A rich progress bar with live throughput and latency, refreshed a few times a second."""
-
-    def __init__(self, run: _Replay) -> None:
-        self.run_ = run
-
-    def line(self) -> str:
-        r = self.run_
-        now = max(r.now(), 1e-9)
-        done = [x for x in r.records if x.status == "ok" and x.finish_s is not None]
-        tokens = sum(x.output_tokens for x in done)
-        ttfts = sorted(x.ttft for x in done if x.ttft is not None)
-        p50 = f"{ttfts[len(ttfts) // 2] * 1000:.0f} ms" if ttfts else "-"
-        errors = sum(x.status in ("error", "rejected") for x in r.records if x.sent_s is not None)
-        return f"{tokens / now:,.0f} tok/s · {len(done) / now:.1f} req/s · TTFT p50 {p50} · errors {errors}"
-
-    async def run(self, stop: asyncio.Event) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        r = self.run_
-        from rich.console import Console
-
-        with Progress(
-            TextColumn("replay"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.description}"),
-            console=Console(stderr=True),
-        ) as bar:
-            task = bar.add_task("", total=len(r.records))
-            while not stop.is_set():
-                bar.update(task, completed=r.finished, description=self.line())
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 0.5)
-            bar.update(task, completed=r.finished, description=self.line())
 
 
 async def replay_async(requests: Sequence[TraceRequest], cfg: ReplayConfig) -> ReplayResult:

@@ -42,6 +42,7 @@ class FakeServer:
     _server: asyncio.Server | None = field(default=None, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
 
     async def serve(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self._loop = asyncio.get_running_loop()
@@ -49,6 +50,9 @@ class FakeServer:
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)  # a stalled connection whose client left must not be collected
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -80,6 +84,8 @@ class FakeServer:
             pass
         finally:
             writer.close()
+            if task is not None:
+                self._tasks.discard(task)
 
     async def _get(self, path: str, writer: asyncio.StreamWriter) -> None:
         if path == "/metrics":
@@ -159,19 +165,23 @@ class FakeServer:
         return self
 
     def stop(self) -> None:
-        loop, server = self._loop, self._server
-        if loop is None or server is None:
+        """Close every connection, then stop the thread's loop."""
+        loop = self._loop
+        if loop is None or self._server is None:
             return
-
-        def close() -> None:
-            server.close()
-            for task in asyncio.all_tasks(loop):
-                task.cancel()
-            loop.call_later(0.05, loop.stop)
-
-        loop.call_soon_threadsafe(close)
+        asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
         if self._thread is not None:
             self._thread.join(5)
+
+    async def _shutdown(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.sleep(0.01)  # transports finish closing
 
     @property
     def url(self) -> str:

@@ -30,6 +30,12 @@ def _register_optional() -> None:
     except ImportError:  # pragma: no cover
         pass
     try:
+        from sagegate.cmd_replay import replay_app
+
+        app.add_typer(replay_app, name="replay", help="Replay a trace against an endpoint; compare and plot.")
+    except ImportError:  # pragma: no cover
+        pass
+    try:
         from sagegate.cmd_predictor import predictor_app
 
         app.add_typer(predictor_app, name="predictor", help="The semantic output-length predictor.")

@@ -40,6 +40,20 @@ def parse_headers(values: list[str] | None) -> dict[str, str]:
     return out
 
 
+def parse_reader_opts(values: list[str] | None) -> dict[str, Any]:
+    """``["start_s=3600", "clients=[1,2]"]`` as reader options; values are JSON when they parse."""
+    out: dict[str, Any] = {}
+    for raw in values or []:
+        key, sep, value = raw.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise ValueError(f"--reader-opt must look like 'name=value', got {raw!r}")
+        try:
+            out[key.strip()] = json.loads(value)
+        except ValueError:
+            out[key.strip()] = value
+    return out
+
+
 def _json_safe(d: dict[str, float]) -> dict[str, float | None]:
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
 
@@ -60,6 +74,12 @@ def replay(
         float, typer.Option(help="Seconds at the start sent but left out of the summary.")
     ] = 0.0,
     seed: Annotated[int, typer.Option(help="Seed for re-timing and prompts.")] = 0,
+    reader_opt: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Reader option name=value (repeatable), e.g. start_s=3600 or clients=[1,2] (ServeGen)."
+        ),
+    ] = None,
     prompts: Annotated[
         str, typer.Option(help="Prompt text: auto (trace, else filler), filler, sharegpt, trace.")
     ] = "auto",
@@ -118,6 +138,7 @@ def replay(
             seed=seed,
             prompts=prompts,
             sharegpt=sharegpt,
+            reader_opts=parse_reader_opts(reader_opt),
         )
         body = json.loads(extra_body) if extra_body else {}
         if not isinstance(body, dict):

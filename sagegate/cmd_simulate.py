@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from sagegate import engine_flags as ef
+
+if TYPE_CHECKING:
+    from policies.base import Policy
+    from predictor.baselines import LengthPredictor
 
 
 def simulate(
@@ -28,8 +32,23 @@ def simulate(
     engines: Annotated[int, typer.Option(help="Number of engines (backends).")] = 1,
     rate_scale: Annotated[float, typer.Option(help="2 = arrivals twice as dense.")] = 1.0,
     limit: Annotated[int | None, typer.Option(help="Use the first N requests.")] = None,
+    duration: Annotated[float | None, typer.Option(help="Keep arrivals before this many seconds.")] = None,
     requests: Annotated[int, typer.Option(help="Synthetic: number of requests.")] = 1000,
-    rate: Annotated[float, typer.Option(help="Synthetic: arrival rate, requests/s.")] = 10.0,
+    rate: Annotated[
+        float | None, typer.Option(help="Re-time arrivals to this rate, requests/s (synthetic: 10).")
+    ] = None,
+    arrival: Annotated[str, typer.Option(help="Re-timed arrivals: poisson or gamma.")] = "poisson",
+    cv: Annotated[float, typer.Option(help="Gamma arrivals: coefficient of variation.")] = 1.0,
+    warmup: Annotated[float, typer.Option(help="Seconds at the start left out of the summary.")] = 0.0,
+    prompts: Annotated[
+        str, typer.Option(help="Prompt text: none, filler, sharegpt (semantic predictor).")
+    ] = "none",
+    reader_opt: Annotated[
+        list[str] | None, typer.Option("--reader-opt", help="Reader option name=value (repeatable).")
+    ] = None,
+    slo_ttft_ms: Annotated[float | None, typer.Option(help="Goodput SLO on TTFT, ms.")] = None,
+    slo_tpot_ms: Annotated[float | None, typer.Option(help="Goodput SLO on TPOT, ms.")] = None,
+    slo_ttlt_ms: Annotated[float | None, typer.Option(help="Goodput SLO on TTLT, ms.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for everything random.")] = 0,
     model: ef.Model = "llama-3.1-8b",
     gpu: ef.Gpu = "h100",
@@ -42,9 +61,14 @@ def simulate(
     tensor_parallel_size: ef.TensorParallel = 1,
     variant: ef.Variant = "v1",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    out: Annotated[Path | None, typer.Option(help="Write one JSON line per request here.")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Write one record per request here (.jsonl, or .parquet).")
+    ] = None,
 ) -> None:
     """Replay a workload through the gateway queue and N simulated engines; print the summary."""
+    from loadgen.results import Slo, mark_warmup, summarize, write_results
+    from loadgen.schedule import prepare_workload
+    from sagegate.cmd_replay import parse_reader_opts
     from sim.des import SimSetup, client_view
     from sim.des import simulate as run
 
@@ -61,9 +85,22 @@ def simulate(
             tensor_parallel_size,
             variant,
         )
-        workload = load_workload(
-            trace, fmt, limit=limit, rate_scale=rate_scale, requests=requests, rate=rate, seed=seed
+        work = prepare_workload(
+            trace,
+            fmt,
+            limit=limit,
+            duration=duration,
+            rate_scale=rate_scale,
+            rate=rate,
+            arrival=arrival,
+            cv=cv,
+            warmup=warmup,
+            seed=seed,
+            prompts=prompts,
+            requests=requests,
+            reader_opts=parse_reader_opts(reader_opt),
         )
+        workload = work.requests
         setup = SimSetup(
             perf=perf,
             engine=cfg,
@@ -77,13 +114,15 @@ def simulate(
         raise typer.Exit(2) from exc
     result = run(workload, setup)
     client_view(result, perf.frontend_s)
-    summary = dict(result.summary)
+    mark_warmup(result.records, work.warmup_s)
+    slo = Slo(*(None if v is None else v / 1000 for v in (slo_ttft_ms, slo_tpot_ms, slo_ttlt_ms)))
+    summary = summarize(result.records, slo)
     summary["wall_s"] = result.wall_s
     summary["sim_requests_per_s"] = len(workload) / max(result.wall_s, 1e-9)
+    for note in work.notes:
+        typer.echo(f"note: {note}", err=True)
     if out is not None:
-        from loadgen.results import write_jsonl
-
-        write_jsonl(result.records, out)
+        write_results(result.records, out)
     if as_json:
         typer.echo(
             json.dumps(
@@ -94,33 +133,15 @@ def simulate(
         print_summary(summary, f"{policy} @ {level}, {engines}× {model} on {gpu}")
 
 
-def load_workload(
-    trace: str, fmt: str, *, limit: int | None, rate_scale: float, requests: int, rate: float, seed: int
-):  # type: ignore[no-untyped-def]
-    from loadgen.records import scale_rate
-
-    if trace == "synthetic":
-        from loadgen.synthetic import synthetic_workload
-
-        work = synthetic_workload(requests if limit is None else min(limit, requests), rate=rate, seed=seed)
-    else:
-        from loadgen.readers import read_trace
-
-        work = read_trace(trace, fmt, limit=limit, seed=seed)
-    if rate_scale != 1.0:
-        work = scale_rate(work, rate_scale)
-    if not work:
-        raise ValueError(f"the workload {trace!r} holds no requests")
-    return work
-
-
-def make_policy(spec: str, seed: int):  # type: ignore[no-untyped-def]
+def make_policy(spec: str, seed: int) -> Policy:
     from policies.registry import parse_policy
 
     return parse_policy(spec)
 
 
-def make_predictor(name: str | None, policy: str, level: str, error: float, seed: int):  # type: ignore[no-untyped-def]
+def make_predictor(
+    name: str | None, policy: str, level: str, error: float, seed: int
+) -> LengthPredictor | None:
     """The named predictor; by default noisy-oracle when the policy or the gateway's admission needs one."""
     from policies.registry import parse_policy
     from predictor.baselines import make_predictor as build

@@ -45,7 +45,15 @@ def study(
     """Run the portability study: do scheduler rankings survive a change of workload, load and metric?"""
     import json
 
-    from study.config import StudyConfig, default_sources as defaults, parse_source, smoke_config, with_overrides
+    from study.config import (
+        StudyConfig,
+        parse_source,
+        smoke_config,
+        with_overrides,
+    )
+    from study.config import (
+        default_sources as defaults,
+    )
 
     try:
         cfg = smoke_config() if smoke else StudyConfig()
@@ -99,7 +107,11 @@ def _report_only(out: Path) -> None:
         typer.echo(f"error: {cfg_path} not found: run the study first", err=True)
         raise typer.Exit(2)
     cfg = StudyConfig.from_dict(json.loads(cfg_path.read_text()))
-    cals = [Calibration(**json.loads(x)) for x in (out / "calibration.jsonl").read_text().splitlines() if x.strip()]
+    cals = [
+        Calibration(**json.loads(x))
+        for x in (out / "calibration.jsonl").read_text().splitlines()
+        if x.strip()
+    ]
     timing = json.loads((out / "timing.json").read_text()) if (out / "timing.json").exists() else {}
     infos_path = out / "sources.json"
     infos = []

@@ -44,25 +44,32 @@ class Dataset:
     def main(self) -> str:
         return predictor_label(NOISY, self.cfg.main_error)
 
-    def per_window(self, source: str, region: str, metric: str, pred: str | None = None) -> dict[str, np.ndarray]:
-        """Entry → per-window values. At a non-main predictor setting, entries that do not read the
-        prediction use their (only) main-setting cells; dependent entries not run there are absent."""
+    def per_window(
+        self, source: str, region: str, metric: str, pred: str | None = None, *, oracles: bool = False
+    ) -> dict[str, np.ndarray]:
+        """Entry → per-window values. The oracles (bounds, not schedulers) are left out unless
+        ``oracles``. At a non-main predictor setting, entries that do not read the prediction use their
+        (only) main-setting cells; dependent entries not run there are absent."""
         pred = pred or self.main
         own = self.cube.get((source, region, pred), {})
         base = self.cube.get((source, region, self.main), {})
         out = {}
         for e in self.entries:
+            if e in self.oracle_entries and not oracles:
+                continue
             if e in own:
                 out[e] = own[e][metric]
             elif pred != self.main and e not in self.dependent and e in base:
                 out[e] = base[e][metric]
         return out
 
-    def means(self, source: str, region: str, metric: str, pred: str | None = None) -> dict[str, float]:
+    def means(
+        self, source: str, region: str, metric: str, pred: str | None = None, *, oracles: bool = False
+    ) -> dict[str, float]:
         """Entry → mean over windows; NaN when any window's value is undefined."""
         return {
             e: float(v.mean()) if np.all(np.isfinite(v)) else math.nan
-            for e, v in self.per_window(source, region, metric, pred).items()
+            for e, v in self.per_window(source, region, metric, pred, oracles=oracles).items()
         }
 
     def exclusions(self, metric: str, pred: str | None = None) -> int:
@@ -88,7 +95,7 @@ def load(rows: Iterable[Mapping[str, Any]], cfg: StudyConfig) -> Dataset:
         windows[r["source"]].add(int(r["window"]))
     wins = {s: sorted(v) for s, v in windows.items()}
     pos = {s: {w: i for i, w in enumerate(ws)} for s, ws in wins.items()}
-    order = {}
+    order: dict[str, tuple[str, str]] = {}
     for r in rows:
         order.setdefault(r["entry"], (r["policy"], r["level"]))
     entries = sorted(order)
@@ -114,11 +121,17 @@ def load(rows: Iterable[Mapping[str, Any]], cfg: StudyConfig) -> Dataset:
 
 
 def condition_seed(cfg: StudyConfig, source: str, region: str) -> int:
-    return int(np.random.SeedSequence([cfg.stats_seed, zlib.crc32(f"{source}|{region}".encode())]).generate_state(1)[0])
+    return int(
+        np.random.SeedSequence([cfg.stats_seed, zlib.crc32(f"{source}|{region}".encode())]).generate_state(1)[
+            0
+        ]
+    )
 
 
 def _indices(ds: Dataset, source: str, region: str) -> np.ndarray:
-    return stats.bootstrap_indices(len(ds.windows[source]), ds.cfg.bootstrap, condition_seed(ds.cfg, source, region))
+    return stats.bootstrap_indices(
+        len(ds.windows[source]), ds.cfg.bootstrap, condition_seed(ds.cfg, source, region)
+    )
 
 
 # --- cross-source agreement ---------------------------------------------------------------------
@@ -197,12 +210,16 @@ def reversals(ds: Dataset, metrics: Sequence[str], pred: str | None = None) -> l
                 for pair in sorted(set(ev[sa]) & set(ev[sb])):
                     d1, d2 = ev[sa][pair], ev[sb][pair]
                     cls = stats.classify_reversal(d1, d2, hib, ds.cfg.margin)
-                    family.append((sa, sb, pair[0], pair[1], cls, stats.reversal_pvalue(d1, d2), d1.diff, d2.diff))
+                    family.append(
+                        (sa, sb, pair[0], pair[1], cls, stats.reversal_pvalue(d1, d2), d1.diff, d2.diff)
+                    )
             if not family:
                 continue
             final = stats.apply_fdr([f[4] for f in family], [f[5] for f in family], ds.cfg.fdr_q)
             for f, cls in zip(family, final, strict=True):
-                out.append(ReversalRecord(metric, region, f[0], f[1], f[2], f[3], f[4], cls, f[5], f[6], f[7]))
+                out.append(
+                    ReversalRecord(metric, region, f[0], f[1], f[2], f[3], f[4], cls, f[5], f[6], f[7])
+                )
     return out
 
 
@@ -222,7 +239,9 @@ class CrossMetricSummary:
     matrix: dict[tuple[str, str], float]  # median over conditions per metric pair
 
 
-def cross_metric(ds: Dataset, metrics: Sequence[str] = METRIC_NAMES, pred: str | None = None) -> CrossMetricSummary:
+def cross_metric(
+    ds: Dataset, metrics: Sequence[str] = METRIC_NAMES, pred: str | None = None
+) -> CrossMetricSummary:
     taus: dict[tuple[str, str], list[float]] = defaultdict(list)
     changes = []
     for s in ds.sources:
@@ -299,7 +318,8 @@ def standing(
             pw = {
                 e: v
                 for e, v in ds.per_window(s, r, metric, pred).items()
-                if e not in ds.oracle_entries and (among is None or e in among or e == entry)
+                if e not in ds.oracle_entries
+                and (among is None or e in among or e == entry)
                 and np.all(np.isfinite(v))
             }
             if entry not in pw or len(pw) < 2:

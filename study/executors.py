@@ -70,7 +70,11 @@ class RayExecutor:
         self.max_in_flight = max_in_flight
         self._started = False
         if not ray.is_initialized():
-            env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}}
+            env = {
+                "env_vars": {
+                    "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
+                }
+            }
             if address:
                 ray.init(address=address, runtime_env=env, log_to_driver=False)
             else:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 
-def _plt():  # type: ignore[no-untyped-def]
+def _plt() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -60,7 +61,14 @@ def tau_matrices(
         im = ax.imshow(np.ma.masked_invalid(mat), vmin=-1, vmax=1, cmap="RdBu")
         for i in range(n):
             for j in range(n):
-                ax.text(j, i, "–" if math.isnan(mat[i, j]) else f"{mat[i, j]:.2f}", ha="center", va="center", fontsize=7)
+                ax.text(
+                    j,
+                    i,
+                    "–" if math.isnan(mat[i, j]) else f"{mat[i, j]:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                )
         ax.set_xticks(range(n), sources, rotation=45, ha="right", fontsize=7)
         ax.set_yticks(range(n), sources, fontsize=7)
         ax.set_title(region, fontsize=9)
@@ -94,7 +102,9 @@ def reversal_bars(counts: Mapping[str, Mapping[str, int]], title: str, path: Pat
     return path
 
 
-def metric_matrix(matrix: Mapping[tuple[str, str], float], metrics: Sequence[str], title: str, path: Path) -> Path:
+def metric_matrix(
+    matrix: Mapping[tuple[str, str], float], metrics: Sequence[str], title: str, path: Path
+) -> Path:
     """Median tau-b between the rankings under each pair of metrics."""
     plt = _plt()
     n = len(metrics)
@@ -104,7 +114,9 @@ def metric_matrix(matrix: Mapping[tuple[str, str], float], metrics: Sequence[str
             i, j = metrics.index(a), metrics.index(b)
             mat[i, j] = mat[j, i] = t
     for i in range(n):
-        if not any(m in matrix for m in [(metrics[i], x) for x in metrics] + [(x, metrics[i]) for x in metrics]):
+        if not any(
+            m in matrix for m in [(metrics[i], x) for x in metrics] + [(x, metrics[i]) for x in metrics]
+        ):
             mat[i, :] = mat[:, i] = math.nan
     fig, ax = plt.subplots(figsize=(0.5 * n + 3, 0.5 * n + 2))
     im = ax.imshow(np.ma.masked_invalid(mat), vmin=-1, vmax=1, cmap="RdBu")
@@ -122,9 +134,7 @@ def metric_matrix(matrix: Mapping[tuple[str, str], float], metrics: Sequence[str
     return path
 
 
-def robustness_lines(
-    leads: Mapping[str, Mapping[float, float]], title: str, path: Path
-) -> Path:
+def robustness_lines(leads: Mapping[str, Mapping[float, float]], title: str, path: Path) -> Path:
     """Median relative lead of each SageSched entry over the best comparator, per prediction error."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.5, 3.6))

@@ -57,7 +57,7 @@ def pct(x: float | None, nd: int = 1) -> str:
 def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return out + [""]
+    return [*out, ""]
 
 
 def _join(items: Sequence[str], empty: str = "none") -> str:
@@ -81,13 +81,14 @@ def _corpus(cfg: StudyConfig, cals: Sequence[Calibration], infos: Sequence[Any])
         by_src.setdefault(c.window.split("/w")[0], []).append(c)
     lines = ["## Corpus and calibration", ""]
     lines.append(
-        f"Per source, {cfg.windows} windows of {cfg.window_size} contiguous valid requests (seeded, outcome-blind, "
-        f"no overlap), rebased to 0. Deadline = arrival + {cfg.deadline_multiplier:g} × "
-        f"({cfg.prefill_s_per_token:g} s · prompt + {cfg.decode_s_per_token:g} s · predicted output), predicted "
-        f"output = true × log-normal noise of {pct(cfg.deadline_error, 0)} relative error seeded per window; "
-        f"priority {cfg.priority}. λ_ref = the compression factor at which `{cfg.calibration_policy}` at engine level "
-        f"(vLLM alone, one {cfg.gpu.upper()} running {cfg.model}) reaches {pct(cfg.target_violation)} deadline "
-        f"violations, bisection over log10(factor) in [{cfg.bisect_lo:g}, {cfg.bisect_hi:g}] in {cfg.bisect_steps} steps."
+        f"Per source, {cfg.windows} windows of {cfg.window_size} contiguous valid requests (seeded, "
+        f"outcome-blind, no overlap), rebased to 0. Deadline = arrival + {cfg.deadline_multiplier:g} × "
+        f"({cfg.prefill_s_per_token:g} s · prompt + {cfg.decode_s_per_token:g} s · predicted output), "
+        f"predicted output = true × log-normal noise of {pct(cfg.deadline_error, 0)} relative error seeded "
+        f"per window; priority {cfg.priority}. λ_ref = the compression factor at which "
+        f"`{cfg.calibration_policy}` at engine level (vLLM alone, one {cfg.gpu.upper()} running {cfg.model}) "
+        f"reaches {pct(cfg.target_violation)} deadline violations, bisection over log10(factor) in "
+        f"[{cfg.bisect_lo:g}, {cfg.bisect_hi:g}] in {cfg.bisect_steps} steps."
     )
     lines.append("")
     rows = []
@@ -104,7 +105,9 @@ def _corpus(cfg: StudyConfig, cals: Sequence[Calibration], infos: Sequence[Any])
                 info.tenants,
                 "yes" if info.has_text else "no",
                 fmt(float(np.median(lam)), 2) if len(lam) else "–",
-                f"{fmt(float(np.percentile(lam, 25)), 2)}–{fmt(float(np.percentile(lam, 75)), 2)}" if len(lam) else "–",
+                f"{fmt(float(np.percentile(lam, 25)), 2)}–{fmt(float(np.percentile(lam, 75)), 2)}"
+                if len(lam)
+                else "–",
                 ", ".join(f"{k}: {v}" for k, v in sorted(cens.items())) or "0",
                 fmt(float(np.median([c.arrival_rate for c in cs])), 2) if cs else "–",
                 fmt(float(np.median([c.saturated_rate for c in cs])), 2) if cs else "–",
@@ -132,7 +135,8 @@ def _corpus(cfg: StudyConfig, cals: Sequence[Calibration], infos: Sequence[Any])
     lines.append(
         "**Utilisation per region** = offered request rate (traced rate × factor) / the reference engine's "
         "saturated request rate on the window's own mix (the steady-state completion rate, between the 20th "
-        "and 80th percentile completions, of five copies of the window all arriving at once). Median over windows:"
+        "and 80th percentile completions, of five copies of the window all arriving at once). Median over "
+        "windows:"
     )
     lines.append("")
     urows = []
@@ -140,7 +144,10 @@ def _corpus(cfg: StudyConfig, cals: Sequence[Calibration], infos: Sequence[Any])
         cs = by_src.get(info.name, [])
         urows.append(
             [info.name]
-            + [fmt(float(np.median([c.utilisation(m * c.lambda_ref) for c in cs])), 2) if cs else "–" for _, m in cfg.regions]
+            + [
+                fmt(float(np.median([c.utilisation(m * c.lambda_ref) for c in cs])), 2) if cs else "–"
+                for _, m in cfg.regions
+            ]
         )
     lines += table(["source", *[f"{r} ({m:g}×)" for r, m in cfg.regions]], urows)
     return lines
@@ -149,13 +156,13 @@ def _corpus(cfg: StudyConfig, cals: Sequence[Calibration], infos: Sequence[Any])
 def _rankings(ds: Dataset, figdir: Path, metric: str) -> tuple[list[str], Path]:
     hib = HIGHER_IS_BETTER[metric]
     cols = [(s, r) for s in ds.sources for r in ds.regions]
-    ranks = {c: competition_ranks(ds.means(c[0], c[1], metric), hib) for c in cols}
+    ranks = {c: competition_ranks(ds.means(c[0], c[1], metric, oracles=True), hib) for c in cols}
     path = figures.ranking_heatmap(
         ranks, cols, ds.entries, f"Rank by {LABELS[metric]} ({ds.main})", figdir / f"ranking_{metric}.png"
     )
     rows = []
     for s, r in cols:
-        means = ds.means(s, r, metric)
+        means = ds.means(s, r, metric, oracles=True)
         rk = ranks[(s, r)]
         top = sorted(rk, key=lambda e: (rk[e], e))[:3]
         distinct = len({round(v, 12) for v in means.values() if math.isfinite(v)})
@@ -170,15 +177,26 @@ def _cross_source(ds: Dataset, figdir: Path) -> tuple[list[str], dict[str, float
     recs = analysis.cross_source(ds, "anwg")
     lines.append(
         "For each region and pair of sources, the two rankings of the panel by mean ANWG compared with "
-        "Kendall's tau-b (headline), Spearman's rho, top-1 agreement (the best entries, ties included, overlap) "
-        "and top-3 overlap. Entries undefined in either ranking are excluded and counted."
+        "Kendall's tau-b (headline), Spearman's rho, top-1 agreement (the best entries, ties included, "
+        "overlap) and top-3 overlap. Entries undefined in either ranking are excluded and counted. Here and "
+        "in every statistic below the oracles (`sjf-oracle`, `srpt-oracle`: bounds, not schedulers) are left "
+        "out; the rank heatmaps show them."
     )
     lines.append("")
     lines += table(
         ["region", "source A", "source B", "tau-b", "rho", "top-1", "top-3", "n", "excluded"],
         [
-            [x.region, x.a, x.b, fmt(x.agreement.tau_b), fmt(x.agreement.rho), fmt(x.agreement.top1, 0),
-             fmt(x.agreement.top3, 2), x.agreement.n, x.agreement.excluded]
+            [
+                x.region,
+                x.a,
+                x.b,
+                fmt(x.agreement.tau_b),
+                fmt(x.agreement.rho),
+                fmt(x.agreement.top1, 0),
+                fmt(x.agreement.top3, 2),
+                x.agreement.n,
+                x.agreement.excluded,
+            ]
             for x in recs
         ],
     )
@@ -193,9 +211,10 @@ def _cross_source(ds: Dataset, figdir: Path) -> tuple[list[str], dict[str, float
         "median": float(np.median(taus)) if taus else math.nan,
     }
     lines.append(
-        f"Over {len(recs)} (source pair × region) conditions, tau-b on ANWG ranges from {fmt(summary['min'], 2)} to "
-        f"{fmt(summary['max'], 2)} (mean {fmt(summary['mean'])}, median {fmt(summary['median'])}); "
-        f"{undefined} condition(s) are undefined (every entry tied on one side) and excluded."
+        f"Over {len(recs)} (source pair × region) conditions, tau-b on ANWG ranges from "
+        f"{fmt(summary['min'], 2)} to {fmt(summary['max'], 2)} (mean {fmt(summary['mean'])}, median "
+        f"{fmt(summary['median'])}); {undefined} condition(s) are undefined (every entry tied on one side) "
+        "and excluded."
     )
     by_region = []
     for region in ds.regions:
@@ -212,7 +231,9 @@ def _cross_source(ds: Dataset, figdir: Path) -> tuple[list[str], dict[str, float
     taus_by_region = {
         region: {(x.a, x.b): x.agreement.tau_b for x in recs if x.region == region} for region in ds.regions
     }
-    path = figures.tau_matrices(taus_by_region, ds.sources, "Cross-source Kendall tau-b on ANWG", figdir / "tau_anwg.png")
+    path = figures.tau_matrices(
+        taus_by_region, ds.sources, "Cross-source Kendall tau-b on ANWG", figdir / "tau_anwg.png"
+    )
     lines += ["", f"![tau-b matrices]({path.parent.name}/{path.name})", ""]
     return lines, summary
 
@@ -221,12 +242,13 @@ def _reversals(ds: Dataset, figdir: Path) -> tuple[list[str], dict[str, Any]]:
     recs = analysis.reversals(ds, METRIC_NAMES)
     lines = ["## Reversals between sources", ""]
     lines.append(
-        f"A record is one pair of entries compared in one region between two sources. **Supported practical "
-        f"reversal**: the order flips, the winner leads by more than {pct(ds.cfg.margin, 0)} of the loser's value "
-        f"in both sources, the {pct(ds.cfg.confidence, 0)} whole-window bootstrap interval ({ds.cfg.bootstrap} "
-        f"resamples) of the per-window paired difference excludes 0 in both, and the record survives "
-        f"Benjamini–Hochberg at q = {ds.cfg.fdr_q:g} within its (metric, region) family (p-value: the larger of "
-        f"the two conditions' bootstrap p-values). A flip that fails any of these is a **microscopic sign change**."
+        "A record is one pair of entries compared in one region between two sources. **Supported practical "
+        f"reversal**: the order flips, the winner leads by more than {pct(ds.cfg.margin, 0)} of the loser's "
+        f"value in both sources, the {pct(ds.cfg.confidence, 0)} whole-window bootstrap interval "
+        f"({ds.cfg.bootstrap} resamples) of the per-window paired difference excludes 0 in both, and the "
+        f"record survives Benjamini–Hochberg at q = {ds.cfg.fdr_q:g} within its (metric, region) family "
+        "(p-value: the larger of the two conditions' bootstrap p-values). A flip that fails any of these is "
+        "a **microscopic sign change**."
     )
     lines.append("")
     anwg = [r for r in recs if r.metric == "anwg"]
@@ -238,10 +260,21 @@ def _reversals(ds: Dataset, figdir: Path) -> tuple[list[str], dict[str, Any]]:
         rows.append([region, sum(c.values()), c[STABLE], c[MICROSCOPIC], c[SUPPORTED], pre])
     tot = Counter(r.cls for r in anwg)
     n = len(anwg)
-    rows.append(["**all**", n, tot[STABLE], tot[MICROSCOPIC], tot[SUPPORTED], sum(r.pre_fdr == SUPPORTED for r in anwg)])
+    rows.append(
+        [
+            "**all**",
+            n,
+            tot[STABLE],
+            tot[MICROSCOPIC],
+            tot[SUPPORTED],
+            sum(r.pre_fdr == SUPPORTED for r in anwg),
+        ]
+    )
     lines += ["### ANWG", ""]
     lines += table(["region", "records", "stable", "microscopic", "supported", "supported before BH"], rows)
-    path = figures.reversal_bars(counts, "Reversals between sources by region (ANWG)", figdir / "reversals_anwg.png")
+    path = figures.reversal_bars(
+        counts, "Reversals between sources by region (ANWG)", figdir / "reversals_anwg.png"
+    )
     lines += [f"![reversals by region]({path.parent.name}/{path.name})", ""]
     pairs = Counter(tuple(sorted((r.p1, r.p2))) for r in anwg if r.cls == SUPPORTED)
     src_pairs = Counter((r.source_a, r.source_b) for r in anwg if r.cls == SUPPORTED)
@@ -265,13 +298,18 @@ def _reversals(ds: Dataset, figdir: Path) -> tuple[list[str], dict[str, Any]]:
         mrows.append([m, len(rs), c[MICROSCOPIC], c[SUPPORTED], pct(c[SUPPORTED] / len(rs)), low, heavy])
     lines += ["### Every metric", ""]
     lines += table(
-        ["metric", "records", "microscopic", "supported", "supported share", "at LOW", f"at {'/'.join(HEAVY)}"], mrows
+        [
+            "metric",
+            "records",
+            "microscopic",
+            "supported",
+            "supported share",
+            "at LOW",
+            f"at {'/'.join(HEAVY)}",
+        ],
+        mrows,
     )
-    slai = [
-        r
-        for r in anwg
-        if {r.p1, r.p2} == {"slai@engine", VLLM_ALONE.label}
-    ]
+    slai = [r for r in anwg if {r.p1, r.p2} == {"slai@engine", VLLM_ALONE.label}]
     summary = {
         "records": n,
         "supported": tot[SUPPORTED],
@@ -289,17 +327,23 @@ def _cross_metric(ds: Dataset, figdir: Path) -> tuple[list[str], analysis.CrossM
     cm = analysis.cross_metric(ds)
     lines = ["## Across metrics", ""]
     lines.append(
-        f"For each (source, region) condition, tau-b between the rankings under every pair of the {len(METRIC_NAMES)} "
-        f"metrics (oriented so that agreement is positive). Over {cm.conditions} conditions the median tau-b is "
-        f"{fmt(cm.median_tau)}, and the top entry changes with the metric (no entry is best, ties included, under "
-        f"every metric) in {pct(cm.top_change_share)} of conditions."
+        "For each (source, region) condition, tau-b between the rankings under every pair of the "
+        f"{len(METRIC_NAMES)} metrics (oriented so that agreement is positive). Over {cm.conditions} "
+        f"conditions the median tau-b is {fmt(cm.median_tau)}, and the top entry changes with the metric (no "
+        f"entry is best, ties included, under every metric) in {pct(cm.top_change_share)} of conditions."
     )
     lines.append("")
-    path = figures.metric_matrix(cm.matrix, list(METRIC_NAMES), "Median tau-b between metrics", figdir / "metric_disagreement.png")
+    path = figures.metric_matrix(
+        cm.matrix, list(METRIC_NAMES), "Median tau-b between metrics", figdir / "metric_disagreement.png"
+    )
     lines += [f"![metric disagreement]({path.parent.name}/{path.name})", ""]
     worst = sorted((t, a, b) for (a, b), t in cm.matrix.items() if math.isfinite(t))[:5]
     if worst:
-        lines.append("Least agreeing metric pairs (median tau-b): " + "; ".join(f"{a} vs {b} {fmt(t, 2)}" for t, a, b in worst) + ".")
+        lines.append(
+            "Least agreeing metric pairs (median tau-b): "
+            + "; ".join(f"{a} vs {b} {fmt(t, 2)}" for t, a, b in worst)
+            + "."
+        )
         lines.append("")
     return lines, cm
 
@@ -307,9 +351,9 @@ def _cross_metric(ds: Dataset, figdir: Path) -> tuple[list[str], analysis.CrossM
 def _sample_complexity(ds: Dataset) -> list[str]:
     lines = ["## Sample complexity", ""]
     lines.append(
-        f"Windows drawn with replacement ({ds.cfg.subsample_draws} draws per size, per condition; averaged over "
-        "conditions): how often the draw's ranking equals the all-window ranking exactly, how often its best entry "
-        "is an all-window best entry, and its mean tau-b to the all-window ranking."
+        f"Windows drawn with replacement ({ds.cfg.subsample_draws} draws per size, per condition; averaged "
+        "over conditions): how often the draw's ranking equals the all-window ranking exactly, how often "
+        "its best entry is an all-window best entry, and its mean tau-b to the all-window ranking."
     )
     lines.append("")
     rows = []
@@ -325,23 +369,32 @@ def _sagesched(ds: Dataset) -> tuple[list[str], dict[str, Any]]:
     found: dict[str, Any] = {}
     entries = [e for e in ("sagesched@gateway", "sagesched@engine") if e in ds.entries]
     if not entries:
-        return lines + ["`sagesched` is not in this run's panel.", ""], found
+        return [*lines, "`sagesched` is not in this run's panel.", ""], found
     lines.append(
         "Rank among deployable entries (the oracles left out) by mean TTLT at the main prediction setting "
-        f"({ds.main}); lead = relative margin over the best other entry (positive: SageSched ahead), with the "
-        "bootstrap interval of the per-window paired difference (SageSched − runner-up, seconds)."
+        f"({ds.main}); lead = relative margin over the best other entry (positive: SageSched ahead), with "
+        "the bootstrap interval of the per-window paired difference (SageSched − runner-up, seconds)."
     )
     lines.append("")
     for entry in entries:
         st = analysis.standing(ds, entry, "ttlt_mean")
         found[entry] = st
         rows = [
-            [s.source, s.region, f"{s.rank}/{s.of}", "yes" if s.top else "no", s.runner_up, pct(s.lead),
-             f"[{fmt(s.diff.lo)}, {fmt(s.diff.hi)}]" if s.diff else "–"]
+            [
+                s.source,
+                s.region,
+                f"{s.rank}/{s.of}",
+                "yes" if s.top else "no",
+                s.runner_up,
+                pct(s.lead),
+                f"[{fmt(s.diff.lo)}, {fmt(s.diff.hi)}]" if s.diff else "–",
+            ]
             for s in st
         ]
         lines += [f"### {entry}", ""]
-        lines += table(["source", "region", "rank", "top", "best other", "lead", "95% CI of difference (s)"], rows)
+        lines += table(
+            ["source", "region", "rank", "top", "best other", "lead", "95% CI of difference (s)"], rows
+        )
         tops = [f"{s.source}/{s.region}" for s in st if s.top]
         sig = [f"{s.source}/{s.region}" for s in st if s.top and s.diff is not None and s.diff.excludes_zero]
         lines.append(
@@ -352,7 +405,7 @@ def _sagesched(ds: Dataset) -> tuple[list[str], dict[str, Any]]:
             + "."
         )
         lines.append("")
-    best = Counter()
+    best: Counter[str] = Counter()
     for s in ds.sources:
         for r in ds.regions:
             means = {e: v for e, v in ds.means(s, r, "ttlt_mean").items() if e not in ds.oracle_entries}
@@ -374,14 +427,15 @@ def _robustness(ds: Dataset, figdir: Path) -> tuple[list[str], dict[str, Any]]:
     errs = list(ds.cfg.errors)
     found: dict[str, Any] = {}
     if not entries or len(errs) < 2:
-        return lines + ["Not run (needs `sagesched` and more than one prediction error).", ""], found
+        return [*lines, "Not run (needs `sagesched` and more than one prediction error).", ""], found
     comp = analysis.robustness_comparators(ds, entries)
     lines.append(
-        f"The noisy oracle's error is raised to {_join([pct(e, 0) for e in errs[1:]])} for the prediction-dependent "
-        f"entries of {_join([f'`{p}`' for p in ds.cfg.robustness_policies])} (every gateway entry depends on it: the "
-        "admission charge reads the prediction). SageSched is compared, at each error, against the entries available "
-        f"at every error ({len(comp)}: {_join(sorted(comp))}) — the re-run ones at the same error, and those that do "
-        "not read predictions. Lead = relative margin in mean TTLT over the best of them (positive: ahead)."
+        f"The noisy oracle's error is raised to {_join([pct(e, 0) for e in errs[1:]])} for the "
+        f"entries {_join([f'`{p}`' for p in ds.cfg.robustness if p in ds.entries])} (every "
+        "gateway entry depends on it: the admission charge reads the prediction). SageSched is compared, at "
+        f"each error, against the entries available at every error ({len(comp)}: {_join(sorted(comp))}) — "
+        "the re-run ones at the same error, and those that do not read predictions. Lead = relative margin "
+        "in mean TTLT over the best of them (positive: ahead)."
     )
     lines.append("")
     leads: dict[str, dict[float, float]] = {}
@@ -398,17 +452,37 @@ def _robustness(ds: Dataset, figdir: Path) -> tuple[list[str], dict[str, Any]]:
             kept = [
                 s.lead / base[(s.source, s.region)].lead
                 for s in st
-                if (s.source, s.region) in base and base[(s.source, s.region)].lead > 0 and math.isfinite(s.lead)
+                if (s.source, s.region) in base
+                and base[(s.source, s.region)].lead > 0
+                and math.isfinite(s.lead)
             ]
             tops = sum(s.top for s in st)
             rows.append(
-                [entry, pct(err, 0), len(st), tops, pct(med), pct(float(np.median(kept))) if kept else "–", len(kept)]
+                [
+                    entry,
+                    pct(err, 0),
+                    len(st),
+                    tops,
+                    pct(med),
+                    pct(float(np.median(kept))) if kept else "–",
+                    len(kept),
+                ]
             )
     lines += table(
-        ["entry", "error", "conditions", "top", "median lead", "median share of the 20% lead kept", "conditions with a 20% lead"],
+        [
+            "entry",
+            "error",
+            "conditions",
+            "top",
+            "median lead",
+            "median share of the 20% lead kept",
+            "conditions with a 20% lead",
+        ],
         rows,
     )
-    path = figures.robustness_lines(leads, "SageSched's lead in mean TTLT vs prediction error", figdir / "robustness.png")
+    path = figures.robustness_lines(
+        leads, "SageSched's lead in mean TTLT vs prediction error", figdir / "robustness.png"
+    )
     lines += [f"![robustness]({path.parent.name}/{path.name})", ""]
     for entry in entries:
         e0, e_last = errs[0], errs[-1]
@@ -417,7 +491,8 @@ def _robustness(ds: Dataset, figdir: Path) -> tuple[list[str], dict[str, Any]]:
             + ", ".join(f"{pct(leads[entry][e])} at {pct(e, 0)}" for e in errs[1:])
             + "."
             + (
-                f" Its lead {'persists' if leads[entry][e_last] > 0 else 'is gone'} at {pct(e_last, 0)} error."
+                f" Its lead {'persists' if leads[entry][e_last] > 0 else 'is gone'} at {pct(e_last, 0)} "
+                "error."
                 if math.isfinite(leads[entry][e_last])
                 else ""
             )
@@ -427,20 +502,20 @@ def _robustness(ds: Dataset, figdir: Path) -> tuple[list[str], dict[str, Any]]:
     return lines, found
 
 
-def _gateway(ds: Dataset) -> tuple[list[str], dict[str, Any]]:
+def _gateway(ds: Dataset) -> tuple[list[str], dict[tuple[str, str], int]]:
     lines = ["## Where is a gateway-level policy worse than vLLM alone?", ""]
     if VLLM_ALONE.label not in ds.entries:
-        return lines + ["`vllm-v1@engine` is not in this run's panel.", ""], {}
+        return [*lines, "`vllm-v1@engine` is not in this run's panel.", ""], {}
     metrics = ("anwg", "ttlt_mean", "ttft_p95")
     recs = analysis.gateway_vs_vllm(ds, metrics)
     lines.append(
-        "Each gateway entry (the gateway's queue and memory-aware admission in front of an FCFS engine) against "
-        "vLLM alone (`vllm-v1@engine`: no gateway queue), per condition; *worse* = a worse mean, *supported* = "
-        "and the paired bootstrap interval excludes 0."
+        "Each gateway entry (the gateway's queue and memory-aware admission in front of an FCFS engine) "
+        "against vLLM alone (`vllm-v1@engine`: no gateway queue), per condition; *worse* = a worse mean, "
+        "*supported* = and the paired bootstrap interval excludes 0."
     )
     lines.append("")
     rows = []
-    found: dict[str, Any] = {}
+    found: dict[tuple[str, str], int] = {}
     for metric in metrics:
         for region in ds.regions:
             rs = [r for r in recs if r.metric == metric and r.region == region]
@@ -448,10 +523,27 @@ def _gateway(ds: Dataset) -> tuple[list[str], dict[str, Any]]:
             sig = [r for r in rs if r.significant]
             names = Counter(r.entry for r in sig)
             rows.append(
-                [metric, region, len(rs), len(worse), len(sig), _join([f"{e} ({k})" for e, k in names.most_common(4)])]
+                [
+                    metric,
+                    region,
+                    len(rs),
+                    len(worse),
+                    len(sig),
+                    _join([f"{e} ({k})" for e, k in names.most_common(4)]),
+                ]
             )
             found[(metric, region)] = len(sig)
-    lines += table(["metric", "region", "(entry, source) records", "worse", "supported worse", "most often supported worse"], rows)
+    lines += table(
+        [
+            "metric",
+            "region",
+            "(entry, source) records",
+            "worse",
+            "supported worse",
+            "most often supported worse",
+        ],
+        rows,
+    )
     for metric in metrics:
         regs = [r for r in ds.regions if found.get((metric, r), 0) > 0]
         lines.append(
@@ -461,7 +553,10 @@ def _gateway(ds: Dataset) -> tuple[list[str], dict[str, Any]]:
     best_gw = []
     for metric in ("anwg", "ttlt_mean"):
         better = [r for r in recs if r.metric == metric and not r.worse and r.diff.excludes_zero]
-        best_gw.append(f"{LABELS[metric]}: {len(better)} of {len([r for r in recs if r.metric == metric])} records supported-better")
+        best_gw.append(
+            f"{LABELS[metric]}: {len(better)} of {len([r for r in recs if r.metric == metric])} records "
+            "supported-better"
+        )
     lines.append("Conversely, gateway entries supported-better than vLLM alone — " + "; ".join(best_gw) + ".")
     lines.append("")
     return lines, found
@@ -473,10 +568,17 @@ def _engine_note(ds: Dataset) -> list[str]:
     for region in ds.regions:
         t = [ds.means(s, region, "tpot_mean").get(ref, math.nan) for s in ds.sources]
         f = [ds.means(s, region, "ttft_mean").get(ref, math.nan) for s in ds.sources]
-        tp.append(f"{region} {fmt(float(np.nanmean(t)) * 1000, 1)} ms" if any(map(math.isfinite, t)) else f"{region} –")
-        tf.append(f"{region} {fmt(float(np.nanmean(f)), 3)} s" if any(map(math.isfinite, f)) else f"{region} –")
+        tp.append(
+            f"{region} {fmt(float(np.nanmean(t)) * 1000, 1)} ms"
+            if any(map(math.isfinite, t))
+            else f"{region} –"
+        )
+        tf.append(
+            f"{region} {fmt(float(np.nanmean(f)), 3)} s" if any(map(math.isfinite, f)) else f"{region} –"
+        )
     return [
-        "Our engine charges prefill and makes a step's time depend on the batch: vLLM alone's mean time per output "
+        "Our engine charges prefill and makes a step's time depend on the batch: vLLM alone's mean time per "
+        "output "
         "token, averaged over sources, is " + "; ".join(tp) + ", and its mean TTFT " + "; ".join(tf) + ".",
         "",
     ]
@@ -492,24 +594,48 @@ def _lssp(
     heavy = sum(by_region.get(r, 0) for r in HEAVY)
     peak = max(by_region, key=lambda r: by_region[r]) if by_region and any(by_region.values()) else None
     rows = [
-        ["cross-source tau-b on ANWG, range", f"{LSSP['cross_source_tau_min']:.2f}–{LSSP['cross_source_tau_max']:.2f} (18 conditions)",
-         f"{fmt(cs['min'], 2)}–{fmt(cs['max'], 2)} ({int(cs['conditions'] - cs['undefined'])} defined of {int(cs['conditions'])})"],
+        [
+            "cross-source tau-b on ANWG, range",
+            f"{LSSP['cross_source_tau_min']:.2f}–{LSSP['cross_source_tau_max']:.2f} (18 conditions)",
+            f"{fmt(cs['min'], 2)}–{fmt(cs['max'], 2)} ({int(cs['conditions'] - cs['undefined'])} defined of "
+            f"{int(cs['conditions'])})",
+        ],
         ["cross-source tau-b on ANWG, mean", f"{LSSP['cross_source_tau_mean']:.3f}", fmt(cs["mean"])],
         ["pairwise records", str(LSSP["records"]), str(n)],
-        ["stable / microscopic / supported", f"{LSSP['stable']} / {LSSP['microscopic']} / {LSSP['supported']}",
-         f"{rev['stable']} / {rev['microscopic']} / {rev['supported']}"],
+        [
+            "stable / microscopic / supported",
+            f"{LSSP['stable']} / {LSSP['microscopic']} / {LSSP['supported']}",
+            f"{rev['stable']} / {rev['microscopic']} / {rev['supported']}",
+        ],
         ["supported share", pct(LSSP["supported_share"]), pct(share)],
         ["supported at LOW", "0", str(by_region.get("LOW", 0))],
-        ["supported at OVERLOAD / HIGH_PRESSURE", f"{LSSP['overload']} / {LSSP['high_pressure']}",
-         f"{by_region.get('OVERLOAD', 0)} / {by_region.get('HIGH_PRESSURE', 0)}"],
-        ["pair behind the supported reversals", "SLAI vs vLLM FCFS (all 36)",
-         _join([f"{a} vs {b} ({k})" for (a, b), k in rev["top_pairs"]])],
-        ["SLAI vs vLLM alone records (stable/micro/supported)", "36 supported, all with BurstGPT",
-         f"{rev['slai'][STABLE]} / {rev['slai'][MICROSCOPIC]} / {rev['slai'][SUPPORTED]}"],
+        [
+            "supported at OVERLOAD / HIGH_PRESSURE",
+            f"{LSSP['overload']} / {LSSP['high_pressure']}",
+            f"{by_region.get('OVERLOAD', 0)} / {by_region.get('HIGH_PRESSURE', 0)}",
+        ],
+        [
+            "pair behind the supported reversals",
+            "SLAI vs vLLM FCFS (all 36)",
+            _join([f"{a} vs {b} ({k})" for (a, b), k in rev["top_pairs"]]),
+        ],
+        [
+            "SLAI vs vLLM alone records (stable/micro/supported)",
+            "36 supported, all with BurstGPT",
+            f"{rev['slai'][STABLE]} / {rev['slai'][MICROSCOPIC]} / {rev['slai'][SUPPORTED]}",
+        ],
         ["cross-metric median tau-b", f"{LSSP['cross_metric_median_tau']:.3f}", fmt(cm.median_tau)],
         ["top policy changes with the metric", pct(LSSP["top_change_share"]), pct(cm.top_change_share)],
-        ["deadline multiplier 10×/40×", "median tau-b 0.872; top changed in 13 of 30", "not run in this sweep"],
-        ["real-GPU check", "did not reproduce SLAI/vLLM reversal", "not part of this study (see the simulator-vs-server tests)"],
+        [
+            "deadline multiplier 10×/40×",
+            "median tau-b 0.872; top changed in 13 of 30",
+            "not run in this sweep",
+        ],
+        [
+            "real-GPU check",
+            "did not reproduce SLAI/vLLM reversal",
+            "not part of this study (see the simulator-vs-server tests)",
+        ],
     ]
     lines += table(["figure", "LSSP", "ours"], rows)
     verdicts = []
@@ -517,7 +643,7 @@ def _lssp(
         d = cs["mean"] - LSSP["cross_source_tau_mean"]
         word = "similarly portable" if abs(d) <= 0.1 else ("more portable" if d > 0 else "less portable")
         verdicts.append(
-            f"**Rankings across sources** (rule: our mean tau-b within ±0.10 of LSSP's 0.733 = similar): "
+            "**Rankings across sources** (rule: our mean tau-b within ±0.10 of LSSP's 0.733 = similar): "
             f"ours {fmt(cs['mean'])}, so rankings are {word} across our sources than LSSP found."
         )
     if math.isfinite(share):
@@ -532,17 +658,20 @@ def _lssp(
     if rev["supported"]:
         verdicts.append(
             f"**Reversals concentrate under heavy load** (rule: at least half of them at {'/'.join(HEAVY)}): "
-            f"{heavy} of {rev['supported']}, peak at {peak} — " + ("holds." if heavy * 2 >= rev["supported"] else "does not hold.")
+            f"{heavy} of {rev['supported']}, peak at {peak} — "
+            + ("holds." if heavy * 2 >= rev["supported"] else "does not hold.")
         )
     else:
         verdicts.append(
-            "**Reversals concentrate under heavy load**: we find no supported reversal at all, so there is nothing to "
-            "concentrate; LSSP's reversals (all SLAI vs vLLM FCFS, with BurstGPT) do not appear on our sources."
+            "**Reversals concentrate under heavy load**: we find no supported reversal at all, so there is "
+            "nothing to concentrate; LSSP's reversals (all SLAI vs vLLM FCFS, with BurstGPT) do not appear "
+            "on our sources."
         )
     if math.isfinite(cm.top_change_share):
         verdicts.append(
-            f"**The winner depends on the metric** (rule: holds if the top entry changes in > 50% of conditions): "
-            f"ours {pct(cm.top_change_share)} — " + ("holds." if cm.top_change_share > 0.5 else "does not hold.")
+            "**The winner depends on the metric** (rule: holds if the top entry changes in > 50% of "
+            f"conditions): ours {pct(cm.top_change_share)} — "
+            + ("holds." if cm.top_change_share > 0.5 else "does not hold.")
         )
     if math.isfinite(cm.median_tau):
         verdicts.append(
@@ -552,10 +681,10 @@ def _lssp(
     lines += [f"- {v}" for v in verdicts]
     lines.append("")
     lines += [
-        "Why they can differ: LSSP's simulator emitted one token per step whatever the batch and charged nothing "
-        "for prefill, so load only moved queueing delay. Here a step's time grows with the batch's tokens and "
-        "context, prefill competes with decode, and KV memory bounds the batch, so the engine itself absorbs "
-        "part of the load a gateway would otherwise reorder.",
+        "Why they can differ: LSSP's simulator emitted one token per step whatever the batch and charged "
+        "nothing for prefill, so load only moved queueing delay. Here a step's time grows with the batch's "
+        "tokens and context, prefill competes with decode, and KV memory bounds the batch, so the engine "
+        "itself absorbs part of the load a gateway would otherwise reorder.",
         "",
     ]
     lines += _engine_note(ds)
@@ -566,8 +695,9 @@ def _exclusions(ds: Dataset) -> list[str]:
     rows = [[m, ds.exclusions(m)] for m in METRIC_NAMES]
     lines = ["## Exclusions", ""]
     lines.append(
-        "An undefined value (no request finished; Jain's index with a single tenant) is never imputed: the entry "
-        "leaves that condition's ranking for that metric. (condition, entry) pairs excluded per metric:"
+        "An undefined value (no request finished; Jain's index with a single tenant) is never imputed: the "
+        "entry leaves that condition's ranking for that metric. (condition, entry) pairs excluded per "
+        "metric:"
     )
     lines.append("")
     return lines + table(["metric", "excluded"], rows)
@@ -588,11 +718,11 @@ def write_report(
     preds = sorted({predictor_label(str(r["predictor"]), float(r["error"])) for r in rows})
     lines = ["# The portability study: results", ""]
     lines.append(
-        f"{len(ds.sources)} sources × {cfg.windows} windows × {len(ds.regions)} regions × {len(ds.entries)} panel entries "
-        f"(policy@level) on one {cfg.gpu.upper()} running {cfg.model}; predictor settings {', '.join(preds)}; "
-        f"{len(rows)} cells. Simulation wall time (corpus, calibration and sweep): "
-        f"{fmt(timing.get('simulate_total_s', math.nan), 0)} s. The results file is `cells.csv` (one row per cell), "
-        "the configuration and seeds `config.json`; `sagegate study --out DIR` reruns it (resumable)."
+        f"{len(ds.sources)} sources × {cfg.windows} windows × {len(ds.regions)} regions × {len(ds.entries)} "
+        f"panel entries (policy@level) on one {cfg.gpu.upper()} running {cfg.model}; predictor settings "
+        f"{', '.join(preds)}; {len(rows)} cells. Simulation wall time (corpus, calibration and sweep): "
+        f"{fmt(timing.get('simulate_total_s', math.nan), 0)} s. The results file is `cells.csv` (one row per "
+        "cell), the configuration and seeds `config.json`; `sagegate study --out DIR` reruns it (resumable)."
     )
     lines.append("")
     lines += _corpus(cfg, cals, infos)

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from loadgen.records import TraceRequest
 from study.calibrate import Calibration, calibrate_window
 from study.config import StudyConfig
 from study.executors import Executor
@@ -54,7 +55,10 @@ def _log_progress(label: str, log: Callable[[str], None]) -> Callable[[int, int]
         last[0] = now
         el = now - t0
         eta = el / done * (total - done) if done else float("nan")
-        log(f"{label}: {done}/{total} ({100 * done / max(total, 1):.0f}%), {el:.0f} s elapsed, ~{eta:.0f} s left")
+        log(
+            f"{label}: {done}/{total} ({100 * done / max(total, 1):.0f}%), {el:.0f} s elapsed, ~{eta:.0f} "
+            "s left"
+        )
 
     return tick
 
@@ -105,7 +109,7 @@ def run_study(
     cap = max_tokens_for(cfg)
     corpus: dict[str, list[Window]] = {}
     infos: list[SourceInfo] = []
-    rows_by_source = {}
+    rows_by_source: dict[str, list[TraceRequest]] = {}
     for spec in cfg.sources:
         raw = load_rows(spec, cfg.seed)
         rows = valid_rows(sorted(raw, key=lambda r: r.arrival_s), cap)
@@ -140,7 +144,7 @@ def run_study(
         t0 = time.perf_counter()
         semantic = {}
         for name, wins in corpus.items():
-            semantic.update(semantic_distributions(rows_by_source[name], wins, cfg.seed))
+            semantic.update(semantic_distributions(rows_by_source[name], wins))
         timing["semantic_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -149,21 +153,23 @@ def run_study(
     done = store.done()
     batches = plan(cfg, corpus, cals, entries, skip=done, semantic=semantic)
     n_cells = sum(len(b.cells) for b in batches)
-    say(f"sweep: {len(entries)} entries, {len(done)} cells logged, {n_cells} to run in {len(batches)} batches")
+    say(
+        f"sweep: {len(entries)} entries, {len(done)} cells logged, {n_cells} to run in {len(batches)} batches"
+    )
     run_sweep(batches, executor, store, _log_progress("sweep", say))
     timing["sweep_s"] = time.perf_counter() - t0
     timing["cells_run"] = float(n_cells)
 
     wanted = {c.id for b in plan(cfg, corpus, cals, entries, semantic=semantic) for c in b.cells}
-    rows = [r for r in store.rows() if r["cell"] in wanted]
-    write_results_csv(rows, out / "cells.csv")
-    timing["cells_total"] = float(len(rows))
+    results = [r for r in store.rows() if r["cell"] in wanted]
+    write_results_csv(results, out / "cells.csv")
+    timing["cells_total"] = float(len(results))
     timing["simulate_total_s"] = time.perf_counter() - t_all
     if report:
         from study.report import write_report
 
         t0 = time.perf_counter()
-        write_report(out, cfg, rows, list(cals.values()), infos, timing)
+        write_report(out, cfg, results, list(cals.values()), infos, timing)
         timing["report_s"] = time.perf_counter() - t0
     timing["total_s"] = time.perf_counter() - t_all
     (out / "timing.json").write_text(json.dumps(timing, indent=2) + "\n")

@@ -1,15 +1,17 @@
 """The ``semantic`` predictor for sources with prompt text, precomputed outside the simulation loop.
 
 Embedding prompts is far slower than simulating them, so each window's distributions are computed
-once in the driver and handed to the cells as a ``PrecomputedPredictor``. The predictor learns from
-the source's rows that lie in no window (nearest the windows first, at most ``history`` of them), so
-no request's own outcome is in its history.
+once in the driver (batched) and handed to the cells as a ``PrecomputedPredictor``. The predictor
+learns from the source's rows that lie in no window (at most ``history`` of them, those nearest the
+end of the trace), so no request's own outcome is in its history. The predictor's synchronous core
+(``features_many`` / ``record_features`` / ``predict_features``) is used directly, with a fixed clock,
+so the answers do not depend on wall time or on request ids shared between windows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loadgen.records import TraceRequest
 from study.windows import Window
@@ -28,22 +30,40 @@ def history_rows(rows: Sequence[TraceRequest], windows: Sequence[Window], histor
 
 
 def semantic_distributions(
-    rows: Sequence[TraceRequest], windows: Sequence[Window], seed: int, history: int = 5000
+    rows: Sequence[TraceRequest],
+    windows: Sequence[Window],
+    *,
+    history: int = 5000,
+    embedder: Any = None,
 ) -> dict[str, Mapping[int, LengthDistribution]]:
     """Window id → (rid → predicted distribution); empty when the windows carry no prompt text.
 
-    ``rows`` must be the same valid, arrival-sorted rows the windows were cut from.
+    ``rows`` must be the valid, arrival-sorted rows the windows were cut from. ``embedder`` (a
+    ``TextEmbedder``) defaults to the predictor's MiniLM model.
     """
     todo = [w for w in windows if w.has_text]
     if not todo:
         return {}
     try:
-        import predictor.semantic  # noqa: F401  (registers "semantic" with make_predictor)
+        from predictor.semantic import SemanticPredictor
     except ImportError as exc:  # pragma: no cover - depends on the optional predictor
         raise RuntimeError(f"the semantic predictor is not available: {exc}") from exc
-    from predictor.baselines import make_predictor
 
-    pred = make_predictor("semantic", seed=seed)
-    for r in history_rows(rows, windows, history):
-        pred.observe(r, r.output_tokens)
-    return {w.id: {r.rid: pred.predict(r) for r in w.requests} for w in todo}
+    pred = SemanticPredictor(embedder=embedder, clock=lambda: 0.0)
+    try:
+        past = history_rows(rows, windows, history)
+        feats = pred.features_many([r.prompt or "" for r in past])
+        for i, (r, f) in enumerate(zip(past, feats, strict=True)):
+            pred.record_features(
+                f, r.prompt_tokens, r.output_tokens, tenant=r.tenant, rid=f"hist-{i}", ts=0.0
+            )
+        out: dict[str, Mapping[int, LengthDistribution]] = {}
+        for w in todo:
+            wf = pred.features_many([r.prompt or "" for r in w.requests])
+            out[w.id] = {
+                r.rid: pred.predict_features(f, r.prompt_tokens).distribution
+                for r, f in zip(w.requests, wf, strict=True)
+            }
+        return out
+    finally:
+        pred.close()

@@ -14,8 +14,12 @@ from typing import TYPE_CHECKING
 from loadgen.records import TraceRequest, scale_rate
 
 if TYPE_CHECKING:
+    from policies.base import Policy
+    from predictor.baselines import LengthPredictor
     from predictor.distribution import LengthDistribution
+    from sim.config import EngineConfig
     from sim.des import SimResult
+    from sim.perf import PerfModel
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,7 @@ class Entry:
 
 
 @functools.lru_cache(maxsize=8)
-def reference(model: str, gpu: str):  # type: ignore[no-untyped-def]
+def reference(model: str, gpu: str) -> tuple[EngineConfig, PerfModel]:
     """The reference engine's ``(EngineConfig, PerfModel)`` (cached per process)."""
     from sim.config import EngineConfig
     from sim.hardware import get_gpu, get_model
@@ -45,7 +49,7 @@ def reference(model: str, gpu: str):  # type: ignore[no-untyped-def]
     return EngineConfig(model=model, gpu=gpu), PerfModel(get_model(model), get_gpu(gpu))
 
 
-def build_policy(name: str, seed: int):  # type: ignore[no-untyped-def]
+def build_policy(name: str, seed: int) -> Policy:
     """A fresh policy; a policy with a ``seed`` parameter gets the cell's seed."""
     from policies.registry import parse_policy, registry
 
@@ -57,7 +61,7 @@ def build_policy(name: str, seed: int):  # type: ignore[no-untyped-def]
 
 def build_predictor(
     predictor: str, error: float, seed: int, dists: Mapping[int, LengthDistribution] | None
-):  # type: ignore[no-untyped-def]
+) -> LengthPredictor:
     """``noisy-oracle`` at ``error`` seeded per window, or precomputed distributions (``semantic``)."""
     from predictor.baselines import NoisyOraclePredictor, PrecomputedPredictor
 

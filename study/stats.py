@@ -20,13 +20,16 @@ from itertools import combinations
 
 import numpy as np
 
+Values = Sequence[float] | np.ndarray
+"""Per-window values or a ranking's values: a sequence or a 1-d array."""
+
 STABLE = "stable"
 MICROSCOPIC = "microscopic"
 SUPPORTED = "supported"
 
 
 # --- rank correlation ---------------------------------------------------------------------------
-def _clean(x: Sequence[float], y: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+def _clean(x: Values, y: Values) -> tuple[np.ndarray, np.ndarray]:
     a = np.asarray(x, dtype=float)
     b = np.asarray(y, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
@@ -35,7 +38,7 @@ def _clean(x: Sequence[float], y: Sequence[float]) -> tuple[np.ndarray, np.ndarr
     return a[keep], b[keep]
 
 
-def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float:
+def kendall_tau_b(x: Values, y: Values) -> float:
     """Kendall's tau-b over the pairs where both values are finite; NaN when undefined (fewer than two
     pairs, or every value of either side tied)."""
     a, b = _clean(x, y)
@@ -53,7 +56,7 @@ def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float:
     return s / math.sqrt(n_a * n_b)
 
 
-def average_ranks(values: Sequence[float]) -> np.ndarray:
+def average_ranks(values: Values) -> np.ndarray:
     """Ranks 1..n of ``values`` (ascending), ties sharing their average rank."""
     v = np.asarray(values, dtype=float)
     order = np.argsort(v, kind="mergesort")
@@ -69,7 +72,7 @@ def average_ranks(values: Sequence[float]) -> np.ndarray:
     return ranks
 
 
-def spearman_rho(x: Sequence[float], y: Sequence[float]) -> float:
+def spearman_rho(x: Values, y: Values) -> float:
     """Spearman's rho (Pearson on average ranks) over the finite pairs; NaN when undefined."""
     a, b = _clean(x, y)
     if len(a) < 2:
@@ -153,7 +156,7 @@ def percentile_interval(samples: np.ndarray, confidence: float = 0.95) -> tuple[
 
 
 def bootstrap_ci(
-    per_window: Sequence[float], resamples: int = 2000, seed: int = 0, confidence: float = 0.95
+    per_window: Values, resamples: int = 2000, seed: int = 0, confidence: float = 0.95
 ) -> tuple[float, float, float]:
     """``(mean, lo, hi)``: the mean over windows and its percentile bootstrap interval."""
     arr = np.asarray(per_window, dtype=float)
@@ -191,9 +194,7 @@ class PairedDiff:
         return self.lo > 0 or self.hi < 0
 
 
-def paired_diff(
-    a: Sequence[float], b: Sequence[float], idx: np.ndarray, confidence: float = 0.95
-) -> PairedDiff:
+def paired_diff(a: Values, b: Values, idx: np.ndarray, confidence: float = 0.95) -> PairedDiff:
     """Bootstrap of the per-window paired difference ``a − b`` with the given resample indices."""
     xa = np.asarray(a, dtype=float)
     xb = np.asarray(b, dtype=float)
@@ -288,7 +289,7 @@ class Recovery:
 
 
 def sample_complexity(
-    per_window: Mapping[str, Sequence[float]],
+    per_window: Mapping[str, Values],
     higher_is_better: bool,
     sizes: Sequence[int],
     draws: int,

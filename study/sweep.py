@@ -103,35 +103,54 @@ def plan(
     skip: Iterable[str] = (),
     semantic: Mapping[str, Mapping[int, LengthDistribution]] | None = None,
 ) -> list[Batch]:
-    """Batches of the cells not in ``skip``; ``semantic`` maps window id → precomputed distributions."""
+    """Batches of the cells not in ``skip``; ``semantic`` maps window id → precomputed distributions.
+
+    Order: every main-setting batch first (so an interrupted run has the core study), then the
+    prediction-error re-runs, then the semantic cells; within each group the windows with the most
+    output tokens (the slowest to simulate) first, so the pool's tail is short.
+    """
     done = set(skip)
     main = cfg.main_error
-    batches = []
+    rerun = [e for e in entries if e.label in cfg.robustness]
+    for e in rerun:
+        if not depends_on_prediction(e):
+            raise ValueError(f"{e.label} reads no prediction: re-running it at other errors changes nothing")
+    groups: list[list[Batch]] = [[], [], []]
     for windows in corpus.values():
         for w in windows:
             cal = calibrations[w.id]
+            dists = None if semantic is None else semantic.get(w.id)
             for region, mult in cfg.regions:
                 factor = mult * cal.lambda_ref
-                cells = []
-                for e in entries:
-                    dep = depends_on_prediction(e)
-                    cells.append(Cell(w.source, w.index, region, e, NOISY, main))
-                    if dep and e.policy in cfg.robustness_policies:
-                        cells += [Cell(w.source, w.index, region, e, NOISY, err) for err in cfg.errors[1:]]
-                todo = [c for c in cells if c.id not in done]
-                if todo:
-                    batches.append(
-                        Batch(w, region, factor, cal.utilisation(factor), todo, cfg.model, cfg.gpu)
-                    )
-                dists = None if semantic is None else semantic.get(w.id)
-                if dists is not None:
-                    sem = [Cell(w.source, w.index, region, e, SEMANTIC, main) for e in entries]
-                    sem = [c for c in sem if depends_on_prediction(c.entry) and c.id not in done]
-                    if sem:
-                        batches.append(
-                            Batch(w, region, factor, cal.utilisation(factor), sem, cfg.model, cfg.gpu, dists)
+                sets: list[tuple[list[Cell], Mapping[int, LengthDistribution] | None]] = [
+                    ([Cell(w.source, w.index, region, e, NOISY, main) for e in entries], None),
+                    (
+                        [
+                            Cell(w.source, w.index, region, e, NOISY, err)
+                            for e in rerun
+                            for err in cfg.errors[1:]
+                        ],
+                        None,
+                    ),
+                    (
+                        [
+                            Cell(w.source, w.index, region, e, SEMANTIC, main)
+                            for e in entries
+                            if dists is not None and depends_on_prediction(e)
+                        ],
+                        dists,
+                    ),
+                ]
+                for group, (cells, d) in zip(groups, sets, strict=True):
+                    todo = [c for c in cells if c.id not in done]
+                    if todo:
+                        group.append(
+                            Batch(w, region, factor, cal.utilisation(factor), todo, cfg.model, cfg.gpu, d)
                         )
-    return batches
+    out: list[Batch] = []
+    for group in groups:
+        out += sorted(group, key=lambda b: (-sum(r.output_tokens for r in b.window.requests), b.cells[0].id))
+    return out
 
 
 def run_batch(batch: Batch) -> list[dict[str, Any]]:

@@ -62,7 +62,9 @@ def window_seed(study_seed: int, source: str, index: int) -> int:
 
 def sampler_seed(study_seed: int, source: str) -> int:
     """The seed of a source's window sampler (distinct from every window's own seed)."""
-    return int(np.random.SeedSequence([study_seed, zlib.crc32(source.encode()), _SAMPLER]).generate_state(1)[0])
+    return int(
+        np.random.SeedSequence([study_seed, zlib.crc32(source.encode()), _SAMPLER]).generate_state(1)[0]
+    )
 
 
 def sample_starts(n_rows: int, count: int, size: int, seed: int) -> list[int]:

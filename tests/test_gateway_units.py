@@ -207,12 +207,16 @@ def test_dispatch_never_overfills_and_keeps_rank_order(
 ) -> None:
     async def go() -> None:
         d = _dispatcher(capacities, "sjf-oracle")
+        for ld in d.pool.loads:  # hold everything while the queue fills, then one pass
+            ld.healthy = False
         made = []
         for prompt, out in reqs:
             r = _req(prompt, out)
             r.true_output = out
             made.append(r)
             d.submit(r)
+        for ld in d.pool.loads:
+            ld.healthy = True
         d.dispatch()
         loads = d.pool.loads
         for b in d.pool.backends:  # an idle backend may take one oversized request; else never past target

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from loadgen.fakeserver import FakeServer
 from loadgen.plots import read_queue_samples
 from loadgen.results import read_results
-from sagegate.cmd_replay import parse_headers, replay_app
+from sagegate.cmd_replay import parse_headers, parse_reader_opts, replay_app
 
 
 @pytest.fixture
@@ -92,3 +92,10 @@ def test_replay_usage_errors(app: typer.Typer, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="name: value"):
         parse_headers(["no-colon"])
     assert parse_headers(["X-Tenant:  a b "]) == {"x-tenant": "a b"}
+    assert parse_reader_opts(["start_s=3600", "clients=[1, 2]", "name=abc"]) == {
+        "start_s": 3600,
+        "clients": [1, 2],
+        "name": "abc",
+    }
+    with pytest.raises(ValueError, match="name=value"):
+        parse_reader_opts(["=3"])

@@ -70,7 +70,7 @@ def test_the_connection_limit_delays_and_reports_sends(stalling: FakeServer) -> 
     assert result.delayed_sends == 7
     assert result.max_send_delay_s >= 0.2
     held = sorted(r.lateness or 0.0 for r in result.records)
-    assert held[:3] == pytest.approx([0.0] * 3, abs=0.05) and held[-1] >= 0.2
+    assert max(held[:3]) < 0.2 <= min(held[3:])  # three leave at once, seven wait for a timeout
 
 
 def test_streams_are_timed_and_counted(fake: FakeServer) -> None:
@@ -92,7 +92,7 @@ def test_streams_are_timed_and_counted(fake: FakeServer) -> None:
         assert r.predicted_mean == 2 * q.output_tokens
     assert [r.prompt_tokens for r in result.records[:12]] == [12] * 12  # from usage
     sent = [x for x in fake.received if x.path == "/v1/completions"]
-    asked = {q.prompt: q.output_tokens for q in reqs}
+    asked = {q.prompt or "": q.output_tokens for q in reqs}
     assert sorted(x.body["prompt"] for x in sent) == sorted(asked)
     assert all(x.body["max_tokens"] == asked[x.body["prompt"]] and x.body["ignore_eos"] is True for x in sent)
     assert all(
@@ -172,6 +172,8 @@ def sim_backend() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(10)
+        if proc.stderr is not None:
+            proc.stderr.close()
 
 
 def test_replay_against_the_simulated_backend(sim_backend: str) -> None:
@@ -196,3 +198,13 @@ def test_replay_against_the_simulated_backend(sim_backend: str) -> None:
         f"\nsim backend (engine time): TTFT p50 {s['ttft_p50_s'] * 1000:.1f} ms, "
         f"TPOT p50 {s['tpot_p50_s'] * 1000:.2f} ms"
     )
+
+
+def test_progress_bar_does_not_disturb_the_replay(
+    fake: FakeServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = ReplayConfig(url=fake.url, progress=True, queue_metric=None, prime=False)
+    result = replay(_requests(5, 0.05, output=10), cfg)
+    assert all(r.status == "ok" for r in result.records)
+    err = capsys.readouterr().err
+    assert "replay" in err and "tok/s" in err and "5/5" in err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 
@@ -28,7 +29,7 @@ def test_sample_starts_never_overlap(count: int, size: int, extra: int, seed: in
     assert len(starts) == count
     assert starts == sorted(starts)
     assert starts[0] >= 0 and starts[-1] + size <= n
-    assert all(b - a >= size for a, b in zip(starts, starts[1:], strict=False))
+    assert all(b - a >= size for a, b in itertools.pairwise(starts))
     assert sample_starts(n, count, size, seed) == starts
 
 
@@ -72,8 +73,8 @@ def test_make_windows_are_contiguous_rebased_and_deterministic() -> None:
         assert reqs[0].arrival_s == 0.0
         assert [r.rid for r in reqs] == list(range(25))
         src = rows[w.start_row : w.start_row + 25]
-        gaps = [b.arrival_s - a.arrival_s for a, b in zip(src, src[1:], strict=False)]
-        mine = [b.arrival_s - a.arrival_s for a, b in zip(reqs, reqs[1:], strict=False)]
+        gaps = [b.arrival_s - a.arrival_s for a, b in itertools.pairwise(src)]
+        mine = [b.arrival_s - a.arrival_s for a, b in itertools.pairwise(reqs)]
         assert mine == pytest.approx(gaps)
         assert [r.prompt_tokens for r in reqs] == [r.prompt_tokens for r in src]
         assert all(r.deadline_s is not None and r.deadline_s > r.arrival_s for r in reqs)
@@ -142,7 +143,9 @@ def test_jain_index_hand_cases() -> None:
     assert math.isnan(jain_index([0.7]))
 
 
-def _rec(rid: int, finish: float | None, deadline: float, tenant: str = "a", first: float | None = None) -> RequestRecord:
+def _rec(
+    rid: int, finish: float | None, deadline: float, tenant: str = "a", first: float | None = None
+) -> RequestRecord:
     return RequestRecord(
         rid=rid,
         arrival_s=0.0,

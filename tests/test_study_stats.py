@@ -149,8 +149,23 @@ def test_reversal_pvalue_is_the_larger() -> None:
 
 
 # --- Benjamini-Hochberg ---------------------------------------------------------------------------
-BH_EXAMPLE = [0.0001, 0.0004, 0.0019, 0.0095, 0.0201, 0.0278, 0.0298, 0.0344, 0.0459, 0.3240, 0.4262,
-              0.5719, 0.6528, 0.7590, 1.0000]
+BH_EXAMPLE = [
+    0.0001,
+    0.0004,
+    0.0019,
+    0.0095,
+    0.0201,
+    0.0278,
+    0.0298,
+    0.0344,
+    0.0459,
+    0.3240,
+    0.4262,
+    0.5719,
+    0.6528,
+    0.7590,
+    1.0000,
+]
 """Benjamini & Hochberg (1995), section 4: 15 p-values; at q = 0.05 the first four are rejected
 (the largest i with p_(i) <= i/15 * 0.05 is i = 4, since 0.0095 <= 0.0133 and 0.0201 > 0.0167)."""
 
@@ -188,7 +203,11 @@ def test_cross_metric_orients_and_detects_top_change() -> None:
 
 def test_sample_complexity_recovers_separated_rankings() -> None:
     rng = np.random.default_rng(0)
-    per_window = {"a": 10 + rng.normal(0, 0.01, 40), "b": 5 + rng.normal(0, 0.01, 40), "c": rng.normal(0, 0.01, 40)}
+    per_window = {
+        "a": 10 + rng.normal(0, 0.01, 40),
+        "b": 5 + rng.normal(0, 0.01, 40),
+        "c": rng.normal(0, 0.01, 40),
+    }
     rec = stats.sample_complexity(per_window, True, [5, 40], draws=200, seed=1)
     assert all(r.full_ranking == 1.0 and r.top == 1.0 for r in rec)
 

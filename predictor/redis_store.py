@@ -1,0 +1,251 @@
+"""The shared history: a Redis stream that every gateway replica appends to and consumes.
+
+One background thread per replica does all Redis I/O: it writes buffered completions (pipelined XADD,
+approximate MAXLEN; an occasional XTRIM MINID applies the age bound), then blocks briefly on XREAD for
+what other replicas wrote and hands it to the predictor. So a completion seen by one replica reaches the
+others' indexes within about ``block_ms`` plus one round trip, and the request path never touches Redis.
+
+Failures: any Redis error or timeout counts one degraded moment, marks the store disconnected and backs
+off (100 ms doubling to 1 s). Appends keep accumulating in a bounded buffer meanwhile (oldest dropped,
+counted). An ``epoch`` key tells a restart that lost the data (no persistence) from a mere disconnect:
+on a new epoch the replica re-sends its own recent completions (a bounded log) and re-reads the stream
+from the start, so a Redis restart loses no completion that a live replica still remembers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from predictor.history import Completion, Deliver, StoreStats, WindowBounds, wall_clock
+
+log = logging.getLogger(__name__)
+
+
+class RedisStore:
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        prefix: str = "sagegate:history",
+        bounds: WindowBounds | None = None,
+        *,
+        buffer_size: int = 10_000,
+        own_log_size: int = 20_000,
+        stream_maxlen: int | None = None,
+        block_ms: int = 200,
+        socket_timeout: float = 1.0,
+        clock: Callable[[], float] = wall_clock,
+        replica_id: str | None = None,
+    ) -> None:
+        self.url = url
+        self.prefix = prefix
+        self.bounds = bounds or WindowBounds()
+        self.stream_key = f"{prefix}:stream"
+        self.epoch_key = f"{prefix}:epoch"
+        self.replica_id = replica_id or uuid.uuid4().hex[:12]
+        self.block_ms = block_ms
+        self.stream_maxlen = stream_maxlen or self.bounds.max_entries
+        self.clock = clock
+        self._socket_timeout = max(socket_timeout, 2 * block_ms / 1000)
+        self._pending: deque[Completion] = deque()
+        self._buffer_size = buffer_size
+        self._own: deque[Completion] = deque(maxlen=own_log_size)
+        self._lock = threading.Lock()
+        self._stats = StoreStats(connected=False)
+        self._deliver: Deliver | None = None
+        self._last_id = "0-0"
+        self._epoch: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_trim = 0.0
+        self._client: Any = None
+
+    # --- the interface ------------------------------------------------------------------------
+    def start(self, deliver: Deliver) -> list[Completion]:
+        """Rebuild from the stream (empty when Redis is down) and start the consumer thread."""
+        self._deliver = deliver
+        records: list[Completion] = []
+        try:
+            self._check_epoch()
+            records = self._load()
+            self._connected()
+        except Exception as exc:
+            self._degraded(exc)
+        self._thread = threading.Thread(target=self._run, name="sagegate-redis-history", daemon=True)
+        self._thread.start()
+        return records
+
+    def append(self, record: Completion) -> None:
+        with self._lock:
+            self._stats.appended += 1
+            self._own.append(record)
+            if len(self._pending) >= self._buffer_size:
+                self._pending.popleft()
+                self._stats.dropped += 1
+            self._pending.append(record)
+            self._stats.buffered = len(self._pending)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 + self._socket_timeout)
+        with contextlib.suppress(Exception):  # last best-effort flush
+            self._flush()
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.close()
+
+    def stats(self) -> StoreStats:
+        with self._lock:
+            self._stats.buffered = len(self._pending)
+        return self._stats
+
+    def flush_wait(self, timeout: float = 5.0) -> bool:
+        """Wait until the buffer is empty (tests, shutdown); True when it is."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._pending and self._stats.connected:
+                    return True
+            time.sleep(0.01)
+        return False
+
+    # --- Redis --------------------------------------------------------------------------------
+    def _redis(self) -> Any:
+        if self._client is None:
+            import redis
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+
+            self._client = redis.Redis.from_url(
+                self.url,
+                socket_timeout=self._socket_timeout,
+                socket_connect_timeout=self._socket_timeout,
+                retry=Retry(NoBackoff(), 0),
+                health_check_interval=0,
+            )
+        return self._client
+
+    def _check_epoch(self) -> None:
+        """Detect a Redis that lost our data; then re-send our own completions and re-read all."""
+        r = self._redis()
+        r.set(self.epoch_key, uuid.uuid4().hex, nx=True)
+        raw = r.get(self.epoch_key)
+        epoch = raw.decode() if isinstance(raw, bytes) else str(raw)
+        if self._epoch is not None and epoch != self._epoch:
+            horizon = self.bounds.horizon(self.clock())
+            with self._lock:
+                self._pending = deque(rec for rec in self._own if rec.ts >= horizon)
+                self._stats.reseeds += 1
+            self._last_id = "0-0"
+            log.warning(
+                "redis history %s was reset; re-sending %d own completions", self.prefix, len(self._pending)
+            )
+        self._epoch = epoch
+
+    def _load(self) -> list[Completion]:
+        r = self._redis()
+        horizon = self.bounds.horizon(self.clock())
+        out: list[Completion] = []
+        start = "-"
+        while True:
+            chunk = r.xrange(self.stream_key, min=start, max="+", count=2000)
+            if not chunk:
+                break
+            for _entry_id, fields in chunk:
+                rec = self._parse(fields)
+                if rec is not None and rec.ts >= horizon:
+                    out.append(rec)
+            last = chunk[-1][0]
+            self._last_id = last.decode() if isinstance(last, bytes) else str(last)
+            start = f"({self._last_id}"
+        return out
+
+    def _run(self) -> None:
+        backoff = 0.1
+        while not self._stop.is_set():
+            try:
+                self._check_epoch()
+                self._flush()
+                self._read()
+                self._trim()
+                self._connected()
+                backoff = 0.1
+            except Exception as exc:
+                self._degraded(exc)
+                self._stop.wait(backoff)
+                backoff = min(1.0, backoff * 2)
+
+    def _flush(self) -> None:
+        while True:
+            with self._lock:
+                batch = list(self._pending)[:256]
+            if not batch:
+                return
+            pipe = self._redis().pipeline(transaction=False)
+            for rec in batch:
+                fields = rec.to_fields()
+                fields["src"] = self.replica_id
+                pipe.xadd(self.stream_key, fields, maxlen=self.stream_maxlen, approximate=True)
+            pipe.execute()
+            with self._lock:
+                for rec in batch:  # the batch is the buffer's left end, unless overflow dropped some
+                    if self._pending and self._pending[0] is rec:
+                        self._pending.popleft()
+                self._stats.written += len(batch)
+                self._stats.buffered = len(self._pending)
+
+    def _read(self) -> None:
+        resp = self._redis().xread({self.stream_key: self._last_id}, count=1000, block=self.block_ms)
+        if not resp:
+            return
+        fresh: list[Completion] = []
+        for _stream, entries in resp:
+            for entry_id, fields in entries:
+                self._last_id = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+                src = fields.get(b"src", b"")
+                if (src.decode() if isinstance(src, bytes) else src) == self.replica_id:
+                    continue
+                rec = self._parse(fields)
+                if rec is not None:
+                    fresh.append(rec)
+        if fresh and self._deliver is not None:
+            self._stats.received += len(fresh)
+            self._deliver(fresh)
+
+    def _trim(self) -> None:
+        now = time.monotonic()
+        if now - self._last_trim < 10.0 or self.bounds.max_age_s == float("inf"):
+            return
+        self._last_trim = now
+        min_ms = int(1000 * self.bounds.horizon(self.clock()))
+        self._redis().xtrim(self.stream_key, minid=f"{max(0, min_ms)}-0", approximate=True)
+
+    @staticmethod
+    def _parse(fields: Any) -> Completion | None:
+        try:
+            return Completion.from_fields(fields)
+        except Exception:
+            log.warning("skipping a malformed history entry")
+            return None
+
+    def _connected(self) -> None:
+        self._stats.connected = True
+
+    def _degraded(self, exc: BaseException) -> None:
+        if self._stats.connected:
+            log.warning("redis history %s unavailable: %s", self.prefix, exc)
+        self._stats.degraded += 1
+        self._stats.connected = False
+        self._stats.last_error = f"{type(exc).__name__}: {exc}"
+        # A fresh connection next time: the old one may be half-closed.
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.close()
+        self._client = None

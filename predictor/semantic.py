@@ -1,0 +1,424 @@
+"""The semantic output-length predictor: similar past prompts → a distribution of output length.
+
+For a prompt it gathers candidates from two views of the live window of its model — the nearest
+MiniLM embeddings (hnswlib) and the best TF-IDF word matches (an inverted index) — and ranks them by a
+blend of both cosines. The best ``k`` above a similarity floor vote with weight
+``exp((s − s_max)/T) · exp(−|ln I − ln I_n| / ℓ)``: sharpened relative to the best match, and favouring
+neighbours of similar prompt length. Their lengths form a discrete distribution, shrunk toward the
+prompt-length-bucket prior (then the global one) by ``c / (c + n_eff)``; with too few neighbours the prior
+answers alone. Every answer says which path it took: ``semantic``, ``bucket``, ``global`` or ``cold``.
+
+The request path only reads local state: a replica's index is fed by its own completions at once and by
+other replicas' through the history store's background consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from loadgen.records import TraceRequest
+from predictor.baselines import DEFAULT_PRIOR, LengthBucketPredictor
+from predictor.distribution import LengthDistribution, mixture
+from predictor.embedder import BatchingEmbedder, MiniLMEmbedder, PromptLike, TextEmbedder, flatten_prompt
+from predictor.history import Completion, HistoryStore, WindowBounds, wall_clock
+from predictor.index import IndexConfig, WindowIndex
+from predictor.lexical import DocFreq, extract_terms
+from predictor.memory_store import MemoryStore
+
+log = logging.getLogger(__name__)
+
+PATHS = ("semantic", "bucket", "global", "cold")
+
+
+@dataclass(frozen=True)
+class SemanticConfig:
+    """Hyperparameters (tuned on the ShareGPT replay, see ``sagegate predictor eval``)."""
+
+    k: int = 100
+    k_dense: int = 100
+    k_lexical: int = 100
+    dense_weight: float = 0.2
+    temperature: float = 0.1
+    length_scale: float = 1.0
+    floor: float = 0.15
+    min_neighbours: int = 3
+    prior_weight: float = 0.0
+    max_points: int = 32
+    bucket_min_samples: int = 8
+    bounds: WindowBounds = field(default_factory=WindowBounds)
+    index: IndexConfig = field(default_factory=IndexConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptFeatures:
+    """What the predictor keeps of a prompt: its embedding and hashed lexical terms."""
+
+    embedding: np.ndarray
+    terms: np.ndarray
+    counts: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    distribution: LengthDistribution
+    path: str
+    neighbours: int = 0
+    max_similarity: float = 0.0
+    features: PromptFeatures | None = None
+
+    @property
+    def mean(self) -> float:
+        return self.distribution.mean
+
+    @property
+    def p10(self) -> int:
+        return self.distribution.quantile(0.1)
+
+    @property
+    def p50(self) -> int:
+        return self.distribution.quantile(0.5)
+
+    @property
+    def p90(self) -> int:
+        return self.distribution.quantile(0.9)
+
+
+@dataclass
+class PredictorStats:
+    """Plain counters; ``errors`` counts failures swallowed to keep the request path alive."""
+
+    paths: Counter[str] = field(default_factory=Counter)
+    recorded: int = 0
+    received: int = 0
+    errors: int = 0
+
+
+class _Shard:
+    """One model's index and its length priors."""
+
+    def __init__(self, config: SemanticConfig) -> None:
+        self.prior = LengthBucketPredictor(min_samples=config.bucket_min_samples)
+        self.index = WindowIndex(config.bounds, config.index, on_add=self._observe)
+
+    def _observe(self, rec: Completion) -> None:
+        req = TraceRequest(arrival_s=rec.ts, prompt_tokens=rec.prompt_tokens, output_tokens=rec.output_tokens)
+        self.prior.observe(req, rec.output_tokens)
+
+    def prior_for(self, prompt_tokens: int) -> tuple[LengthDistribution, str]:
+        p = self.prior
+        w = p.windows.get(p.bucket_of(prompt_tokens))
+        if w is not None and len(w) >= p.min_samples:
+            return w.dist(), "bucket"
+        if len(p.fallback.window):
+            return p.fallback.window.dist(), "global"
+        return DEFAULT_PRIOR, "cold"
+
+
+class SemanticPredictor:
+    """Sync core (``predict_features`` / ``record_features``), an async face for the gateway
+    (``apredict`` / ``arecord``) and the simulator's ``LengthPredictor`` face (``predict`` / ``observe``).
+    """
+
+    name = "semantic"
+
+    def __init__(
+        self,
+        embedder: TextEmbedder | None = None,
+        store: HistoryStore | None = None,
+        config: SemanticConfig | None = None,
+        clock: Callable[[], float] = wall_clock,
+        default_model: str = "default",
+        batch_window_s: float = 0.0015,
+        max_batch: int = 32,
+    ) -> None:
+        self.config = config or SemanticConfig()
+        base = embedder if embedder is not None else MiniLMEmbedder()
+        self.embedder = BatchingEmbedder(base, window_s=batch_window_s, max_batch=max_batch)
+        self.store: HistoryStore = (
+            store if store is not None else MemoryStore(self.config.bounds, clock=clock)
+        )
+        self.clock = clock
+        self.default_model = default_model
+        self.counters = PredictorStats()
+        self._docfreq = DocFreq(half_life=max(1000.0, self.config.bounds.max_entries / 2))
+        self._df_lock = threading.Lock()
+        self._shards: dict[str, _Shard] = {}
+        self._shards_lock = threading.Lock()
+        self._started = False
+        self._start_lock = threading.Lock()
+        self._sim_cache: OrderedDict[int, PromptFeatures | None] = OrderedDict()
+
+    # --- life cycle ---------------------------------------------------------------------------
+    def start(self) -> SemanticPredictor:
+        """Load the live window from the store and start hearing other replicas (idempotent)."""
+        with self._start_lock:
+            if not self._started:
+                self._started = True
+                self.ingest(self.store.start(self._deliver))
+        return self
+
+    def close(self) -> None:
+        self.store.close()
+        self.embedder.close()
+
+    def __enter__(self) -> SemanticPredictor:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- features -----------------------------------------------------------------------------
+    def features(self, prompt: PromptLike) -> PromptFeatures:
+        return self.features_many([prompt])[0]
+
+    def features_many(self, prompts: Sequence[PromptLike]) -> list[PromptFeatures]:
+        """Batch path (evaluation, warm-up): one forward pass for all prompts."""
+        texts = [flatten_prompt(p) for p in prompts]
+        vecs = self.embedder.embed(texts)
+        return [self.features_from(v, t) for v, t in zip(vecs, texts, strict=True)]
+
+    @staticmethod
+    def features_from(embedding: np.ndarray, text: str) -> PromptFeatures:
+        terms, counts = extract_terms(text)
+        return PromptFeatures(np.asarray(embedding, dtype=np.float32), terms, counts)
+
+    async def afeatures(self, prompt: PromptLike) -> PromptFeatures:
+        text = flatten_prompt(prompt)
+        vec = await self.embedder.aembed(text)
+        return self.features_from(vec, text)
+
+    # --- prediction ---------------------------------------------------------------------------
+    def predict_features(
+        self, feats: PromptFeatures | None, prompt_tokens: int, model: str | None = None
+    ) -> Prediction:
+        """The prediction from local state only (no I/O)."""
+        if not self._started:
+            self.start()
+        shard = self._shards.get(model or self.default_model)
+        if shard is None:
+            return self._count(Prediction(DEFAULT_PRIOR, "cold", features=feats))
+        cfg = self.config
+        with shard.index.lock:
+            prior, prior_path = shard.prior_for(prompt_tokens)
+            if feats is None:
+                return self._count(Prediction(prior, prior_path))
+            with self._df_lock:
+                q_w = self._docfreq.weigh(feats.terms, feats.counts)
+            cand = shard.index.search(feats.embedding, feats.terms, q_w, cfg.k_dense, cfg.k_lexical)
+        if not cand.rows.size:
+            return self._count(Prediction(prior, prior_path, features=feats))
+        sim = cfg.dense_weight * cand.dense + (1.0 - cfg.dense_weight) * cand.lexical
+        keep = np.flatnonzero(sim >= cfg.floor)
+        best = float(sim.max())
+        if keep.size < cfg.min_neighbours:
+            return self._count(Prediction(prior, prior_path, int(keep.size), best, feats))
+        if keep.size > cfg.k:
+            keep = keep[np.argpartition(-sim[keep], cfg.k)[: cfg.k]]
+        s = sim[keep]
+        w = np.exp((s - s.max()) / cfg.temperature)
+        if cfg.length_scale > 0:
+            gap = np.abs(np.log(max(1, prompt_tokens)) - np.log(cand.prompt_tokens[keep]))
+            w = w * np.exp(-gap / cfg.length_scale)
+        knn = LengthDistribution.from_samples(cand.output_tokens[keep], w, max_points=cfg.max_points)
+        dist = knn
+        if cfg.prior_weight > 0:
+            n_eff = float(w.sum() ** 2 / np.square(w).sum())
+            lam = cfg.prior_weight / (cfg.prior_weight + n_eff)
+            dist = mixture([(1.0 - lam, knn), (lam, prior)])
+            if len(dist.support) > cfg.max_points:
+                dist = LengthDistribution.from_samples(dist.support, dist.probs, max_points=cfg.max_points)
+        return self._count(Prediction(dist, "semantic", int(keep.size), best, feats))
+
+    def _count(self, p: Prediction) -> Prediction:
+        self.counters.paths[p.path] += 1
+        return p
+
+    def fallback(self, prompt_tokens: int, model: str | None = None) -> Prediction:
+        """Prior-only answer (used when the embedder fails)."""
+        shard = self._shards.get(model or self.default_model)
+        if shard is None:
+            return Prediction(DEFAULT_PRIOR, "cold")
+        with shard.index.lock:
+            dist, path = shard.prior_for(prompt_tokens)
+        return Prediction(dist, path)
+
+    async def apredict(self, prompt: PromptLike, prompt_tokens: int, model: str | None = None) -> Prediction:
+        """Gateway entry point: the embedding runs on the worker thread (micro-batched); never raises."""
+        try:
+            feats = await self.afeatures(prompt)
+            return self.predict_features(feats, prompt_tokens, model)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self.counters.errors += 1
+            log.exception("semantic prediction failed; answering from the prior")
+            return self._count(self.fallback(prompt_tokens, model))
+
+    # --- history ------------------------------------------------------------------------------
+    def record_features(
+        self,
+        feats: PromptFeatures,
+        prompt_tokens: int,
+        output_tokens: int,
+        model: str | None = None,
+        tenant: str = "default",
+        rid: str | None = None,
+        ts: float | None = None,
+    ) -> Completion:
+        rec = Completion(
+            id=rid or Completion.new_id(),
+            model=model or self.default_model,
+            embedding=feats.embedding,
+            prompt_tokens=int(prompt_tokens),
+            output_tokens=int(output_tokens),
+            ts=self.clock() if ts is None else ts,
+            tenant=tenant,
+            terms=feats.terms,
+            counts=feats.counts,
+        )
+        if not self._started:
+            self.start()
+        if self._ingest_one(rec):
+            self.counters.recorded += 1
+            self.store.append(rec)
+        return rec
+
+    def record(
+        self,
+        prompt: PromptLike | PromptFeatures,
+        prompt_tokens: int,
+        output_tokens: int,
+        model: str | None = None,
+        tenant: str = "default",
+        rid: str | None = None,
+    ) -> bool:
+        """A request completed: index it here and share it. Never raises (False on failure)."""
+        try:
+            feats = prompt if isinstance(prompt, PromptFeatures) else self.features(prompt)
+            self.record_features(feats, prompt_tokens, output_tokens, model, tenant, rid)
+            return True
+        except Exception:
+            self.counters.errors += 1
+            log.exception("recording a completion failed")
+            return False
+
+    async def arecord(
+        self,
+        prompt: PromptLike | PromptFeatures,
+        prompt_tokens: int,
+        output_tokens: int,
+        model: str | None = None,
+        tenant: str = "default",
+        rid: str | None = None,
+    ) -> bool:
+        """Async :meth:`record`: embeds on the worker thread when given text. Never raises."""
+        try:
+            feats = prompt if isinstance(prompt, PromptFeatures) else await self.afeatures(prompt)
+            self.record_features(feats, prompt_tokens, output_tokens, model, tenant, rid)
+            return True
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self.counters.errors += 1
+            log.exception("recording a completion failed")
+            return False
+
+    def ingest(self, records: Iterable[Completion]) -> int:
+        return sum(self._ingest_one(r) for r in records)
+
+    def _deliver(self, records: list[Completion]) -> None:
+        try:
+            self.counters.received += self.ingest(records)
+        except Exception:
+            self.counters.errors += 1
+            log.exception("indexing delivered completions failed")
+
+    def _ingest_one(self, rec: Completion) -> bool:
+        shard = self._shard(rec.model)
+        if rec.id in shard.index:
+            return False
+        with self._df_lock:
+            self._docfreq.add(rec.terms)
+            weights = self._docfreq.weigh(rec.terms, rec.counts)
+        return shard.index.add(rec, weights, self.clock())
+
+    def _shard(self, model: str) -> _Shard:
+        shard = self._shards.get(model)
+        if shard is None:
+            with self._shards_lock:
+                shard = self._shards.setdefault(model, _Shard(self.config))
+        return shard
+
+    def expire(self) -> int:
+        """Drop entries past the window bounds now (also done on every insertion)."""
+        now = self.clock()
+        return sum(s.index.expire(now) for s in list(self._shards.values()))
+
+    def size(self, model: str | None = None) -> int:
+        shard = self._shards.get(model or self.default_model)
+        return 0 if shard is None else len(shard.index)
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {f"path_{p}": self.counters.paths.get(p, 0) for p in PATHS}
+        out.update(
+            recorded=self.counters.recorded,
+            received=self.counters.received,
+            errors=self.counters.errors,
+            embed_batches=self.embedder.batches,
+            embed_items=self.embedder.items,
+            entries={m: len(s.index) for m, s in self._shards.items()},
+        )
+        out.update({f"store_{k}": v for k, v in self.store.stats().as_dict().items()})
+        return out
+
+    # --- the simulator's LengthPredictor face -------------------------------------------------
+    def predict(self, req: TraceRequest) -> LengthDistribution:
+        feats = self._sim_features(req)
+        return self.predict_features(
+            feats, req.prompt_tokens, _model_of(req, self.default_model)
+        ).distribution
+
+    def observe(self, req: TraceRequest, output_tokens: int) -> None:
+        feats = self._sim_features(req)
+        self._sim_cache.pop(req.rid, None)
+        if feats is None:  # no text: only the priors learn
+            shard = self._shard(_model_of(req, self.default_model))
+            with shard.index.lock:
+                shard.prior.observe(req, output_tokens)
+            return
+        model = _model_of(req, self.default_model)
+        self.record_features(feats, req.prompt_tokens, output_tokens, model, req.tenant, rid=f"sim-{req.rid}")
+
+    def _sim_features(self, req: TraceRequest) -> PromptFeatures | None:
+        if req.rid in self._sim_cache:
+            return self._sim_cache[req.rid]
+        feats = None if not req.prompt else self.features(req.prompt)
+        self._sim_cache[req.rid] = feats
+        while len(self._sim_cache) > 100_000:
+            self._sim_cache.popitem(last=False)
+        return feats
+
+
+def _model_of(req: TraceRequest, default: str) -> str:
+    model = req.extra.get("model") if req.extra else None
+    return model if isinstance(model, str) else default
+
+
+def make_semantic(**kw: Any) -> SemanticPredictor:
+    """Factory for ``predictor.baselines.PREDICTORS["semantic"]`` (ignores the oracle knobs)."""
+    kw.pop("relative_error", None)
+    kw.pop("seed", None)
+    redis_url = kw.pop("redis_url", None)
+    if redis_url:
+        from predictor.redis_store import RedisStore
+
+        kw["store"] = RedisStore(redis_url, prefix=kw.pop("redis_prefix", "sagegate:history"))
+    return SemanticPredictor(**kw)

@@ -1,0 +1,65 @@
+"""``sagegate predictor ...``: the semantic output-length predictor's offline evaluation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+predictor_app = typer.Typer(no_args_is_help=True, add_completion=False)
+
+SHAREGPT = "../shared/data/sharegpt/sharegpt_v3_first_turn_pairs.jsonl.gz"
+DATA_HELP = "JSONL(.gz) of {prompt, output_tokens[, prompt_tokens, arrival_s]}, or the ShareGPT pairs."
+
+
+@predictor_app.command("eval")
+def eval_cmd(
+    data: Annotated[
+        Path,
+        typer.Option("--data", help="JSONL(.gz) of {prompt, output_tokens[, prompt_tokens, arrival_s]}."),
+    ] = Path(SHAREGPT),
+    history: Annotated[
+        int, typer.Option("--history", help="Leading items used as warm history only.")
+    ] = 6000,
+    limit: Annotated[int | None, typer.Option("--limit", help="Read at most this many items.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="Do not read or write cached embeddings.")
+    ] = False,
+    k: Annotated[int | None, typer.Option("--k", help="Neighbours kept (default: tuned).")] = None,
+    dense_weight: Annotated[
+        float | None, typer.Option("--dense-weight", help="Weight of the embedding cosine in the blend.")
+    ] = None,
+    temperature: Annotated[float | None, typer.Option("--temperature", help="Similarity sharpening.")] = None,
+    prior_weight: Annotated[
+        float | None, typer.Option("--prior-weight", help="Shrinkage pseudo-count toward the prior.")
+    ] = None,
+) -> None:
+    """Online time-ordered replay: predict each request from those before it, then add it."""
+    import json
+    from dataclasses import replace
+
+    from predictor.embedder import MiniLMEmbedder
+    from predictor.evaluate import evaluate, format_report, load_items
+    from predictor.semantic import SemanticConfig
+
+    if not data.exists():
+        raise typer.BadParameter(f"{data} does not exist", param_hint="--data")
+    items = load_items(data, limit)
+    if history >= len(items):
+        raise typer.BadParameter(f"--history {history} leaves nothing to score ({len(items)} items)")
+    config = SemanticConfig()
+    if k is not None:
+        config = replace(config, k=k)
+    if dense_weight is not None:
+        config = replace(config, dense_weight=dense_weight)
+    if temperature is not None:
+        config = replace(config, temperature=temperature)
+    if prior_weight is not None:
+        config = replace(config, prior_weight=prior_weight)
+    report = evaluate(items, history, MiniLMEmbedder(), config, use_cache=not no_cache)
+    if as_json:
+        typer.echo(json.dumps(report))
+    else:
+        typer.echo(format_report(report))
