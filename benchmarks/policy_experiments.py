@@ -22,9 +22,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from loadgen.data import data_root
 from loadgen.records import TraceRequest, rebase, scale_rate
 
-DATA = Path(os.environ.get("SAGEGATE_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+DATA = data_root()
 LOADS = (0.5, 0.8, 0.95, 1.1)
 ERRORS = ("oracle", 0.2, 0.5, 1.0)
 SETUPS = {
@@ -71,8 +72,14 @@ def _perf(setup: str):  # type: ignore[no-untyped-def]
     return PerfModel(get_model(model), get_gpu(gpu))
 
 
-def run_one(work: list[TraceRequest], setup: str, policy: str, level: str, predictor: str | float | None,
-            seed: int = 0) -> dict[str, float]:
+def run_one(
+    work: list[TraceRequest],
+    setup: str,
+    policy: str,
+    level: str,
+    predictor: str | float | None,
+    seed: int = 0,
+) -> dict[str, float]:
     from policies.registry import parse_policy
     from predictor.baselines import make_predictor
     from sim.config import EngineConfig
@@ -87,7 +94,9 @@ def run_one(work: list[TraceRequest], setup: str, policy: str, level: str, predi
         pred = make_predictor("noisy-oracle", relative_error=float(predictor), seed=seed)
     res = simulate(
         work,
-        SimSetup(perf, EngineConfig(model=model, gpu=gpu), level=level, policy=parse_policy(policy), predictor=pred),
+        SimSetup(
+            perf, EngineConfig(model=model, gpu=gpu), level=level, policy=parse_policy(policy), predictor=pred
+        ),
     )
     client_view(res, perf.frontend_s)
     s = dict(res.summary)
@@ -150,8 +159,11 @@ def main() -> None:
             native[(wname, setup, load)] = timed
             for pol, lvl, pred in [BASELINE, *panel(args.quick)]:
                 jobs.append((timed, Cell(wname, setup, load, pol, lvl, pred)))
-    print(f"{len(jobs)} runs over {len(workloads)} workloads; capacities: "
-          + ", ".join(f"{w}/{s}={c:.1f} req/s" for (w, s), c in capacity.items()), flush=True)
+    print(
+        f"{len(jobs)} runs over {len(workloads)} workloads; capacities: "
+        + ", ".join(f"{w}/{s}={c:.1f} req/s" for (w, s), c in capacity.items()),
+        flush=True,
+    )
     results: dict[Cell, dict[str, float]] = {}
     with ProcessPoolExecutor(args.workers) as pool:
         for cell, summary in pool.map(_cell_job, jobs, chunksize=4):
@@ -169,8 +181,12 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b and not math.isnan(a) and not math.isnan(b) else math.nan
 
 
-def render(results: dict[Cell, dict[str, float]], capacity: dict[tuple[str, str], float], wall: float,
-           args: argparse.Namespace) -> str:
+def render(
+    results: dict[Cell, dict[str, float]],
+    capacity: dict[tuple[str, str], float],
+    wall: float,
+    args: argparse.Namespace,
+) -> str:
     lines = [
         "# Policy experiments (issue 3)",
         "",
@@ -197,19 +213,28 @@ def render(results: dict[Cell, dict[str, float]], capacity: dict[tuple[str, str]
             f"mean TTFT {base['ttft_mean_s']:.3f} s, p99 TTFT {base['ttft_p99_s']:.3f} s, "
             f"{base['throughput_tok_s']:.0f} tok/s, {base['preemptions']:.0f} preemptions",
             "",
-            "| policy | level | predictor | mean TTLT | p99 TTLT | mean TTFT | p99 TTFT | throughput | preemptions |",
+            "| policy | level | predictor | mean TTLT | p99 TTLT | mean TTFT | p99 TTFT | throughput "
+            "| preemptions |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         cells = sorted(
-            (c for c in results if (c.workload, c.setup, c.load) == (w, s, load) and (c.policy, c.level, c.predictor) != BASELINE),
+            (
+                c
+                for c in results
+                if (c.workload, c.setup, c.load) == (w, s, load)
+                and (c.policy, c.level, c.predictor) != BASELINE
+            ),
             key=lambda c: results[c]["ttlt_mean_s"],
         )
         for c in cells:
             r = results[c]
             lines.append(
                 f"| {c.policy} | {c.level} | {c.predictor if c.predictor is not None else '-'} | "
-                f"{_ratio(r['ttlt_mean_s'], base['ttlt_mean_s']):.3f} | {_ratio(r['ttlt_p99_s'], base['ttlt_p99_s']):.3f} | "
-                f"{_ratio(r['ttft_mean_s'], base['ttft_mean_s']):.3f} | {_ratio(r['ttft_p99_s'], base['ttft_p99_s']):.3f} | "
+                + " | ".join(
+                    f"{_ratio(r[k], base[k]):.3f}"
+                    for k in ("ttlt_mean_s", "ttlt_p99_s", "ttft_mean_s", "ttft_p99_s")
+                )
+                + " | "
                 f"{_ratio(r['throughput_tok_s'], base['throughput_tok_s']):.3f} | {r['preemptions']:.0f} |"
             )
         lines.append("")
@@ -221,37 +246,58 @@ def headline(results: dict[Cell, dict[str, float]]) -> list[str]:
     out = ["## Headline", ""]
     rivals = ("trail", "ssjf", "fastserve")
     groups = sorted({(c.workload, c.setup, c.load) for c in results})
-    rows = ["| workload | set-up | load | level | sagesched | best rival | sagesched vs best rival | gap to srpt-oracle closed | worst gateway policy vs vLLM |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| workload | set-up | load | level | sagesched | best rival | sagesched vs best rival "
+        "| gap to srpt-oracle closed | worst gateway policy vs vLLM |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     worse = []
     for w, s, load in groups:
         base = results[Cell(w, s, load, *BASELINE)]["ttlt_mean_s"]
         for level in ("engine", "gateway"):
             sage = results.get(Cell(w, s, load, "sagesched", level, 0.2))
             srpt = results.get(Cell(w, s, load, "srpt-oracle", level, 0.2)) or results.get(
-                Cell(w, s, load, "srpt-oracle", level, None))
-            rv = [(n, results[c]["ttlt_mean_s"]) for n in rivals
-                  for c in [Cell(w, s, load, n, level, 0.2)] if c in results]
+                Cell(w, s, load, "srpt-oracle", level, None)
+            )
+            rv = [
+                (n, results[c]["ttlt_mean_s"])
+                for n in rivals
+                for c in [Cell(w, s, load, n, level, 0.2)]
+                if c in results
+            ]
             if sage is None or not rv:
                 continue
             best_name, best = min(rv, key=lambda x: x[1])
             closed = math.nan
             if srpt is not None and base - srpt["ttlt_mean_s"] > 1e-9:
                 closed = (base - sage["ttlt_mean_s"]) / (base - srpt["ttlt_mean_s"])
-            gw = [(c.policy, results[c]["ttlt_mean_s"] / base) for c in results
-                  if (c.workload, c.setup, c.load, c.level) == (w, s, load, "gateway") and c.predictor in (0.2, None)]
+            gw = [
+                (c.policy, results[c]["ttlt_mean_s"] / base)
+                for c in results
+                if (c.workload, c.setup, c.load, c.level) == (w, s, load, "gateway")
+                and c.predictor in (0.2, None)
+            ]
             worst = max(gw, key=lambda x: x[1]) if gw and level == "gateway" else None
             if worst and worst[1] > 1.0:
                 worse.append(f"{w}/{s}/{load}: {worst[0]} {worst[1]:.3f}")
             rows.append(
-                f"| {w} | {s} | {load} | {level} | {sage['ttlt_mean_s'] / base:.3f} | {best_name} {best / base:.3f} | "
+                f"| {w} | {s} | {load} | {level} | {sage['ttlt_mean_s'] / base:.3f} | "
+                f"{best_name} {best / base:.3f} | "
                 f"{(sage['ttlt_mean_s'] / best - 1) * 100:+.1f}% | {closed * 100:.0f}% | "
                 f"{'' if worst is None else f'{worst[0]} {worst[1]:.3f}'} |"
             )
-    out += ["Mean TTLT relative to vLLM alone, `noisy-oracle` at 20% error. 'Gap closed' = "
-            "(vLLM alone − sagesched) / (vLLM alone − srpt-oracle) at the same level.", "", *rows, ""]
-    out += ["Gateway-level runs worse than vLLM alone on mean TTLT (any policy, 20% error): "
-            + ("; ".join(worse) if worse else "none"), ""]
+    out += [
+        "Mean TTLT relative to vLLM alone, `noisy-oracle` at 20% error. 'Gap closed' = "
+        "(vLLM alone − sagesched) / (vLLM alone − srpt-oracle) at the same level.",
+        "",
+        *rows,
+        "",
+    ]
+    out += [
+        "Gateway-level runs worse than vLLM alone on mean TTLT (any policy, 20% error): "
+        + ("; ".join(worse) if worse else "none"),
+        "",
+    ]
     return out
 
 

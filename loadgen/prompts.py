@@ -145,12 +145,10 @@ def _load_pairs(path: str) -> tuple[tuple[str, int], ...]:
 
 
 def default_sharegpt_path() -> Path:
-    """``$SAGEGATE_DATA/sharegpt/...`` or ``<repo>/../shared/data/sharegpt/...``."""
-    import os
+    """The ShareGPT pairs under the shared data root (see ``loadgen.data``)."""
+    from loadgen.data import SHAREGPT, data_file
 
-    root = os.environ.get("SAGEGATE_DATA")
-    base = Path(root) if root else Path(__file__).resolve().parents[2] / "shared" / "data"
-    return base / "sharegpt" / "sharegpt_v3_first_turn_pairs.jsonl.gz"
+    return data_file(*SHAREGPT)
 
 
 def attach_prompts(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from sagegate import cmd_policies, cmd_simulate
+from sagegate import cmd_demo, cmd_policies, cmd_simulate
 
 app = typer.Typer(
     help="An LLM scheduling gateway with a vLLM-like engine simulator.",
@@ -19,6 +19,7 @@ app = typer.Typer(
 
 app.command("simulate")(cmd_simulate.simulate)
 app.command("policies")(cmd_policies.policies)
+app.command("demo")(cmd_demo.demo)
 
 
 def _register_optional() -> None:
@@ -27,6 +28,12 @@ def _register_optional() -> None:
         from sagegate import cmd_backend
 
         app.command("backend")(cmd_backend.backend)
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        from sagegate import cmd_serve
+
+        app.command("serve")(cmd_serve.serve)
     except ImportError:  # pragma: no cover
         pass
     try:

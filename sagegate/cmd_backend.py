@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-import socket
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import IO, Annotated
+from typing import Annotated
 
 import typer
 
 from sagegate import engine_flags as ef
+from sagegate.procs import free_port, spawned
+
+__all__ = ["backend", "free_port", "spawned_backend"]
 
 
 def backend(
@@ -79,51 +76,12 @@ def backend(
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS says is free right now (another process may still take it before we bind)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def spawned_backend(args: Sequence[str] = (), *, startup_timeout_s: float = 30.0) -> Iterator[str]:
     """Run ``sagegate backend [args]`` in a child process on a free loopback port and yield its base
     URL once ``/health`` answers; stop it on exit. For tests and demos; needs no installed entry point."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "sagegate.cmd_backend", "--host", "127.0.0.1", "--port", str(port), *args]
-    root = Path(__file__).resolve().parents[1]  # the repository, so `-m sagegate...` imports
-    url = f"http://127.0.0.1:{port}"
-    # stderr to a file, not a pipe: a chatty child never blocks on it.
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.DEVNULL, stderr=log, text=True)
-        try:
-            yield _wait_healthy(proc, url, log, startup_timeout_s)
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-def _wait_healthy(proc: subprocess.Popen[str], url: str, log: IO[str], timeout_s: float) -> str:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if proc.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"backend exited with {proc.returncode}: {log.read().strip()}")
-        try:
-            if httpx.get(url + "/health", timeout=1.0, trust_env=False).status_code == 200:
-                return url
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"backend did not answer /health within {timeout_s} s")
-        time.sleep(0.1)
+    with spawned("sagegate.cmd_backend", args, startup_timeout_s=startup_timeout_s) as url:
+        yield url
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m sagegate.cmd_backend` (tests, no install needed)

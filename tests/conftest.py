@@ -7,18 +7,15 @@ that need a file skip with a message saying what is missing and how to provide i
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
+from loadgen.data import data_root
+
 REPO = Path(__file__).resolve().parents[1]
 
 
-def data_root() -> Path:
-    """``$SAGEGATE_DATA`` if set, else ``<repo>/../shared/data``."""
-    env = os.environ.get("SAGEGATE_DATA")
-    return Path(env) if env else REPO.parent / "shared" / "data"
 
 
 def data_path(*parts: str) -> Path:

@@ -7,13 +7,15 @@ import json
 from pathlib import Path
 
 import pytest
+
+from loadgen.data import data_root
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.hardware import GPUS, MODELS, GiB, ModelSpec, get_gpu, get_model
 from sim.perf import DEFAULT_ETA_C, PerfModel
 
-VIDUR_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "vidur"
+VIDUR_DIR = data_root() / "vidur"
 
 L31 = MODELS["llama-3.1-8b"]
 H100 = GPUS["h100"]

@@ -1,0 +1,70 @@
+"""Child processes for tests and the demo: run a ``sagegate`` service on a free port, wait until it
+answers, and always stop it (no process is left behind)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository, so `python -m sagegate...` imports
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free right now (another process may still take it before we bind)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def spawned(
+    module: str,
+    args: Sequence[str] = (),
+    *,
+    ready_path: str = "/health",
+    startup_timeout_s: float = 30.0,
+    env: dict[str, str] | None = None,
+) -> Iterator[str]:
+    """Run ``python -m <module> --host 127.0.0.1 --port <free> [args]`` and yield its base URL once
+    ``ready_path`` answers 200; terminate it (then kill it) on exit."""
+    port = free_port()
+    cmd = [sys.executable, "-m", module, *args, "--host", "127.0.0.1", "--port", str(port)]
+    url = f"http://127.0.0.1:{port}"
+    # stderr to a file, not a pipe: a chatty child never blocks on it.
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True, env=env)
+        try:
+            _wait_ready(proc, url + ready_path, log, startup_timeout_s)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _wait_ready(proc: subprocess.Popen[str], probe: str, log: IO[str], timeout_s: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}: {log.read().strip()[-2000:]}")
+        try:
+            if httpx.get(probe, timeout=1.0, trust_env=False).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{probe} did not answer within {timeout_s} s")
+        time.sleep(0.1)

@@ -1,0 +1,193 @@
+"""The window index (hnswlib + lexical), the record wire format and the in-process store, on synthetic
+vectors: no model needed."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from predictor.history import Completion, WindowBounds
+from predictor.index import IndexConfig, WindowIndex
+from predictor.lexical import DocFreq, LexicalIndex, extract_terms
+from predictor.memory_store import MemoryStore
+
+DIM = 384
+
+
+def unit(rng: np.random.Generator, n: int = 1) -> np.ndarray:
+    v = rng.standard_normal((n, DIM)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def rec(i: int, vec: np.ndarray, out: int = 100, ts: float = 0.0, model: str = "m", text: str = "") -> Completion:
+    terms, counts = extract_terms(text or f"prompt number {i}")
+    return Completion(f"r{i}", model, vec, 10 + i % 50, out, ts, terms=terms, counts=counts)
+
+
+def weights_of(c: Completion, df: DocFreq) -> np.ndarray:
+    df.add(c.terms)
+    return df.weigh(c.terms, c.counts)
+
+
+def test_completion_round_trips_through_stream_fields() -> None:
+    rng = np.random.default_rng(0)
+    c = rec(7, unit(rng)[0], out=321, ts=12.5, text="Write a poem about the sea, the sea!")
+    raw = {k.encode(): (v if isinstance(v, bytes) else str(v).encode()) for k, v in c.to_fields().items()}
+    back = Completion.from_fields(raw)
+    assert (back.id, back.model, back.prompt_tokens, back.output_tokens, back.ts) == (
+        c.id,
+        c.model,
+        c.prompt_tokens,
+        c.output_tokens,
+        c.ts,
+    )
+    assert np.array_equal(back.embedding, c.embedding)
+    assert np.array_equal(back.terms, c.terms) and np.array_equal(back.counts, c.counts)
+
+
+def test_index_finds_exact_vectors_and_grows_past_its_capacity() -> None:
+    rng = np.random.default_rng(1)
+    cfg = IndexConfig(initial_capacity=64, background=False)
+    idx = WindowIndex(WindowBounds(10_000, math.inf), cfg)
+    df = DocFreq()
+    vecs = unit(rng, 300)
+    for i, v in enumerate(vecs):
+        c = rec(i, v)
+        assert idx.add(c, weights_of(c, df), now=0.0)
+    assert len(idx) == 300 and idx.capacity >= 300
+    for i in (0, 150, 299):
+        rows, sims = idx.dense(vecs[i], 1)
+        assert sims[0] > 0.999
+        assert idx.out_tokens[rows[0]] == 100
+
+
+def test_duplicate_ids_are_indexed_once() -> None:
+    rng = np.random.default_rng(2)
+    idx = WindowIndex(WindowBounds(100, math.inf), IndexConfig(background=False))
+    df = DocFreq()
+    c = rec(1, unit(rng)[0])
+    assert idx.add(c, weights_of(c, df), 0.0)
+    assert not idx.add(c, weights_of(c, df), 0.0)
+    assert len(idx) == 1
+
+
+def test_count_bound_expires_oldest_and_reuses_rows() -> None:
+    rng = np.random.default_rng(3)
+    idx = WindowIndex(WindowBounds(50, math.inf), IndexConfig(initial_capacity=64, background=False))
+    df = DocFreq()
+    vecs = unit(rng, 200)
+    for i, v in enumerate(vecs):
+        c = rec(i, v, out=1 + i)
+        idx.add(c, weights_of(c, df), 0.0)
+    assert len(idx) == 50
+    assert "r149" not in idx and "r150" in idx
+    assert idx.capacity <= 128  # rows were reused, memory follows the window
+    rows, _ = idx.dense(vecs[10], 50)
+    assert set(idx.out_tokens[rows].tolist()) <= set(range(151, 201))
+
+
+def test_age_bound_and_graph_rebuild_after_mass_expiry() -> None:
+    rng = np.random.default_rng(4)
+    cfg = IndexConfig(initial_capacity=64, rebuild_min_deleted=16, background=False)
+    idx = WindowIndex(WindowBounds(10_000, 100.0), cfg)
+    df = DocFreq()
+    old = unit(rng, 120)
+    for i, v in enumerate(old):
+        c = rec(i, v, out=5, ts=0.0)
+        idx.add(c, weights_of(c, df), now=0.0)
+    assert idx.expire(now=150.0) == 120
+    assert len(idx) == 0 and idx.rebuilds >= 1
+    new = unit(rng, 30)
+    for i, v in enumerate(new):
+        c = rec(1000 + i, v, out=77, ts=150.0)
+        idx.add(c, weights_of(c, df), now=150.0)
+    for v in new[:5]:
+        rows, sims = idx.dense(v, 5)
+        assert sims[0] > 0.999 and set(idx.out_tokens[rows].tolist()) == {77}
+    # A record already older than the window is not indexed at all.
+    stale = rec(5000, unit(rng)[0], ts=10.0)
+    assert not idx.add(stale, weights_of(stale, df), now=150.0)
+
+
+def test_background_graph_rebuild_keeps_concurrent_changes() -> None:
+    rng = np.random.default_rng(5)
+    cfg = IndexConfig(initial_capacity=64, rebuild_min_deleted=32, background=True)
+    idx = WindowIndex(WindowBounds(40, math.inf), cfg)
+    df = DocFreq()
+    vecs = unit(rng, 400)
+    for i, v in enumerate(vecs):
+        c = rec(i, v, out=i + 1)
+        idx.add(c, weights_of(c, df), 0.0)
+    idx.wait_rebuilds()
+    assert len(idx) == 40
+    for i in range(360, 400):
+        rows, sims = idx.dense(vecs[i], 1)
+        assert sims[0] > 0.999 and idx.out_tokens[rows[0]] == i + 1
+
+
+def test_lexical_scores_match_before_and_after_the_static_rebuild() -> None:
+    docs = [
+        "translate this sentence into french please",
+        "write a long essay about the history of france",
+        "what is the capital of france",
+        "write python code to sort a list",
+        "sort this list of numbers in python",
+    ] * 3
+    df = DocFreq()
+    lex = LexicalIndex()
+    for row, text in enumerate(docs):
+        t, c = extract_terms(text)
+        df.add(t)
+        lex.add(row, t, df.weigh(t, c))
+    qt, qc = extract_terms("please translate into french")
+    qw = df.weigh(qt, qc)
+    rows_a, scores_a = lex.query(qt, qw, 5)
+    lex.rebuild()
+    assert not lex.delta
+    rows_b, scores_b = lex.query(qt, qw, 5)
+    assert np.allclose(np.sort(scores_a), np.sort(scores_b))
+    assert docs[int(rows_b[0])].startswith("translate")
+    assert np.allclose(lex.score(rows_b, qt, qw), scores_b)
+    lex.remove(int(rows_b[0]))
+    rows_c, _ = lex.query(qt, qw, 20)
+    assert int(rows_b[0]) not in rows_c.tolist()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.text(alphabet="abcde fgh", min_size=0, max_size=40), min_size=1, max_size=25))
+def test_lexical_query_equals_brute_force_cosine(texts: list[str]) -> None:
+    df = DocFreq()
+    lex = LexicalIndex()
+    vecs = []
+    for row, text in enumerate(texts):
+        t, c = extract_terms(text)
+        df.add(t)
+        w = df.weigh(t, c)
+        lex.add(row, t, w)
+        vecs.append(dict(zip(t.tolist(), w.tolist(), strict=True)))
+        if row == len(texts) // 2:
+            lex.rebuild()
+    qt, qc = extract_terms(texts[0] + " abc")
+    qw = df.weigh(qt, qc)
+    q = dict(zip(qt.tolist(), qw.tolist(), strict=True))
+    rows, scores = lex.query(qt, qw, len(texts))
+    got = dict(zip(rows.tolist(), scores.tolist(), strict=True))
+    for row, v in enumerate(vecs):
+        expect = sum(q[t] * w for t, w in v.items() if t in q)
+        assert math.isclose(got.get(row, 0.0), expect, rel_tol=1e-4, abs_tol=1e-5)
+
+
+def test_memory_store_keeps_the_window_per_model() -> None:
+    rng = np.random.default_rng(6)
+    now = [1000.0]
+    store = MemoryStore(WindowBounds(3, 100.0), clock=lambda: now[0])
+    for i in range(5):
+        store.append(rec(i, unit(rng)[0], ts=1000.0, model="a"))
+    store.append(rec(9, unit(rng)[0], ts=950.0, model="b"))
+    assert len(store) == 4
+    assert [r.id for r in store.start(lambda recs: None) if r.model == "a"] == ["r2", "r3", "r4"]
+    now[0] = 1060.0
+    assert {r.model for r in store.start(lambda recs: None)} == {"a"}
