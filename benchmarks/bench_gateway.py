@@ -39,6 +39,15 @@ PROMPT = "The quick brown fox jumps over the lazy dog. " * 6  # ~60 tokens
 
 
 # --- processes ------------------------------------------------------------------------------------
+PIDS: dict[str, int] = {}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -75,13 +84,20 @@ def backend(time_scale: float, *extra: str) -> Iterator[str]:
 @contextlib.contextmanager
 def gateway(backends: Sequence[str], **settings: Any) -> Iterator[str]:
     port = free_port()
-    cfg = {"backends": list(backends), "port": port, "log_level": "warning", "policy": "fcfs", "predictor": "none"}
+    cfg = {
+        "backends": list(backends),
+        "port": port,
+        "log_level": "warning",
+        "policy": "fcfs",
+        "predictor": "none",
+    }
     cfg.update(settings)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         yaml.safe_dump(cfg, f)
     cmd = [sys.executable, "-m", "sagegate.cmd_serve", "--config", f.name]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
+    PIDS[url] = proc.pid
     try:
         _wait(url, "/ready", proc)
         yield url
@@ -119,7 +135,8 @@ def _pct_ms(xs: Sequence[float], q: float) -> float:
 
 # --- overhead -------------------------------------------------------------------------------------
 async def _overhead_pairs(direct: str, gw: str, n: int) -> tuple[list[float], list[float]]:
-    d_t, g_t = [], []
+    d_t: list[float] = []
+    g_t: list[float] = []
     async with httpx.AsyncClient(timeout=30) as c:
         for _ in range(20):  # warm both paths (connections, tokenizer, caches)
             await ttft_ttlt(c, direct, 4)
@@ -195,16 +212,24 @@ def bench_capacity(duration: float, rates: Sequence[float], chunk_rates: Sequenc
     print("   added = median TTFT through the gateway - median TTFT direct at the same offered rate")
     open_admission = {"admission": {"max_waiting": 1_000_000, "target": 1000.0}}
     with backend(1000.0) as b1, backend(1000.0) as b2, gateway([b1, b2], **open_admission) as gw:
+        asyncio.run(_open_loop([b1, b2], 20, 1, 2))  # warm up: tokenizers, connections
+        asyncio.run(_open_loop([gw], 20, 1, 2))
         for label, max_tokens, sweep in (("requests", 2, rates), ("chunks", 64, chunk_rates)):
             print(f"\n{label} sweep (max_tokens={max_tokens})")
-            print(f"{'req/s':>7} {'chunks/s':>9} {'direct ms':>10} {'gateway ms':>11} {'added ms':>9} {'errors':>7}")
+            print(
+                f"{'req/s':>7} {'chunks/s':>9} {'direct ms':>10} {'gateway ms':>11} {'added ms':>9} "
+                f"{'gw CPU %':>9} {'CPU us/req':>11} {'errors':>7}"
+            )
             for rate in sweep:
                 d = asyncio.run(_open_loop([b1, b2], rate, duration, max_tokens))
+                cpu0, t0 = cpu_seconds(PIDS[gw]), time.perf_counter()
                 g = asyncio.run(_open_loop([gw], rate, duration, max_tokens))
+                cpu, wall = cpu_seconds(PIDS[gw]) - cpu0, time.perf_counter() - t0
                 added = g["ttft_ms"] - d["ttft_ms"]
                 print(
                     f"{g['rate']:>7.0f} {g['chunks_s']:>9.0f} {d['ttft_ms']:>10.2f} {g['ttft_ms']:>11.2f} "
-                    f"{added:>9.2f} {g['errors'] + d['errors']:>7.0f}"
+                    f"{added:>9.2f} {100 * cpu / wall:>9.1f} {1e6 * cpu / g['sent']:>11.0f} "
+                    f"{g['errors'] + d['errors']:>7.0f}"
                 )
                 if added > 10 or g["errors"] > 0.01 * g["sent"]:
                     break
@@ -314,7 +339,9 @@ async def _replay_split(requests: list[Any], urls: Sequence[str], time_scale: fl
     from loadgen.client import ReplayConfig, replay_async
 
     parts = [requests[i :: len(urls)] for i in range(len(urls))]
-    cfgs = [ReplayConfig(url=u, time_scale=time_scale, model="sim", queue_metric=None, prime=False) for u in urls]
+    cfgs = [
+        ReplayConfig(url=u, time_scale=time_scale, model="sim", queue_metric=None, prime=False) for u in urls
+    ]
     results = await asyncio.gather(*(replay_async(p, c) for p, c in zip(parts, cfgs, strict=True)))
     return [rec for res in results for rec in res.records]
 

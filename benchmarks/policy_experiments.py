@@ -127,6 +127,9 @@ def panel(quick: bool) -> list[tuple[str, str, str | float | None]]:
                 rows.append((name, level, 0.2))  # the admission rule's charge needs a prediction
             else:
                 rows.append((name, level, None))
+    if not quick:
+        # SageSched without preemption inside the engine (recompute preemption is costly).
+        rows.extend(("sagesched:preempt=false", "engine", e) for e in ERRORS)
     return rows
 
 

@@ -14,23 +14,27 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import policy_experiments as pe  # noqa: E402
+import policy_experiments as pe
 
-from loadgen.records import scale_rate  # noqa: E402
-from policies.admission import AdmissionConfig  # noqa: E402
-from policies.registry import parse_policy  # noqa: E402
-from predictor.baselines import make_predictor  # noqa: E402
-from sim.config import EngineConfig  # noqa: E402
-from sim.des import SimSetup, simulate  # noqa: E402
+from loadgen.records import scale_rate
+from policies.admission import AdmissionConfig
+from policies.registry import parse_policy
+from predictor.baselines import make_predictor
+from sim.config import EngineConfig
+from sim.des import SimSetup, simulate
 
-GRID = list(itertools.product((0.5, 0.9), (0.9, 1.2, 1.5, 2.0), (1, 2, 4)))
+GRID = [(0.5, 1.5, 1, 10**9), (0.5, 1.5, 256, 2048), (0.5, 1.2, 256, 2048), (0.5, 2.0, 256, 2048), (0.5, 1.5, 256, 4096)]
+DEFAULT = (0.5, 1.5, 256, 2048)
 
 
 def main() -> None:
     workloads = pe.load_workloads(1000)
-    print("| workload | set-up | load | vLLM alone preemptions | best (q, target, max_waiting): TTLT ratio, tput ratio, preemptions | default (0.5, 1.5, 1) |")
-    print("|---|---|---|---|---|---|")
-    for wname in ("azure-conv", "sharegpt@azure-conv"):
+    print(
+        "| workload | set-up | load | vLLM alone preemptions | best (q, target, max_waiting, max_waiting_tokens):"
+        " TTLT ratio, tput ratio, preemptions | one waiting request at most | default " + str(DEFAULT) + " |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for wname in workloads:
         work = workloads[wname]
         for setup in pe.SETUPS:
             perf = pe._perf(setup)
@@ -42,19 +46,32 @@ def main() -> None:
                 timed = scale_rate(work, load * cap / rate)
                 base = simulate(timed, SimSetup(perf, cfg)).summary
                 rows = {}
-                for q, t, mw in GRID:
-                    s = simulate(timed, SimSetup(
-                        perf, cfg, level="gateway", policy=parse_policy("fcfs"),
-                        predictor=make_predictor("noisy-oracle", relative_error=0.2),
-                        admission=AdmissionConfig(quantile=q, target=t, max_waiting=mw),
-                    )).summary
-                    rows[(q, t, mw)] = (s["ttlt_mean_s"] / base["ttlt_mean_s"],
-                                        s["throughput_tok_s"] / base["throughput_tok_s"], s["preemptions"])
+                for q, t, mw, mwt in GRID:
+                    s = simulate(
+                        timed,
+                        SimSetup(
+                            perf,
+                            cfg,
+                            level="gateway",
+                            policy=parse_policy("fcfs"),
+                            predictor=make_predictor("noisy-oracle", relative_error=0.2),
+                            admission=AdmissionConfig(
+                                quantile=q, target=t, max_waiting=mw, max_waiting_tokens=mwt
+                            ),
+                        ),
+                    ).summary
+                    rows[(q, t, mw, mwt)] = (
+                        s["ttlt_mean_s"] / base["ttlt_mean_s"],
+                        s["throughput_tok_s"] / base["throughput_tok_s"],
+                        s["preemptions"],
+                    )
                 best = min(rows, key=lambda k: rows[k][0])
-                d = rows[(0.5, 1.5, 1)]
-                b = rows[best]
-                print(f"| {wname} | {setup} | {load} | {base['preemptions']:.0f} | {best}: {b[0]:.3f}, {b[1]:.3f}, {b[2]:.0f} "
-                      f"| {d[0]:.3f}, {d[1]:.3f}, {d[2]:.0f} |", flush=True)
+                d, one, b = rows[DEFAULT], rows[GRID[0]], rows[best]
+                print(
+                    f"| {wname} | {setup} | {load} | {base['preemptions']:.0f} | {best}: {b[0]:.3f}, {b[1]:.3f}, "
+                    f"{b[2]:.0f} | {one[0]:.3f}, {one[1]:.3f}, {one[2]:.0f} | {d[0]:.3f}, {d[1]:.3f}, {d[2]:.0f} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ Request path: intake (limits, validation, identity, token count, prediction) →
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -32,6 +33,7 @@ from gateway.proxy import DisconnectGuard, Forwarder
 from gateway.queue import BoundedQueue
 from gateway.settings import GatewaySettings
 from gateway.tenants import is_admin
+from gateway.tokens import count_text
 from policies.base import Policy
 from policies.registry import parse_policy
 
@@ -85,6 +87,8 @@ class Gateway:
         return {str(m["id"]) for m in self.pool.models()}
 
     async def start(self) -> None:
+        await asyncio.to_thread(count_text, "warm up", self.settings.tokenizer)  # loads the BPE (~1 s)
+        await self.predictor.astart()
         await self.pool.start()
         self.started = True
         self.dispatcher.kick()

@@ -67,7 +67,7 @@ class Intake:
         if not isinstance(body, dict):
             raise errors.bad_request("the request body must be a JSON object")
         try:
-            MODELS[route].model_validate(body)
+            MODELS[route].model_validate(body, strict=True)  # JSON types as sent: "5" is no integer
         except ValidationError as exc:
             first = exc.errors()[0]
             param = ".".join(str(p) for p in first.get("loc", ())) or None
@@ -108,7 +108,7 @@ class Intake:
         prompt = body["messages"] if route == "chat" else body["prompt"]
         try:
             prompt_tokens = await acount_prompt(prompt, self.settings.tokenizer)
-        except (TypeError, ValueError, AttributeError):
+        except (TypeError, ValueError, AttributeError, IndexError, KeyError):
             raise errors.bad_request("the prompt could not be tokenised", "prompt") from None
         inp = PredictInput(prompt, max(1, prompt_tokens), model, who.tenant)
         try:

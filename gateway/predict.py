@@ -19,13 +19,16 @@ from predictor.distribution import LengthDistribution
 log = logging.getLogger("sagegate.gateway")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PredictInput:
     prompt: Any
     """The completion prompt or the chat messages."""
     prompt_tokens: int
     model: str
     tenant: str = "default"
+    features: Any = None
+    """What the predictor computed from the prompt (the embedding), kept to record the outcome
+    without computing it again."""
 
 
 class GatewayPredictor(Protocol):
@@ -39,6 +42,10 @@ class GatewayPredictor(Protocol):
         """The request finished with ``output_tokens`` tokens: learn from it."""
         ...
 
+    async def astart(self) -> None:
+        """Load history, connect (called once before serving)."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -49,6 +56,9 @@ class NoPredictor:
         return None, "none"
 
     async def record(self, inp: PredictInput, output_tokens: int) -> None:
+        return None
+
+    async def astart(self) -> None:
         return None
 
     async def aclose(self) -> None:
@@ -74,12 +84,15 @@ class BaselinePredictor:
     async def record(self, inp: PredictInput, output_tokens: int) -> None:
         self.inner.observe(self._trace(inp), output_tokens)
 
+    async def astart(self) -> None:
+        return None
+
     async def aclose(self) -> None:
         return None
 
 
 class SemanticAdapter:
-    """``predictor.semantic``: async ``apredict``/``arecord`` that keep the model off the loop."""
+    """``predictor.semantic.SemanticPredictor``: its async face keeps the embedding off the loop."""
 
     name = "semantic"
 
@@ -88,15 +101,18 @@ class SemanticAdapter:
 
     async def predict(self, inp: PredictInput) -> tuple[LengthDistribution | None, str]:
         pred = await self.inner.apredict(inp.prompt, inp.prompt_tokens, model=inp.model)
-        return pred.distribution, str(getattr(pred, "path", "semantic"))
+        inp.features = pred.features
+        return pred.distribution, str(pred.path)
 
     async def record(self, inp: PredictInput, output_tokens: int) -> None:
-        await self.inner.arecord(inp.prompt, inp.prompt_tokens, output_tokens, model=inp.model)
+        given = inp.features if inp.features is not None else inp.prompt  # one embedding per request
+        await self.inner.arecord(given, inp.prompt_tokens, output_tokens, model=inp.model, tenant=inp.tenant)
+
+    async def astart(self) -> None:
+        await asyncio.to_thread(self.inner.start)  # reads the history window (Redis I/O)
 
     async def aclose(self) -> None:
-        close = getattr(self.inner, "aclose", None)
-        if close is not None:
-            await close()
+        await asyncio.to_thread(self.inner.close)
 
 
 def build_predictor(name: str, redis_url: str | None = None, options: dict[str, Any] | None = None) -> Any:
@@ -113,10 +129,14 @@ def build_predictor(name: str, redis_url: str | None = None, options: dict[str, 
 
         return BaselinePredictor(LengthBucketPredictor(**opts), name)
     if name == "semantic":
-        import importlib
+        from predictor.embedder import MiniLMEmbedder
+        from predictor.semantic import make_semantic
 
-        semantic = importlib.import_module("predictor.semantic")  # lands with the predictor issue
-        return SemanticAdapter(semantic.build_semantic(redis_url=redis_url, **opts))
+        # One torch thread: on a busy CPU more threads oversubscribe it (measured: 800 ms per
+        # embedding with the default on a loaded 2-core machine, 38 ms with one).
+        threads = int(opts.pop("embed_threads", 1))
+        opts.setdefault("embedder", MiniLMEmbedder(threads=threads))
+        return SemanticAdapter(make_semantic(redis_url=redis_url, **opts))
     raise ValueError(f"unknown predictor {name!r}")
 
 

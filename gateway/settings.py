@@ -72,7 +72,7 @@ class QueueSettings(BaseModel):
 class HealthSettings(BaseModel):
     """Health probing, metrics scraping and the circuit breaker."""
 
-    scrape_interval_s: float = Field(default=0.05, gt=0.0)
+    scrape_interval_s: float = Field(default=0.1, gt=0.0)
     """How often each backend's ``/metrics`` is read (waiting requests, KV capacity). Between scrapes a
     request sent to a backend counts as waiting there until its first byte (non-streaming: until the
     next scrape), so with ``max_waiting: 1`` this bounds how fast a backend is fed."""

@@ -4,7 +4,8 @@ Each backend has a KV capacity in tokens. Every request in flight on it is *char
 it has generated, and its predicted remaining output (a quantile of the predicted distribution given
 that it has already run past what it generated), corrected as tokens stream. A backend admits while its
 charge stays under ``target`` × capacity and the requests it reports waiting stay under
-``max_waiting``; among those that admit, the one with the most room wins.
+``max_waiting`` requests and ``max_waiting_tokens`` prompt tokens; among those that admit, the one
+with the most room wins.
 
 The rule's single job is to keep every backend saturated but not overflowing: holding back more only
 buys a queue to reorder, at the price of throughput.
@@ -26,11 +27,15 @@ class AdmissionConfig:
     """Share of KV capacity the charges may fill. Above 1 on purpose: a request is charged its whole
     predicted footprint from the start, but holds on average only ``I + O/2`` over its life (tuned in
     the simulator, see BENCHMARKS.md: 1.2 and below starved memory-bound engines)."""
-    max_waiting: int = 1
-    """A backend with this many requests waiting (not yet running) admits nothing more: the gateway
-    keeps the order decision to itself and the engine never idles."""
+    max_waiting: int = 256
+    """A backend with this many requests waiting (not yet running) admits nothing more."""
     unknown_output: int = 256
     """Charge for output when a request has no prediction."""
+    max_waiting_tokens: int = 2048
+    """A backend with waiting requests admits another only while their prompt tokens stay within
+    this: enough backlog to keep the next step busy, shallow enough that the order stays the
+    gateway's to decide. (Tuned in the simulator, see BENCHMARKS.md: a cap of one waiting request
+    starved engines serving many small requests; a deep backlog gave the ordering away.)"""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.quantile <= 1.0:
@@ -39,6 +44,8 @@ class AdmissionConfig:
             raise ValueError("admission target must be positive")
         if self.max_waiting < 1:
             raise ValueError("admission max_waiting must be at least 1")
+        if self.max_waiting_tokens < 1:
+            raise ValueError("admission max_waiting_tokens must be at least 1")
 
 
 @dataclass(slots=True)
@@ -50,6 +57,8 @@ class BackendLoad:
     waiting: int = 0
     running: int = 0
     healthy: bool = True
+    waiting_tokens: int = 0
+    """Prompt tokens of the waiting requests (the backlog the next step can take)."""
 
     def room(self, target: float) -> float:
         return target * self.capacity_tokens - self.charged_tokens
@@ -121,7 +130,9 @@ class Charge:
         return self.value - old
 
 
-def choose_backend(charge: float, backends: Sequence[BackendLoad], cfg: AdmissionConfig) -> int | None:
+def choose_backend(
+    charge: float, backends: Sequence[BackendLoad], cfg: AdmissionConfig, prompt_tokens: int = 0
+) -> int | None:
     """Index of the healthy backend with the most room that admits ``charge``, or None.
 
     An idle backend (nothing charged) always admits, so a request larger than any target still runs.
@@ -130,6 +141,8 @@ def choose_backend(charge: float, backends: Sequence[BackendLoad], cfg: Admissio
     best_room = float("-inf")
     for i, b in enumerate(backends):
         if not b.healthy or b.waiting >= cfg.max_waiting:
+            continue
+        if b.waiting and b.waiting_tokens + prompt_tokens > cfg.max_waiting_tokens:
             continue
         room = b.room(cfg.target)
         if (room >= charge or b.charged_tokens <= 0.0) and room > best_room:

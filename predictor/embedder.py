@@ -23,13 +23,13 @@ import numpy as np
 
 DIM = 384
 # The model reads at most 256 word pieces. A longer prompt is cut to its first HEAD_TOKENS and last
-# TAIL_TOKENS pieces: the instruction often sits at the end ("summarise the above"), and on ShareGPT this
-# head+tail view ranks output lengths better than the head alone. Only MAX_CHARS at each end are ever
-# tokenised (a word piece is rarely longer than a dozen characters).
+# TAIL_TOKENS pieces (plus the " ... " joint and two special tokens: 255): the instruction often sits at
+# the end ("summarise the above"), and on ShareGPT this head+tail view ranks output lengths better than
+# the head alone. Only MAX_CHARS at each end are ever tokenised.
 MAX_SEQ_TOKENS = 256
-HEAD_TOKENS, TAIL_TOKENS = 128, 124
+HEAD_TOKENS, TAIL_TOKENS = 128, 122
 MAX_CHARS = MAX_SEQ_TOKENS * 12
-EMBED_VERSION = "minilm-l6-v2/head128-tail124/v1"
+EMBED_VERSION = "minilm-l6-v2/head128-tail122/v1"
 
 PromptLike = str | Sequence[Mapping[str, Any]]
 

@@ -18,7 +18,7 @@ import numpy as np
 
 HASH_BITS = 20
 HASH_MASK = (1 << HASH_BITS) - 1
-MAX_DOC_TERMS = 64
+MAX_DOC_TERMS = 128
 _HEAD_CHARS, _TAIL_CHARS = 3000, 1000
 _TOKEN = re.compile(r"(?u)\b\w\w+\b")
 

@@ -204,12 +204,13 @@ class Simulation:
         now, queue, loads, cfg = self.now, self.queue, self.loads, self.setup.admission
         for load, eng in zip(loads, self.engines, strict=True):
             load.waiting = eng.num_waiting
+            load.waiting_tokens = eng.waiting_tokens
             load.running = eng.num_running
         while queue:
             req = queue.peek(now)
             assert req is not None
             charge = Charge(req.prompt_tokens, req.prediction, cfg)
-            idx = choose_backend(charge.value, loads, cfg)
+            idx = choose_backend(charge.value, loads, cfg, req.prompt_tokens)
             view = LoadView(
                 kv_usage=self._usage_after(charge.value, idx),
                 queue_len=len(queue),
@@ -227,6 +228,7 @@ class Simulation:
             self.flights[req] = _Flight(idx, charge)
             loads[idx].charged_tokens += charge.value
             loads[idx].waiting += 1
+            loads[idx].waiting_tokens += req.prompt_tokens
             self._send(req, idx)
 
     def _usage_after(self, charge: float, idx: int | None) -> float:

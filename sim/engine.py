@@ -141,6 +141,11 @@ class Engine:
         return len(self.waiting)
 
     @property
+    def waiting_tokens(self) -> int:
+        """Tokens the waiting requests still have to compute (prompt, plus output after preemption)."""
+        return sum(r.prompt_tokens + r.generated for r in self.waiting)
+
+    @property
     def num_running(self) -> int:
         return len(self.running)
 

@@ -49,7 +49,13 @@ def tau_matrices(
     regions = list(taus)
     cols = min(3, max(1, len(regions)))
     rows = math.ceil(len(regions) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.8 * rows), squeeze=False)
+    fig, axes = plt.subplots(
+        rows,
+        cols,
+        figsize=(4.2 * cols, 3.8 * rows),
+        squeeze=False,
+        gridspec_kw={"wspace": 0.08, "hspace": 0.45},
+    )
     n = len(sources)
     im = None
     for k, region in enumerate(regions):
@@ -70,7 +76,7 @@ def tau_matrices(
                     fontsize=7,
                 )
         ax.set_xticks(range(n), sources, rotation=45, ha="right", fontsize=7)
-        ax.set_yticks(range(n), sources, fontsize=7)
+        ax.set_yticks(range(n), sources if k % cols == 0 else [""] * n, fontsize=7)
         ax.set_title(region, fontsize=9)
     for k in range(len(regions), rows * cols):
         axes[k // cols][k % cols].axis("off")

@@ -179,8 +179,8 @@ def _cross_source(ds: Dataset, figdir: Path) -> tuple[list[str], dict[str, float
         "For each region and pair of sources, the two rankings of the panel by mean ANWG compared with "
         "Kendall's tau-b (headline), Spearman's rho, top-1 agreement (the best entries, ties included, "
         "overlap) and top-3 overlap. Entries undefined in either ranking are excluded and counted. Here and "
-        "in every statistic below the oracles (`sjf-oracle`, `srpt-oracle`: bounds, not schedulers) are left "
-        "out; the rank heatmaps show them."
+        "in every statistic below the oracles (`sjf-oracle`, `srpt-oracle`: bounds, not schedulers) are "
+        "left out; the rank heatmaps show them."
     )
     lines.append("")
     lines += table(
@@ -430,12 +430,12 @@ def _robustness(ds: Dataset, figdir: Path) -> tuple[list[str], dict[str, Any]]:
         return [*lines, "Not run (needs `sagesched` and more than one prediction error).", ""], found
     comp = analysis.robustness_comparators(ds, entries)
     lines.append(
-        f"The noisy oracle's error is raised to {_join([pct(e, 0) for e in errs[1:]])} for the "
-        f"entries {_join([f'`{p}`' for p in ds.cfg.robustness if p in ds.entries])} (every "
-        "gateway entry depends on it: the admission charge reads the prediction). SageSched is compared, at "
-        f"each error, against the entries available at every error ({len(comp)}: {_join(sorted(comp))}) — "
-        "the re-run ones at the same error, and those that do not read predictions. Lead = relative margin "
-        "in mean TTLT over the best of them (positive: ahead)."
+        f"The noisy oracle's error is raised to {_join([pct(e, 0) for e in errs[1:]])} for the entries "
+        f"{_join([f'`{p}`' for p in ds.cfg.robustness if p in ds.entries])} (every gateway entry depends on "
+        "it: the admission charge reads the prediction). SageSched is compared, at each error, against the "
+        f"entries available at every error ({len(comp)}: {_join(sorted(comp))}) — the re-run ones at the "
+        "same error, and those that do not read predictions. Lead = relative margin in mean TTLT over the "
+        "best of them (positive: ahead)."
     )
     lines.append("")
     leads: dict[str, dict[float, float]] = {}
@@ -486,16 +486,23 @@ def _robustness(ds: Dataset, figdir: Path) -> tuple[list[str], dict[str, Any]]:
     lines += [f"![robustness]({path.parent.name}/{path.name})", ""]
     for entry in entries:
         e0, e_last = errs[0], errs[-1]
+        l0, l_last = leads[entry][e0], leads[entry][e_last]
+        if not math.isfinite(l0) or not math.isfinite(l_last):
+            verdict = ""
+        elif l0 <= 0:
+            verdict = (
+                f" At {pct(e0, 0)} error it has no lead to lose: in the median condition it trails the best "
+                f"comparator by {pct(-l0)}."
+            )
+        elif l_last > 0:
+            verdict = f" {pct(l_last / l0, 0)} of its median lead survives {pct(e_last, 0)} error."
+        else:
+            verdict = f" Its lead is gone at {pct(e_last, 0)} error."
         lines.append(
-            f"`{entry}`: median lead {pct(leads[entry][e0])} at {pct(e0, 0)} error, "
+            f"`{entry}`: median lead {pct(l0)} at {pct(e0, 0)} error, "
             + ", ".join(f"{pct(leads[entry][e])} at {pct(e, 0)}" for e in errs[1:])
             + "."
-            + (
-                f" Its lead {'persists' if leads[entry][e_last] > 0 else 'is gone'} at {pct(e_last, 0)} "
-                "error."
-                if math.isfinite(leads[entry][e_last])
-                else ""
-            )
+            + verdict
         )
     lines.append("")
     found["leads"] = leads
@@ -562,6 +569,21 @@ def _gateway(ds: Dataset) -> tuple[list[str], dict[tuple[str, str], int]]:
     return lines, found
 
 
+def _metrics_note(cfg: StudyConfig) -> list[str]:
+    listed = "; ".join(
+        f"`{m}` {LABELS[m]} ({'higher' if HIGHER_IS_BETTER[m] else 'lower'} is better)" for m in METRIC_NAMES
+    )
+    return [
+        "**Metrics** (per window, then the mean over windows per condition): " + listed + ". ANWG weighs "
+        f"each request by its priority; every request has priority {cfg.priority} here, so ANWG = 1 − the "
+        "deadline-violation rate. Throughput = completed requests (output tokens) / (last completion − "
+        "first arrival). Jain's index is taken over tenants of each tenant's share of requests finished by "
+        "their deadline; it is undefined for a single-tenant source. Latencies count completed requests "
+        "only and are undefined when none completed.",
+        "",
+    ]
+
+
 def _engine_note(ds: Dataset) -> list[str]:
     ref = VLLM_ALONE.label
     tp, tf = [], []
@@ -576,12 +598,39 @@ def _engine_note(ds: Dataset) -> list[str]:
         tf.append(
             f"{region} {fmt(float(np.nanmean(f)), 3)} s" if any(map(math.isfinite, f)) else f"{region} –"
         )
-    return [
+    cells = [
+        float(v[np.isfinite(v)].sum() > 0)
+        for per_entry in ds.cube.values()
+        for metrics in per_entry.values()
+        for v in (metrics["preemptions"],)
+    ]
+    preempted = int(sum(cells))
+    lines = [
         "Our engine charges prefill and makes a step's time depend on the batch: vLLM alone's mean time per "
-        "output "
-        "token, averaged over sources, is " + "; ".join(tp) + ", and its mean TTFT " + "; ".join(tf) + ".",
+        "output token, averaged over sources, is "
+        + "; ".join(tp)
+        + ", and its mean TTFT "
+        + "; ".join(tf)
+        + ".",
         "",
     ]
+    if preempted == 0:
+        lines += [
+            "No cell preempted a single request: the reference engine (a KV pool of about "
+            f"{_kv_tokens(ds.cfg):,} tokens and 256 sequence slots) never ran out of blocks or slots on a "
+            f"{ds.cfg.window_size}-request window, so engine-level orderings only reorder admission and "
+            "prefill chunks, and the preemptive policies (SageSched, TRAIL, FastServe, SRPT) never preempt.",
+            "",
+        ]
+    else:
+        lines += [f"Preemptions occurred in {preempted} (condition, entry) series of {len(cells)}.", ""]
+    return lines
+
+
+def _kv_tokens(cfg: StudyConfig) -> int:
+    from study.windows import max_tokens_for
+
+    return max_tokens_for(cfg)
 
 
 def _lssp(
@@ -721,10 +770,14 @@ def write_report(
         f"{len(ds.sources)} sources × {cfg.windows} windows × {len(ds.regions)} regions × {len(ds.entries)} "
         f"panel entries (policy@level) on one {cfg.gpu.upper()} running {cfg.model}; predictor settings "
         f"{', '.join(preds)}; {len(rows)} cells. Simulation wall time (corpus, calibration and sweep): "
-        f"{fmt(timing.get('simulate_total_s', math.nan), 0)} s. The results file is `cells.csv` (one row per "
-        "cell), the configuration and seeds `config.json`; `sagegate study --out DIR` reruns it (resumable)."
+        f"{fmt(timing.get('simulate_total_s', math.nan), 0)} s, of which the workers spent "
+        f"{fmt(timing.get('calibration_cpu_s', math.nan) + timing.get('sweep_cpu_s', math.nan), 0)} "
+        "CPU-seconds simulating (this run's part; a resumed run counts only what it ran). The results file "
+        "is `cells.csv` (one row per cell), the configuration and seeds `config.json`; `sagegate study "
+        "--out DIR` reruns it (resumable)."
     )
     lines.append("")
+    lines += _metrics_note(cfg)
     lines += _corpus(cfg, cals, infos)
     lines += ["## Rankings", ""]
     for metric in ("anwg", "ttlt_mean"):

@@ -39,9 +39,12 @@ class SourceInfo:
     note: str
 
 
-def calibrate_task(task: tuple[Window, StudyConfig]) -> dict[str, Any]:
+def calibrate_task(task: tuple[Window, StudyConfig]) -> tuple[dict[str, Any], float]:
+    """One window's calibration and the CPU seconds it took."""
     window, cfg = task
-    return calibrate_window(window, cfg).to_dict()
+    t0 = time.process_time()
+    cal = calibrate_window(window, cfg).to_dict()
+    return cal, time.process_time() - t0
 
 
 def _log_progress(label: str, log: Callable[[str], None]) -> Callable[[int, int], None]:
@@ -130,12 +133,15 @@ def run_study(
     say(f"calibration: {len(cals)} windows logged, {len(todo)} to run")
     tick = _log_progress("calibration", say)
     with cal_log.open("a") as fh:
-        for i, c in enumerate(executor.map_unordered(calibrate_task, todo), 1):
+        cpu = 0.0
+        for i, (c, spent) in enumerate(executor.map_unordered(calibrate_task, todo), 1):
+            cpu += spent
             fh.write(json.dumps(c) + "\n")
             fh.flush()
             cals[str(c["window"])] = Calibration(**c)
             tick(i, len(todo))
     timing["calibration_s"] = time.perf_counter() - t0
+    timing["calibration_cpu_s"] = cpu
 
     semantic = None
     if cfg.semantic:
@@ -156,8 +162,9 @@ def run_study(
     say(
         f"sweep: {len(entries)} entries, {len(done)} cells logged, {n_cells} to run in {len(batches)} batches"
     )
-    run_sweep(batches, executor, store, _log_progress("sweep", say))
+    _, sweep_cpu = run_sweep(batches, executor, store, _log_progress("sweep", say))
     timing["sweep_s"] = time.perf_counter() - t0
+    timing["sweep_cpu_s"] = sweep_cpu
     timing["cells_run"] = float(n_cells)
 
     wanted = {c.id for b in plan(cfg, corpus, cals, entries, semantic=semantic) for c in b.cells}

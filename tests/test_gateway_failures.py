@@ -196,6 +196,9 @@ BAD_BODIES: list[tuple[Any, str | None]] = [
     ({"model": "fake", "messages": [{"role": "user", "content": "x"}], "max_tokens": 10**9}, "max_tokens"),
     ({"model": "fake", "messages": [{"role": "user", "content": "x"}], "n": 4}, "n"),
     ({"model": "fake", "messages": [{"role": "user", "content": "x"}], "stream": "yes please"}, "stream"),
+    ({"model": "fake", "messages": [{"role": "user", "content": "x"}], "max_tokens": "5"}, "max_tokens"),
+    ({"model": "fake", "messages": [{"role": "user", "content": "x"}], "max_tokens": 5.5}, "max_tokens"),
+    ({"model": "fake", "messages": [{"role": "user", "content": 7}]}, "messages"),
 ]
 
 

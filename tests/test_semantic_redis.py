@@ -1,0 +1,224 @@
+"""The Redis-shared history against real servers: the machine's Redis at 127.0.0.1:6379 for sharing
+between replicas, and a private ``redis-server`` on a free port that is killed and restarted mid-run.
+
+Waits poll with generous deadlines (the propagation latency itself is measured in
+``benchmarks/bench_predictor.py``, not asserted here)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from predictor.history import Completion, WindowBounds
+from predictor.index import IndexConfig
+from predictor.redis_store import RedisStore
+from predictor.semantic import PromptFeatures, SemanticConfig, SemanticPredictor
+from tests.semantic_support import (
+    LONG_TASKS,
+    SHORT_TASKS,
+    TOPICS,
+    family,
+    free_port,
+    real_embedder,
+    redis_available,
+    redis_server_binary,
+)
+
+MAIN_URL = "redis://127.0.0.1:6379/0"
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+@pytest.fixture(scope="module")
+def feats() -> list[PromptFeatures]:
+    texts = family(SHORT_TASKS, TOPICS[:4]) + family(LONG_TASKS, TOPICS[:4])
+    vecs = real_embedder().embed(texts)
+    return [SemanticPredictor.features_from(v, t) for v, t in zip(vecs, texts, strict=True)]
+
+
+def replica(url: str, prefix: str, **store_kw: object) -> SemanticPredictor:
+    cfg = replace(SemanticConfig(), bounds=WindowBounds(10_000, math.inf), index=IndexConfig(background=False))
+    store = RedisStore(url, prefix=prefix, bounds=cfg.bounds, block_ms=100, **store_kw)  # type: ignore[arg-type]
+    return SemanticPredictor(real_embedder(), store=store, config=cfg).start()
+
+
+def stream_ids(url: str, prefix: str) -> set[str]:
+    import redis
+
+    r = redis.Redis.from_url(url)
+    try:
+        return {Completion.from_fields(f).id for _, f in r.xrange(f"{prefix}:stream")}
+    finally:
+        r.close()
+
+
+@pytest.fixture
+def main_prefix() -> Iterator[str]:
+    if not redis_available():
+        pytest.skip("no Redis server at 127.0.0.1:6379")
+    prefix = f"sagegate-test:{uuid.uuid4().hex}"
+    yield prefix
+    import redis
+
+    r = redis.Redis.from_url(MAIN_URL)
+    r.delete(f"{prefix}:stream", f"{prefix}:epoch")
+    r.close()
+
+
+def test_two_replicas_share_history_and_a_third_rebuilds_from_redis(
+    main_prefix: str, feats: list[PromptFeatures]
+) -> None:
+    a, b = replica(MAIN_URL, main_prefix), replica(MAIN_URL, main_prefix)
+    try:
+        half = len(feats) // 2
+        for f in feats[:half]:
+            a.record_features(f, 15, 20)
+        for f in feats[half:]:
+            b.record_features(f, 25, 900)
+        assert wait_for(lambda: a.size() == len(feats) and b.size() == len(feats))
+        assert a.stats()["store_received"] == len(feats) - half
+        # Each replica predicts from what the other saw: a long-task prompt known only through B.
+        pa = a.predict_features(feats[-1], 25)
+        assert pa.path == "semantic" and pa.mean > 450
+        pb = b.predict_features(feats[0], 15)
+        assert pb.path == "semantic" and pb.mean < 450
+        c = replica(MAIN_URL, main_prefix)
+        try:
+            assert c.size() == len(feats)  # rebuilt at start, before any stream read
+        finally:
+            c.close()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_window_and_models_hold_across_replicas(main_prefix: str, feats: list[PromptFeatures]) -> None:
+    a, b = replica(MAIN_URL, main_prefix), replica(MAIN_URL, main_prefix)
+    try:
+        for f in feats:
+            a.record_features(f, 20, 700, model="big")
+        assert wait_for(lambda: b.size("big") == len(feats))
+        assert b.size("small") == 0
+        assert b.predict_features(feats[0], 20, "small").path == "cold"
+    finally:
+        a.close()
+        b.close()
+
+
+class RedisProcess:
+    """A private redis-server (no persistence) that the test can kill and restart on the same port."""
+
+    def __init__(self, binary: str, port: int) -> None:
+        self.binary, self.port = binary, port
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        assert wait_for(lambda: redis_available(port=self.port), timeout=10), "redis-server did not start"
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+
+@pytest.fixture
+def private_redis() -> Iterator[RedisProcess]:
+    binary = redis_server_binary()
+    if binary is None:
+        pytest.skip("redis-server is not installed")
+    server = RedisProcess(binary, free_port())
+    server.start()
+    yield server
+    server.kill()
+
+
+def test_restart_mid_run_loses_no_completion(private_redis: RedisProcess, feats: list[PromptFeatures]) -> None:
+    prefix = "sagegate-fault"
+    a = replica(private_redis.url, prefix, socket_timeout=0.3)
+    ids: list[str] = []
+    try:
+        third = len(feats) // 3
+        for f in feats[:third]:
+            ids.append(a.record_features(f, 15, 20).id)
+        assert wait_for(lambda: a.stats()["store_buffered"] == 0 and stream_ids(private_redis.url, prefix) == set(ids))
+
+        private_redis.kill()
+        for f in feats[third : 2 * third]:
+            ids.append(a.record_features(f, 25, 900).id)
+            pred = a.predict_features(f, 25)  # keeps answering from the local index
+            assert pred.path == "semantic"
+        assert wait_for(lambda: a.stats()["store_degraded"] > 0 and not a.stats()["store_connected"])
+        assert a.stats()["store_buffered"] > 0
+
+        private_redis.start()  # same port, empty: the data before the kill is gone from Redis
+        for f in feats[2 * third :]:
+            ids.append(a.record_features(f, 25, 900).id)
+        assert wait_for(lambda: stream_ids(private_redis.url, prefix) == set(ids), timeout=15)
+        stats = a.stats()
+        assert stats["store_reseeds"] >= 1 and stats["store_dropped"] == 0 and stats["store_connected"]
+        assert a.size() == len(ids)
+
+        b = replica(private_redis.url, prefix)
+        try:
+            assert b.size() == len(ids)
+            assert b.predict_features(feats[-1], 25).path == "semantic"
+        finally:
+            b.close()
+    finally:
+        a.close()
+
+
+def test_redis_down_at_start_then_back(feats: list[PromptFeatures]) -> None:
+    binary = redis_server_binary()
+    if binary is None:
+        pytest.skip("redis-server is not installed")
+    server = RedisProcess(binary, free_port())
+    a = replica(server.url, "sagegate-late", socket_timeout=0.3)
+    try:
+        assert a.stats()["store_connected"] is False
+        rec = a.record_features(feats[0], 15, 20)
+        assert a.predict_features(feats[1], 15).path in ("bucket", "global")
+        server.start()
+        assert wait_for(lambda: stream_ids(server.url, "sagegate-late") == {rec.id}, timeout=15)
+    finally:
+        a.close()
+        server.kill()
+
+
+def test_malformed_stream_entries_are_skipped(main_prefix: str) -> None:
+    import redis
+
+    r = redis.Redis.from_url(MAIN_URL)
+    r.xadd(f"{main_prefix}:stream", {"id": "x", "emb": b"short"})
+    good = Completion("ok", "default", np.ones(384, dtype=np.float32) / math.sqrt(384), 5, 7, time.time())
+    r.xadd(f"{main_prefix}:stream", good.to_fields())
+    r.close()
+    p = replica(MAIN_URL, main_prefix)
+    try:
+        assert p.size() == 1
+    finally:
+        p.close()
