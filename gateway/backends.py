@@ -83,10 +83,19 @@ class Backend:
         self.inflight = 0
         self.dispatched = 0
         self.failures = 0
+        # The backend's waiting list, estimated (see :meth:`scraped`): our requests that have not
+        # produced a byte, in dispatch order (rid -> prompt tokens); of those, the ones sent since the
+        # last scrape began (counted as waiting until their first byte or ``pending_s``); and the ones
+        # the last scrape's count is attributed to.
+        self.unstarted: dict[Any, int] = {}
+        self.pending: dict[Any, int] = {}
+        self.attributed: dict[Any, int] = {}
+        self._snapshot: list[Any] = []
         self.scraped_waiting = 0
-        self.pending = 0
-        """Requests sent since the last scrape was taken that have not produced a byte yet."""
-        self.epoch = 0
+        self.scraped_tokens = 0
+        self.pending_tokens = 0
+        self.mean_prompt = 512.0
+        """Running mean of the prompts sent here: the guess for waiting requests that are not ours."""
 
     @property
     def healthy(self) -> bool:
@@ -103,32 +112,62 @@ class Backend:
         return not self.models or any(m.get("id") == model for m in self.models)
 
     # --- the local estimate of the backend's waiting list ----------------------------------
-    def sent(self) -> int:
-        """A request went out; returns the epoch it belongs to (see :meth:`started`)."""
+    def sent(self, rid: Any, prompt_tokens: int) -> None:
+        """A request went out: it waits there until it produces a byte (or ``expire``)."""
         self.inflight += 1
         self.dispatched += 1
-        self.pending += 1
-        self.load.waiting = self.scraped_waiting + self.pending
-        return self.epoch
+        self.unstarted[rid] = prompt_tokens
+        self.pending[rid] = prompt_tokens
+        self.pending_tokens += prompt_tokens
+        self.mean_prompt += 0.05 * (prompt_tokens - self.mean_prompt)
+        self._refresh()
 
-    def started(self, epoch: int) -> None:
-        """A request sent in ``epoch`` produced its first byte or ended: it waits no more."""
-        if epoch == self.epoch and self.pending > 0:
-            self.pending -= 1
-            self.load.waiting = self.scraped_waiting + self.pending
+    def expire(self, rid: Any) -> None:
+        """``pending_s`` passed: assume the engine scheduled it (the next scrape says otherwise)."""
+        tokens = self.pending.pop(rid, None)
+        if tokens is not None:
+            self.pending_tokens -= tokens
+            self._refresh()
+
+    def started(self, rid: Any) -> None:
+        """It produced its first byte, or ended: it waits no more (idempotent)."""
+        if self.unstarted.pop(rid, None) is None:
+            return
+        self.expire(rid)
+        tokens = self.attributed.pop(rid, None)
+        if tokens is not None:
+            self.scraped_waiting = max(0, self.scraped_waiting - 1)
+            self.scraped_tokens -= tokens
+        self._refresh()
 
     def scrape_begins(self) -> None:
-        self.epoch += 1
-        self.pending = 0
+        """From now on the scrape accounts for what was sent so far."""
+        self._snapshot = list(self.unstarted)
+        self.pending.clear()
+        self.pending_tokens = 0
 
     def scraped(self, m: EngineMetrics) -> None:
+        """The engine reports ``m.waiting`` requests waiting. An engine starts requests in arrival
+        order, so ours among them are the most recently sent of those still without a byte; any
+        beyond ours (other clients') count as the running mean prompt sent here."""
         self.metrics = m
+        still = [rid for rid in self._snapshot if rid in self.unstarted]
+        ours = still[max(0, len(still) - m.waiting) :] if m.waiting else []
+        self.attributed = {rid: self.unstarted[rid] for rid in ours}
+        tokens = sum(self.attributed.values())
+        if m.waiting > len(ours):
+            tokens += round(self.mean_prompt * (m.waiting - len(ours)))
         self.scraped_waiting = m.waiting
-        self.load.waiting = m.waiting + self.pending
+        self.scraped_tokens = tokens
         self.load.running = m.running
         capacity = self.configured_capacity or m.capacity_tokens
         if capacity:
             self.load.capacity_tokens = capacity
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self.load.waiting = self.scraped_waiting + len(self.pending)
+        self.load.waiting_tokens = max(0, self.scraped_tokens) + self.pending_tokens
 
 
 class BackendPool:

@@ -64,7 +64,10 @@ class Dispatcher:
         req.t_enqueue = now
         self.policy.on_arrival(req, now)
         self.queue.push(req, now)
-        self.dispatch()  # at once: an idle fleet adds no loop iteration to the first byte
+        if self.policy.dynamic:
+            self.kick()  # a rescan of the queue (O(n)) once per loop iteration, not per arrival
+        else:
+            self.dispatch()  # at once (O(log n)): an idle fleet adds no loop iteration to the first byte
         return req.future
 
     def requeue(self, req: GatewayRequest) -> asyncio.Future[int]:
@@ -103,7 +106,7 @@ class Dispatcher:
             assert req is not None and req.charge is not None
             charge = req.charge
             self.decisions += 1
-            idx = choose_backend(charge.value, self._eligible(req, loads), cfg)
+            idx = choose_backend(charge.value, self._eligible(req, loads), cfg, req.prompt_tokens)
             if self._screens:
                 view = LoadView(
                     kv_usage=_usage_after(charge.value, idx, loads),
@@ -124,7 +127,7 @@ class Dispatcher:
             b = self.pool.backends[idx]
             loads[idx].charged_tokens += charge.value
             req.backend = idx
-            req.epoch = b.sent()
+            b.sent(req.rid, req.prompt_tokens)
             req.t_dispatch = now
             asyncio.get_running_loop().call_later(self.pending_s, self._expire, req, idx, req.attempt)
             if self.metrics is not None:
@@ -143,21 +146,24 @@ class Dispatcher:
         return [
             ld
             if i not in req.excluded and backends[i].serves(req.model)
-            else BackendLoad(ld.capacity_tokens, ld.charged_tokens, ld.waiting, ld.running, healthy=False)
+            else BackendLoad(
+                ld.capacity_tokens, ld.charged_tokens, ld.waiting, ld.running, False, ld.waiting_tokens
+            )
             for i, ld in enumerate(loads)
         ]
 
     # --- life of a dispatched request ---------------------------------------------------------
     def first_byte(self, req: GatewayRequest) -> None:
-        """The backend answered (or ``pending_s`` passed): it no longer counts as waiting there."""
-        if req.backend is not None and req.epoch >= 0:
-            self.pool.backends[req.backend].started(req.epoch)
-            req.epoch = -1
+        """The backend answered: the request no longer waits there."""
+        if req.backend is not None:
+            self.pool.backends[req.backend].started(req.rid)
             self.kick()
 
     def _expire(self, req: GatewayRequest, idx: int, attempt: int) -> None:
+        """``pending_s`` after dispatch: count it as scheduled unless a scrape says it still waits."""
         if req.backend == idx and req.attempt == attempt:
-            self.first_byte(req)
+            self.pool.backends[idx].expire(req.rid)
+            self.kick()
 
     def progress(self, req: GatewayRequest, generated: int) -> None:
         """``generated`` tokens so far: correct the charge."""
@@ -177,9 +183,7 @@ class Dispatcher:
         if idx is None:
             return
         b = self.pool.backends[idx]
-        if req.epoch >= 0:
-            b.started(req.epoch)
-            req.epoch = -1
+        b.started(req.rid)
         b.inflight -= 1
         if req.charge is not None:
             b.load.charged_tokens -= req.charge.value

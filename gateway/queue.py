@@ -31,7 +31,6 @@ class GatewayRequest(SchedRequest):
         "backend",
         "body",
         "charge",
-        "epoch",
         "excluded",
         "future",
         "model",
@@ -74,7 +73,6 @@ class GatewayRequest(SchedRequest):
         self.want_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
         self.charge: Charge | None = None
         self.backend: int | None = None
-        self.epoch = 0
         self.excluded: set[int] = set()
         self.attempt = 0
         self.future: asyncio.Future[int] | None = None

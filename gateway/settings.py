@@ -50,12 +50,19 @@ class AdmissionSettings(BaseModel):
     target: float = Field(default=_ADMISSION.target, gt=0.0)
     max_waiting: int = Field(default=_ADMISSION.max_waiting, ge=1)
     unknown_output: int = Field(default=_ADMISSION.unknown_output, ge=1)
+    max_waiting_tokens: int = Field(default=_ADMISSION.max_waiting_tokens, ge=1)
     pending_s: float = Field(default=0.03, gt=0.0)
     """A request sent to a backend counts as waiting there until its first byte, the next scrape, or
     this long (about one engine step: by then the engine has scheduled it or reports it waiting)."""
 
     def config(self) -> AdmissionConfig:
-        return AdmissionConfig(self.quantile, self.target, self.max_waiting, self.unknown_output)
+        return AdmissionConfig(
+            quantile=self.quantile,
+            target=self.target,
+            max_waiting=self.max_waiting,
+            unknown_output=self.unknown_output,
+            max_waiting_tokens=self.max_waiting_tokens,
+        )
 
 
 class QueueSettings(BaseModel):
@@ -74,8 +81,7 @@ class HealthSettings(BaseModel):
 
     scrape_interval_s: float = Field(default=0.1, gt=0.0)
     """How often each backend's ``/metrics`` is read (waiting requests, KV capacity). Between scrapes a
-    request sent to a backend counts as waiting there until its first byte (non-streaming: until the
-    next scrape), so with ``max_waiting: 1`` this bounds how fast a backend is fed."""
+    request sent to a backend counts as waiting there until its first byte or ``admission.pending_s``."""
     probe_interval_s: float = Field(default=1.0, gt=0.0)
     """How often each backend's ``/health`` is probed."""
     probe_timeout_s: float = Field(default=2.0, gt=0.0)

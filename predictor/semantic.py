@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -32,6 +33,7 @@ from predictor.history import Completion, HistoryStore, WindowBounds, wall_clock
 from predictor.index import IndexConfig, WindowIndex
 from predictor.lexical import DocFreq, extract_terms
 from predictor.memory_store import MemoryStore
+from predictor.probe import LengthProbe
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +50,14 @@ class SemanticConfig:
     dense_weight: float = 0.2
     temperature: float = 0.1
     length_scale: float = 1.0
-    floor: float = 0.15
+    floor: float = 0.05
     min_neighbours: int = 3
     prior_weight: float = 0.0
     max_points: int = 32
     bucket_min_samples: int = 8
+    probe_weight: float = 0.0
+    probe_refit_every: int = 500
+    probe_alpha: float = 3.0
     bounds: WindowBounds = field(default_factory=WindowBounds)
     index: IndexConfig = field(default_factory=IndexConfig)
 
@@ -102,11 +107,37 @@ class PredictorStats:
 
 
 class _Shard:
-    """One model's index and its length priors."""
+    """One model's index, its length priors and (optional) linear probe."""
 
     def __init__(self, config: SemanticConfig) -> None:
         self.prior = LengthBucketPredictor(min_samples=config.bucket_min_samples)
         self.index = WindowIndex(config.bounds, config.index, on_add=self._observe)
+        self.probe = LengthProbe(config.probe_alpha)
+        self.refit_every = config.probe_refit_every
+        self.since_fit = 0
+        self._fitting: threading.Thread | None = None
+
+    def maybe_refit(self) -> None:
+        """Refit the probe every ``refit_every`` additions, on a thread unless replays are synchronous."""
+        self.since_fit += 1
+        if self.since_fit < self.refit_every:
+            return
+        if self._fitting is not None and self._fitting.is_alive():
+            return
+        self.since_fit = 0
+        if not self.index.config.background:
+            self._refit()
+            return
+        self._fitting = threading.Thread(target=self._refit, name="sagegate-probe-fit", daemon=True)
+        self._fitting.start()
+
+    def _refit(self) -> None:
+        idx = self.index
+        with idx.lock:
+            rows = list(idx.lexical.terms)
+            docs = [(idx.lexical.terms[r], idx.lexical.weights[r]) for r in rows]
+            lengths = idx.out_tokens[np.array(rows, dtype=np.int64)].copy()
+        self.probe = LengthProbe(self.probe.alpha).fit(docs, lengths)
 
     def _observe(self, rec: Completion) -> None:
         req = TraceRequest(arrival_s=rec.ts, prompt_tokens=rec.prompt_tokens, output_tokens=rec.output_tokens)
@@ -227,7 +258,13 @@ class SemanticPredictor:
         if cfg.length_scale > 0:
             gap = np.abs(np.log(max(1, prompt_tokens)) - np.log(cand.prompt_tokens[keep]))
             w = w * np.exp(-gap / cfg.length_scale)
-        knn = LengthDistribution.from_samples(cand.output_tokens[keep], w, max_points=cfg.max_points)
+        outs = cand.output_tokens[keep]
+        if cfg.probe_weight > 0:
+            est = shard.probe.predict(feats.terms, q_w)
+            if est is not None:  # move the neighbours' lengths toward the probe, in log space
+                shift = cfg.probe_weight * (est - math.log(float(w @ outs / w.sum())))
+                outs = outs * math.exp(shift)
+        knn = LengthDistribution.from_samples(outs, w, max_points=cfg.max_points)
         dist = knn
         if cfg.prior_weight > 0:
             n_eff = float(w.sum() ** 2 / np.square(w).sum())
@@ -348,7 +385,10 @@ class SemanticPredictor:
         with self._df_lock:
             self._docfreq.add(rec.terms)
             weights = self._docfreq.weigh(rec.terms, rec.counts)
-        return shard.index.add(rec, weights, self.clock())
+        added = shard.index.add(rec, weights, self.clock())
+        if added and self.config.probe_weight > 0:
+            shard.maybe_refit()
+        return added
 
     def _shard(self, model: str) -> _Shard:
         shard = self._shards.get(model)

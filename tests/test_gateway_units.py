@@ -13,13 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.backends import BackendPool, CircuitBreaker
+from gateway.backends import Backend, BackendPool, CircuitBreaker
 from gateway.dispatcher import Dispatcher, QueueFull
 from gateway.errors import GatewayError
 from gateway.predict import cap
 from gateway.queue import BoundedQueue, GatewayRequest
-from gateway.scrape import parse_metrics
-from gateway.settings import GatewaySettings, load_settings
+from gateway.scrape import EngineMetrics, parse_metrics
+from gateway.settings import BackendSettings, GatewaySettings, HealthSettings, load_settings
 from gateway.sse import SseScanner
 from gateway.tenants import identify, match_key
 from policies.admission import AdmissionConfig
@@ -280,3 +280,26 @@ def test_progress_corrects_the_charge_and_release_frees_it() -> None:
         assert load.charged_tokens == 0 and d.pool.backends[0].inflight == 0
 
     asyncio.run(go())
+
+
+def test_waiting_estimate_attributes_the_scrape_to_the_newest_unstarted() -> None:
+    b = Backend(BackendSettings(url="http://b"), 10_000, HealthSettings(), clock=lambda: 0.0)
+    for rid, tokens in ((1, 100), (2, 200), (3, 300)):
+        b.sent(rid, tokens)
+    assert (b.load.waiting, b.load.waiting_tokens) == (3, 600)  # all pending until they answer
+    b.started(1)
+    b.scrape_begins()
+    b.scraped(EngineMetrics(waiting=1, running=5))  # the engine waits on one: our newest
+    assert (b.load.waiting, b.load.waiting_tokens) == (1, 300)
+    b.sent(4, 50)
+    assert (b.load.waiting, b.load.waiting_tokens) == (2, 350)
+    b.expire(4)  # pending_s passed: assumed scheduled
+    assert (b.load.waiting, b.load.waiting_tokens) == (1, 300)
+    b.started(3)
+    b.started(3)  # idempotent
+    assert (b.load.waiting, b.load.waiting_tokens) == (0, 0)
+    b.started(2)
+    b.started(4)
+    b.scrape_begins()
+    b.scraped(EngineMetrics(waiting=4))  # others' requests: our running mean prompt each
+    assert b.load.waiting == 4 and b.load.waiting_tokens == round(4 * b.mean_prompt) > 0

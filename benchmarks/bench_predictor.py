@@ -1,0 +1,218 @@
+"""Latency and memory of the semantic predictor on this machine.
+
+Prints: embedding and end-to-end ``apredict`` latency (p50/p99) for a ~200-token prompt, the same under
+concurrency (micro-batching), the hnswlib query and the full hybrid search at ``--entries`` history
+entries (random unit vectors, Zipf-distributed hashed terms of ShareGPT-like counts), the resident memory
+those entries add beyond the model, and optionally the replica-to-replica propagation delay through Redis.
+
+    .venv/bin/python benchmarks/bench_predictor.py [--entries 100000] [--redis redis://127.0.0.1:6379/0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import math
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from predictor.embedder import MiniLMEmbedder
+from predictor.history import Completion, WindowBounds
+from predictor.index import IndexConfig
+from predictor.lexical import HASH_MASK
+from predictor.memory_store import MemoryStore
+from predictor.semantic import SemanticConfig, SemanticPredictor
+
+PROMPT = (
+    "I am preparing a short training session for new support engineers at a company that sells "
+    "accounting software to small businesses. The session should explain how to triage incoming tickets, "
+    "how to reproduce a customer's problem on a test account, when to escalate to the product team, and "
+    "how to write a clear reply that a non-technical customer can follow. Please write an outline for a "
+    "ninety-minute session with timings for each part, two hands-on exercises based on realistic tickets "
+    "(one about a failed bank import and one about a wrong tax rate on invoices), and a checklist the "
+    "engineers can keep next to their screen. Keep the tone friendly and practical, avoid jargon where "
+    "possible, and suggest how to measure whether the session worked after a month, for example with "
+    "ticket reopen rates or customer satisfaction scores."
+)
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.array(xs), q))
+
+
+def timed(fn: Callable[[], object], n: int, warm: int = 3) -> list[float]:
+    for _ in range(warm):
+        fn()
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append(1000 * (time.perf_counter() - t))
+    return out
+
+
+def line(name: str, ms: list[float]) -> None:
+    print(f"{name:<44} p50 {pct(ms, 50):8.3f} ms   p99 {pct(ms, 99):8.3f} ms   (n={len(ms)})")
+
+
+def synthetic_history(n: int, seed: int = 0) -> list[Completion]:
+    """Unit vectors and Zipf-distributed term ids; term counts per prompt drawn like ShareGPT's (median
+    ~43 distinct terms, long tail)."""
+    rng = np.random.default_rng(seed)
+    vecs = rng.standard_normal((n, 384)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    n_terms = np.minimum(np.rint(np.exp(rng.normal(math.log(45), 1.2, n))), 1500).astype(int) + 1
+    out = []
+    for i in range(n):
+        ids = np.unique((rng.zipf(1.15, n_terms[i]) * 2654435761) & HASH_MASK).astype(np.uint32)
+        counts = np.ones(ids.size, dtype=np.uint16)
+        out.append(
+            Completion(
+                f"b{i}",
+                "default",
+                vecs[i],
+                int(n_terms[i]),
+                int(rng.lognormal(5.3, 1.0)) + 1,
+                0.0,
+                terms=ids,
+                counts=counts,
+            )
+        )
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--entries", type=int, default=100_000)
+    ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--redis", default=None, help="measure propagation between two replicas via this URL")
+    args = ap.parse_args()
+
+    emb = MiniLMEmbedder()
+    t = time.perf_counter()
+    emb.load()
+    print(
+        f"model load {time.perf_counter() - t:.1f} s; prompt {len(emb.fit_text(PROMPT).split())} words, "
+        f"{len(emb._model.tokenizer(PROMPT)['input_ids'])} word pieces"
+    )
+    line("embed one prompt (direct)", timed(lambda: emb.embed([PROMPT]), args.runs))
+
+    gc.collect()
+    base_rss = rss_mb()
+    bounds = WindowBounds(max_entries=args.entries + 10, max_age_s=math.inf)
+    cfg = SemanticConfig(bounds=bounds, index=IndexConfig(background=False))
+    pred = SemanticPredictor(emb, store=MemoryStore(bounds, retain=False), config=cfg, clock=lambda: 1.0)
+    pred.start()
+    t = time.perf_counter()
+    chunk = 10_000
+    for start in range(0, args.entries, chunk):
+        pred.ingest(synthetic_history(min(chunk, args.entries - start), seed=start))
+    build_s = time.perf_counter() - t
+    shard = pred._shards["default"]
+    shard.index.lexical.rebuild()
+    gc.collect()
+    print(
+        f"indexed {pred.size()} entries in {build_s:.0f} s; resident memory added "
+        f"{rss_mb() - base_rss:.0f} MB (model and runtime excluded)"
+    )
+
+    rng = np.random.default_rng(1)
+    queries = rng.standard_normal((args.runs + 3, 384)).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    it = iter(range(10**9))
+    line(
+        f"hnswlib query k=100 at {pred.size()}",
+        timed(lambda: shard.index.dense(queries[next(it) % len(queries)], 100), args.runs),
+    )
+    feats = pred.features(PROMPT)
+    terms = feats.terms
+    with pred._df_lock:
+        qw = pred._docfreq.weigh(terms, feats.counts)
+    line("lexical query k=100", timed(lambda: shard.index.lexical.query(terms, qw, 100), args.runs))
+    line(
+        "hybrid search (dense + lexical + scoring)",
+        timed(lambda: shard.index.search(feats.embedding, terms, qw, 100, 100), args.runs),
+    )
+    line(
+        "predict_features (search + distribution)",
+        timed(lambda: pred.predict_features(feats, 200), args.runs),
+    )
+
+    async def sequential() -> list[float]:
+        out = []
+        for _ in range(args.runs):
+            t0 = time.perf_counter()
+            await pred.apredict(PROMPT, 200)
+            out.append(1000 * (time.perf_counter() - t0))
+        return out
+
+    line("apredict end to end, one at a time", asyncio.run(sequential())[3:])
+
+    async def concurrent(c: int) -> tuple[list[float], float]:
+        lat: list[float] = []
+
+        async def one() -> None:
+            t0 = time.perf_counter()
+            await pred.apredict(PROMPT, 200)
+            lat.append(1000 * (time.perf_counter() - t0))
+
+        t0 = time.perf_counter()
+        for _ in range(max(1, args.runs // c)):
+            await asyncio.gather(*(one() for _ in range(c)))
+        return lat, len(lat) / (time.perf_counter() - t0)
+
+    for c in (4, 16):
+        b0, i0 = pred.embedder.batches, pred.embedder.items
+        lat, rps = asyncio.run(concurrent(c))
+        per_batch = (pred.embedder.items - i0) / max(1, pred.embedder.batches - b0)
+        line(f"apredict, {c} concurrent ({rps:.0f}/s, {per_batch:.1f}/batch)", lat)
+    pred.close()
+
+    if args.redis:
+        propagation(args.redis, emb)
+
+
+def propagation(url: str, emb: MiniLMEmbedder) -> None:
+    from predictor.redis_store import RedisStore
+
+    prefix = f"sagegate-bench:{uuid.uuid4().hex}"
+    cfg = SemanticConfig(index=IndexConfig(background=False))
+    a = SemanticPredictor(emb, store=RedisStore(url, prefix=prefix), config=cfg).start()
+    b = SemanticPredictor(emb, store=RedisStore(url, prefix=prefix), config=cfg).start()
+    feats = a.features(PROMPT)
+    delays = []
+    for i in range(50):
+        t0 = time.perf_counter()
+        a.record_features(feats, 200, 100 + i)
+        while b.size() < i + 1 and time.perf_counter() - t0 < 5:
+            time.sleep(0.0005)
+        delays.append(1000 * (time.perf_counter() - t0))
+    line("replica-to-replica propagation via Redis", delays)
+    print(f"  median {statistics.median(delays):.1f} ms")
+    a.close()
+    b.close()
+    import redis
+
+    r = redis.Redis.from_url(url)
+    r.delete(f"{prefix}:stream", f"{prefix}:epoch")
+
+
+if __name__ == "__main__":
+    main()
