@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from predictor.embedder import MiniLMEmbedder
 from predictor.history import Completion, WindowBounds
 from predictor.index import IndexConfig
-from predictor.lexical import HASH_MASK
+from predictor.lexical import extract_terms
 from predictor.memory_store import MemoryStore
 from predictor.semantic import SemanticConfig, SemanticPredictor
 
@@ -73,25 +73,27 @@ def line(name: str, ms: list[float]) -> None:
 
 
 def synthetic_history(n: int, seed: int = 0) -> list[Completion]:
-    """Unit vectors and Zipf-distributed term ids; term counts per prompt drawn like ShareGPT's (median
-    ~43 distinct terms, long tail)."""
+    """Random unit vectors; prompts of Zipf-distributed words (the benchmark prompt's words among 20k
+    made-up ones), with ShareGPT-like lengths (median ~40 words, long tail), hashed as real prompts are."""
     rng = np.random.default_rng(seed)
     vecs = rng.standard_normal((n, 384)).astype(np.float32)
     vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
-    n_terms = np.minimum(np.rint(np.exp(rng.normal(math.log(45), 1.2, n))), 1500).astype(int) + 1
+    vocab = np.array(sorted(set(PROMPT.lower().split())) + [f"w{i}" for i in range(20_000)])
+    rng.shuffle(vocab)
+    n_words = np.minimum(np.rint(np.exp(rng.normal(math.log(40), 1.1, n))), 1200).astype(int) + 1
     out = []
     for i in range(n):
-        ids = np.unique((rng.zipf(1.15, n_terms[i]) * 2654435761) & HASH_MASK).astype(np.uint32)
-        counts = np.ones(ids.size, dtype=np.uint16)
+        words = vocab[np.minimum(rng.zipf(1.2, n_words[i]) - 1, vocab.size - 1)]
+        terms, counts = extract_terms(" ".join(words))
         out.append(
             Completion(
-                f"b{i}",
+                f"s{seed}-{i}",
                 "default",
                 vecs[i],
-                int(n_terms[i]),
+                int(n_words[i] * 1.3),
                 int(rng.lognormal(5.3, 1.0)) + 1,
                 0.0,
-                terms=ids,
+                terms=terms,
                 counts=counts,
             )
         )

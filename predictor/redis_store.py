@@ -1,9 +1,10 @@
 """The shared history: a Redis stream that every gateway replica appends to and consumes.
 
-One background thread per replica does all Redis I/O: it writes buffered completions (pipelined XADD,
-approximate MAXLEN; an occasional XTRIM MINID applies the age bound), then blocks briefly on XREAD for
-what other replicas wrote and hands it to the predictor. So a completion seen by one replica reaches the
-others' indexes within about ``block_ms`` plus one round trip, and the request path never touches Redis.
+Two background threads per replica do all Redis I/O, each on its own connection: a writer that sends
+buffered completions as soon as they arrive (pipelined XADD with an approximate MAXLEN; an occasional
+XTRIM MINID applies the age bound), and a reader that blocks on XREAD for what other replicas wrote and
+hands it to the predictor. So a completion seen by one replica reaches the others' indexes within a few
+round trips, and the request path never touches Redis.
 
 Failures: any Redis error or timeout counts one degraded moment, marks the store disconnected and backs
 off (100 ms doubling to 1 s). Appends keep accumulating in a bounded buffer meanwhile (oldest dropped,
@@ -62,9 +63,10 @@ class RedisStore:
         self._last_id = "0-0"
         self._epoch: str | None = None
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._threads: list[threading.Thread] = []
         self._last_trim = 0.0
-        self._client: Any = None
+        self._clients: dict[str, Any] = {}
 
     # --- the interface ------------------------------------------------------------------------
     def start(self, deliver: Deliver) -> list[Completion]:
@@ -76,9 +78,13 @@ class RedisStore:
             records = self._load()
             self._connected()
         except Exception as exc:
-            self._degraded(exc)
-        self._thread = threading.Thread(target=self._run, name="sagegate-redis-history", daemon=True)
-        self._thread.start()
+            self._degraded(exc, "reader")
+        for role, step in (("reader", self._read_step), ("writer", self._write_step)):
+            t = threading.Thread(
+                target=self._loop, args=(role, step), name=f"sagegate-redis-{role}", daemon=True
+            )
+            self._threads.append(t)
+            t.start()
         return records
 
     def append(self, record: Completion) -> None:
@@ -90,16 +96,19 @@ class RedisStore:
                 self._stats.dropped += 1
             self._pending.append(record)
             self._stats.buffered = len(self._pending)
+        self._wake.set()
 
     def close(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2 + self._socket_timeout)
+        self._wake.set()
+        for t in self._threads:
+            t.join(timeout=2 + self._socket_timeout)
         with contextlib.suppress(Exception):  # last best-effort flush
             self._flush()
-        if self._client is not None:
+        self._wake.clear()
+        for client in self._clients.values():
             with contextlib.suppress(Exception):
-                self._client.close()
+                client.close()
 
     def stats(self) -> StoreStats:
         with self._lock:
@@ -117,24 +126,26 @@ class RedisStore:
         return False
 
     # --- Redis --------------------------------------------------------------------------------
-    def _redis(self) -> Any:
-        if self._client is None:
+    def _redis(self, role: str = "reader") -> Any:
+        """One client per thread role, recreated after a failure (the old socket may be half-closed)."""
+        client = self._clients.get(role)
+        if client is None:
             import redis
             from redis.backoff import NoBackoff
             from redis.retry import Retry
 
-            self._client = redis.Redis.from_url(
+            client = self._clients[role] = redis.Redis.from_url(
                 self.url,
                 socket_timeout=self._socket_timeout,
                 socket_connect_timeout=self._socket_timeout,
                 retry=Retry(NoBackoff(), 0),
                 health_check_interval=0,
             )
-        return self._client
+        return client
 
     def _check_epoch(self) -> None:
         """Detect a Redis that lost our data; then re-send our own completions and re-read all."""
-        r = self._redis()
+        r = self._redis("reader")
         r.set(self.epoch_key, uuid.uuid4().hex, nx=True)
         raw = r.get(self.epoch_key)
         epoch = raw.decode() if isinstance(raw, bytes) else str(raw)
@@ -150,7 +161,7 @@ class RedisStore:
         self._epoch = epoch
 
     def _load(self) -> list[Completion]:
-        r = self._redis()
+        r = self._redis("reader")
         horizon = self.bounds.horizon(self.clock())
         out: list[Completion] = []
         start = "-"
@@ -167,28 +178,38 @@ class RedisStore:
             start = f"({self._last_id}"
         return out
 
-    def _run(self) -> None:
+    def _loop(self, role: str, step: Callable[[], bool]) -> None:
         backoff = 0.1
         while not self._stop.is_set():
             try:
-                self._check_epoch()
-                self._flush()
-                self._read()
-                self._trim()
-                self._connected()
+                if step():  # only a step that reached Redis says it is back
+                    self._connected()
                 backoff = 0.1
             except Exception as exc:
-                self._degraded(exc)
+                self._degraded(exc, role)
                 self._stop.wait(backoff)
                 backoff = min(1.0, backoff * 2)
 
-    def _flush(self) -> None:
+    def _read_step(self) -> bool:
+        self._check_epoch()
+        self._read()
+        self._trim()
+        return True
+
+    def _write_step(self) -> bool:
+        self._wake.wait(0.1)
+        self._wake.clear()
+        return self._flush() > 0
+
+    def _flush(self) -> int:
+        """Write the buffer out; returns how many were written."""
+        written = 0
         while True:
             with self._lock:
                 batch = list(self._pending)[:256]
             if not batch:
-                return
-            pipe = self._redis().pipeline(transaction=False)
+                return written
+            pipe = self._redis("writer").pipeline(transaction=False)
             for rec in batch:
                 fields = rec.to_fields()
                 fields["src"] = self.replica_id
@@ -200,9 +221,10 @@ class RedisStore:
                         self._pending.popleft()
                 self._stats.written += len(batch)
                 self._stats.buffered = len(self._pending)
+            written += len(batch)
 
     def _read(self) -> None:
-        resp = self._redis().xread({self.stream_key: self._last_id}, count=1000, block=self.block_ms)
+        resp = self._redis("reader").xread({self.stream_key: self._last_id}, count=1000, block=self.block_ms)
         if not resp:
             return
         fresh: list[Completion] = []
@@ -225,7 +247,7 @@ class RedisStore:
             return
         self._last_trim = now
         min_ms = int(1000 * self.bounds.horizon(self.clock()))
-        self._redis().xtrim(self.stream_key, minid=f"{max(0, min_ms)}-0", approximate=True)
+        self._redis("reader").xtrim(self.stream_key, minid=f"{max(0, min_ms)}-0", approximate=True)
 
     @staticmethod
     def _parse(fields: Any) -> Completion | None:
@@ -238,14 +260,13 @@ class RedisStore:
     def _connected(self) -> None:
         self._stats.connected = True
 
-    def _degraded(self, exc: BaseException) -> None:
+    def _degraded(self, exc: BaseException, role: str) -> None:
         if self._stats.connected:
             log.warning("redis history %s unavailable: %s", self.prefix, exc)
         self._stats.degraded += 1
         self._stats.connected = False
         self._stats.last_error = f"{type(exc).__name__}: {exc}"
-        # A fresh connection next time: the old one may be half-closed.
-        if self._client is not None:
+        client = self._clients.pop(role, None)
+        if client is not None:
             with contextlib.suppress(Exception):
-                self._client.close()
-        self._client = None
+                client.close()

@@ -27,7 +27,7 @@ def demo(
     rate_scale: Annotated[float, typer.Option(help="Arrivals this many times denser than the trace.")] = 1.0,
     time_scale: Annotated[
         float, typer.Option(help="Backends run this many times faster than real time.")
-    ] = 5.0,
+    ] = 2.0,
     model: Annotated[str, typer.Option(help="Model the simulated backends serve.")] = "qwen3-32b",
     gpu: Annotated[str, typer.Option(help="GPU the simulated backends model.")] = "h100",
     policy: Annotated[str, typer.Option(help="The gateway's policy.")] = "sagesched",
@@ -43,7 +43,7 @@ def demo(
     from sagegate.procs import spawned
 
     if quick:
-        minutes, time_scale, predictor = min(minutes, 1 / 3), max(time_scale, 10.0), "length-bucket"
+        minutes, predictor = min(minutes, 1 / 3), "length-bucket"
     work = _workload(minutes, rate_scale, seed)
     typer.echo(
         f"demo: {len(work)} requests ({minutes:g} trace minutes × {rate_scale:g}), two simulated {model} "
