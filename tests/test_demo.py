@@ -8,7 +8,6 @@ import sys
 import pytest
 
 
-@pytest.mark.slow
 def _children() -> set[str]:
     found = subprocess.run(
         ["pgrep", "-f", "sagegate.cmd_backend|sagegate.cli serve"], capture_output=True, text=True
@@ -16,6 +15,7 @@ def _children() -> set[str]:
     return set(found.stdout.split())
 
 
+@pytest.mark.slow
 def test_demo_quick_shows_both_runs_and_leaves_no_process(tmp_path):
     before = _children()
     out = subprocess.run(
