@@ -2,10 +2,12 @@
 index over the same rows, per-row lengths, and the window bounds.
 
 Rows are small integers reused after expiry (hnswlib re-adding a deleted label updates it in place),
-so memory follows the window, not the total ever seen. When a burst of expiries leaves more deleted
-points than live ones, the graph is rebuilt from the live points; in the background by default, with
-changes made meanwhile replayed before the swap. Every method takes the index's lock: the gateway's
-request path, the store's consumer thread and the rebuild thread share it.
+so memory follows the window, not the total ever seen. An int8 copy of each embedding (384 bytes)
+gives the cosine of lexical-only candidates cheaply: hnswlib's ``get_items`` costs ~17 µs a vector.
+When a burst of expiries leaves more deleted points than live ones, the graph is rebuilt from the live
+points; in the background by default, with changes made meanwhile replayed before the swap. Every
+method takes the index's lock: the gateway's request path, the store's consumer thread and the rebuild
+thread share it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from predictor.history import Completion, WindowBounds
-from predictor.lexical import LexicalIndex
+from predictor.lexical import LexicalIndex, top_k
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,10 @@ class WindowIndex:
         self.out_tokens = np.zeros(cap, dtype=np.int32)
         self.prompt_tokens = np.zeros(cap, dtype=np.int32)
         self.ts = np.zeros(cap, dtype=np.float64)
-        self._order: deque[tuple[float, int, str]] = deque()
+        self.q8 = np.zeros((cap, self.config.dim), dtype=np.int8)
+        self.q8_scale = np.zeros(cap, dtype=np.float32)
+        self._ids: list[str | None] = [None] * cap
+        self._order: deque[int] = deque()  # rows, oldest first
         self._rows: dict[str, int] = {}
         self._free: list[int] = []
         self._next_row = 0
@@ -115,9 +120,13 @@ class WindowIndex:
             self.out_tokens[row] = max(1, rec.output_tokens)
             self.prompt_tokens[row] = max(1, rec.prompt_tokens)
             self.ts[row] = rec.ts
+            scale = float(np.abs(rec.embedding).max()) / 127.0 or 1.0
+            self.q8[row] = np.rint(rec.embedding / scale).astype(np.int8)
+            self.q8_scale[row] = scale
             self.lexical.add(row, rec.terms, weights)
             self._rows[rec.id] = row
-            self._order.append((rec.ts, row, rec.id))
+            self._ids[row] = rec.id
+            self._order.append(row)
             if self._journal is not None:
                 self._journal.add(row)
             if self.on_add is not None:
@@ -142,19 +151,26 @@ class WindowIndex:
             self.out_tokens = _grow(self.out_tokens, grow)
             self.prompt_tokens = _grow(self.prompt_tokens, grow)
             self.ts = _grow(self.ts, grow)
+            self.q8 = _grow(self.q8, grow)
+            self.q8_scale = _grow(self.q8_scale, grow)
+            self._ids.extend([None] * (grow - len(self._ids)))
         return row
 
     def _expire_locked(self, now: float) -> int:
         horizon = self.bounds.horizon(now)
         n = 0
-        while self._order and (len(self._order) > self.bounds.max_entries or self._order[0][0] < horizon):
-            _, row, rid = self._order.popleft()
-            self._remove_locked(rid, row)
+        while self._order and (
+            len(self._order) > self.bounds.max_entries or self.ts[self._order[0]] < horizon
+        ):
+            self._remove_locked(self._order.popleft())
             n += 1
         return n
 
-    def _remove_locked(self, rid: str, row: int) -> None:
-        del self._rows[rid]
+    def _remove_locked(self, row: int) -> None:
+        rid = self._ids[row]
+        self._ids[row] = None
+        if rid is not None:
+            del self._rows[rid]
         self._hnsw.mark_deleted(row)
         self._deleted_rows.add(row)
         self.lexical.remove(row)
@@ -192,11 +208,20 @@ class WindowIndex:
     def _rebuild_graph(self) -> None:
         with self.lock:
             self._journal = set()
-            rows = np.fromiter(self._rows.values(), dtype=np.int64, count=len(self._rows))
-            vecs = self._hnsw.get_items(rows, return_type="numpy") if rows.size else None
+            snap = np.fromiter(self._rows.values(), dtype=np.int64, count=len(self._rows))
+        # Read the vectors in chunks so queries are not held up; a row that changes meanwhile is in
+        # the journal and gets its current vector at the swap.
+        parts, kept = [], []
+        for start in range(0, snap.size, 4096):
+            with self.lock:
+                chunk = np.array([r for r in snap[start : start + 4096] if self._ids[r] is not None])
+                if chunk.size:
+                    parts.append(self._hnsw.get_items(chunk, return_type="numpy"))
+                    kept.append(chunk)
+        rows = np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
         fresh = self._new_hnsw(max(self.config.initial_capacity, 2 * rows.size))
-        if vecs is not None:
-            fresh.add_items(vecs, rows)
+        if rows.size:
+            fresh.add_items(np.concatenate(parts), rows)
         with self.lock:
             live_now = set(self._rows.values())
             gone = set(rows.tolist()) - live_now
@@ -234,18 +259,23 @@ class WindowIndex:
             if not live:
                 return Candidates.empty()
             d_rows, d_sim = self._dense_locked(vec, min(k_dense, live))
-            l_rows, _ = self.lexical.query(q_terms, q_weights, k_lexical)
+            m_rows, m_scores = self.lexical.match(q_terms, q_weights)
+            l_rows, _ = top_k(m_rows, m_scores, k_lexical)
             extra = np.setdiff1d(l_rows, d_rows, assume_unique=True)
             rows = np.concatenate([d_rows, extra])
             dense = d_sim
             if extra.size:
-                ev = self._hnsw.get_items(extra, return_type="numpy")
-                dense = np.concatenate([d_sim, ev @ vec.astype(np.float32)])
-            lex = self.lexical.score(rows, q_terms, q_weights)
+                approx = (self.q8[extra].astype(np.float32) @ vec.astype(np.float32)) * self.q8_scale[extra]
+                dense = np.concatenate([d_sim, approx])
+            lex = np.zeros(rows.size)
+            if m_rows.size:
+                pos = np.minimum(np.searchsorted(m_rows, rows), m_rows.size - 1)
+                hit = m_rows[pos] == rows
+                lex[hit] = m_scores[pos[hit]]
             return Candidates(
                 rows=rows,
                 dense=dense.astype(np.float64),
-                lexical=lex.astype(np.float64),
+                lexical=lex,
                 output_tokens=self.out_tokens[rows].astype(np.float64),
                 prompt_tokens=self.prompt_tokens[rows].astype(np.float64),
             )
@@ -276,6 +306,6 @@ class WindowIndex:
 
 
 def _grow(a: np.ndarray, size: int) -> np.ndarray:
-    out = np.zeros(size, dtype=a.dtype)
-    out[: a.size] = a
+    out = np.zeros((size, *a.shape[1:]), dtype=a.dtype)
+    out[: a.shape[0]] = a
     return out

@@ -1,5 +1,5 @@
 """Lexical side of the hybrid retrieval: hashed word and word-pair terms, a decayed document
-frequency, and a small inverted index over the live window.
+frequency, and a compact inverted index over the live window.
 
 Why: on ShareGPT, neighbours found by TF-IDF word overlap carry length information the MiniLM embedding
 misses (templates, exact task phrasing); ranking by a blend of both similarities lifts Kendall's tau by
@@ -13,6 +13,7 @@ import itertools
 import math
 import re
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -42,12 +43,12 @@ def extract_terms(text: str) -> tuple[np.ndarray, np.ndarray]:
 
 class DocFreq:
     """Document frequency of every hashed term, decayed by insertions (half-life in documents) so it
-    follows the live window without needing the full term lists of expired records."""
+    follows the live window without needing the term lists of expired records."""
 
     def __init__(self, half_life: float = 50_000.0) -> None:
         self.log_gamma = math.log(0.5) / max(1.0, half_life)
         self.df = np.zeros(1 << HASH_BITS, dtype=np.float32)
-        self.at = np.zeros(1 << HASH_BITS, dtype=np.float64)
+        self.at = np.zeros(1 << HASH_BITS, dtype=np.float32)
         self.n = 0.0
         self.mass = 0.0
 
@@ -85,79 +86,118 @@ def lookup(
     return hit, np.where(hit, q_weights[pos], 0.0).astype(np.float32)
 
 
+@dataclass(frozen=True)
+class _Block:
+    """Postings sorted by term: ``rows[ptr[i]:ptr[i+1]]`` hold term ``terms[i]``. Never mutated."""
+
+    terms: np.ndarray
+    ptr: np.ndarray
+    rows: np.ndarray
+    weights: np.ndarray
+
+    @staticmethod
+    def empty() -> _Block:
+        return _Block(EMPTY_U32, np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int32), EMPTY_F32)
+
+    def expand(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Back to (terms, rows, weights) triples."""
+        return np.repeat(self.terms, np.diff(self.ptr)), self.rows, self.weights
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    block: _Block
+    live: np.ndarray
+    delta: list[tuple[int, np.ndarray, np.ndarray]]
+    versions: np.ndarray
+
+
 class LexicalIndex:
     """Inverted index over rows (the same row numbers as the dense index).
 
-    Each row keeps its ``MAX_DOC_TERMS`` heaviest terms (weights normalised over all its terms, so
-    scores are the true cosine restricted to those terms). Postings live in a static sorted block,
-    rebuilt from scratch when the rows added since (the delta, scored by brute force) outgrow a tenth
-    of it. Building costs O(window); the caller decides whether it runs in the background.
+    A row keeps its ``MAX_DOC_TERMS`` heaviest terms, weights normalised over all its terms (so a score
+    is the true cosine restricted to those terms). Postings live in one static block sorted by term
+    (int32 row, float16 weight: six bytes each), rebuilt when the rows added since — the delta, kept per
+    row and scored by brute force — outgrow a tenth of it, or when expired postings make up half of it.
+    The caller decides whether a rebuild runs in the background (``snapshot``/``build``/``install``).
     """
 
     def __init__(self) -> None:
-        self.terms: dict[int, np.ndarray] = {}
-        self.weights: dict[int, np.ndarray] = {}
-        self.delta: dict[int, None] = {}
-        self.in_static = np.zeros(0, dtype=bool)
-        self._st_terms = EMPTY_U32
-        self._st_ptr = np.zeros(1, dtype=np.int64)
-        self._st_rows = np.zeros(0, dtype=np.int32)
-        self._st_w = EMPTY_F32
+        self.block = _Block.empty()
+        self.in_block = np.zeros(0, dtype=bool)  # row's postings in the block are current
+        self.version = np.zeros(0, dtype=np.uint32)
+        self.delta: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.live_in_block = 0
+        self.block_docs = 0
         self._delta_cache: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
-        return len(self.terms)
+        return self.live_in_block + len(self.delta)
+
+    def _ensure(self, row: int) -> None:
+        if row >= self.in_block.size:
+            size = max(1024, 2 * self.in_block.size, row + 1)
+            self.in_block = np.concatenate([self.in_block, np.zeros(size - self.in_block.size, dtype=bool)])
+            self.version = np.concatenate([self.version, np.zeros(size - self.version.size, dtype=np.uint32)])
 
     def add(self, row: int, terms: np.ndarray, weights: np.ndarray) -> None:
         if terms.size > MAX_DOC_TERMS:
             keep = np.sort(np.argpartition(-weights, MAX_DOC_TERMS)[:MAX_DOC_TERMS])
             terms, weights = terms[keep], weights[keep]
         self.remove(row)
-        self.terms[row] = terms
-        self.weights[row] = weights
-        self.delta[row] = None
+        self.delta[row] = (terms, weights.astype(np.float32))
         self._delta_cache = None
 
     def remove(self, row: int) -> None:
-        if self.terms.pop(row, None) is None:
-            return
-        self.weights.pop(row, None)
-        if row < self.in_static.size:
-            self.in_static[row] = False
-        if row in self.delta:
-            del self.delta[row]
+        self._ensure(row)
+        self.version[row] += 1
+        if self.in_block[row]:
+            self.in_block[row] = False
+            self.live_in_block -= 1
+        if self.delta.pop(row, None) is not None:
             self._delta_cache = None
 
     def needs_rebuild(self) -> bool:
-        return len(self.delta) > max(1024, len(self.terms) // 10)
+        if len(self.delta) > max(1024, len(self) // 10):
+            return True
+        return self.block_docs > 2048 and self.live_in_block < self.block_docs // 2
 
-    # --- static block -------------------------------------------------------------------------
-    def snapshot(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
-        return [(r, self.terms[r], self.weights[r]) for r in self.terms]
+    # --- rebuilding ---------------------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        delta = [(r, t, w) for r, (t, w) in self.delta.items()]
+        return Snapshot(self.block, self.in_block.copy(), delta, self.version.copy())
 
     @staticmethod
-    def build(snap: list[tuple[int, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, ...]:
-        """Sorted postings of a snapshot: (unique terms, pointers, rows, weights)."""
-        if not snap:
-            return EMPTY_U32, np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int32), EMPTY_F32
-        terms = np.concatenate([t for _, t, _ in snap])
-        rows = np.repeat(np.array([r for r, _, _ in snap], dtype=np.int32), [t.size for _, t, _ in snap])
-        weights = np.concatenate([w for _, _, w in snap])
+    def build(snap: Snapshot) -> _Block:
+        """The block holding the snapshot's live postings and its delta (O(window log window))."""
+        terms, rows, weights = snap.block.expand()
+        live = snap.live[rows] if rows.size else np.zeros(0, dtype=bool)
+        parts_t, parts_r, parts_w = [terms[live]], [rows[live]], [weights[live]]
+        for r, t, w in snap.delta:
+            parts_t.append(t)
+            parts_r.append(np.full(t.size, r, dtype=np.int32))
+            parts_w.append(w.astype(np.float16))
+        terms, rows, weights = np.concatenate(parts_t), np.concatenate(parts_r), np.concatenate(parts_w)
+        if not terms.size:
+            return _Block.empty()
         order = np.argsort(terms, kind="stable")
-        terms, rows, weights = terms[order], rows[order], weights[order]
+        terms, rows, weights = terms[order], rows[order], weights[order].astype(np.float16)
         uniq, start = np.unique(terms, return_index=True)
-        ptr = np.append(start, terms.size).astype(np.int64)
-        return uniq, ptr, rows, weights
+        return _Block(uniq.astype(np.uint32), np.append(start, terms.size).astype(np.int64), rows, weights)
 
-    def install(self, snap: list[tuple[int, np.ndarray, np.ndarray]], built: tuple[np.ndarray, ...]) -> None:
-        """Swap in a block built from ``snap``; rows changed since the snapshot stay in the delta."""
-        self._st_terms, self._st_ptr, self._st_rows, self._st_w = built
-        top = max((r for r, _, _ in snap), default=-1) + 1
-        self.in_static = np.zeros(max(top, self.in_static.size), dtype=bool)
-        for row, terms, _ in snap:
-            if self.terms.get(row) is terms:  # unchanged since the snapshot
-                self.in_static[row] = True
-                self.delta.pop(row, None)
+    def install(self, snap: Snapshot, block: _Block) -> None:
+        """Swap in a block built from ``snap``; rows changed since the snapshot keep their newer state."""
+        in_block = np.zeros_like(self.in_block)
+        n = snap.live.size
+        unchanged = self.version[:n] == snap.versions
+        in_block[:n] = snap.live & unchanged
+        for r, _, _ in snap.delta:
+            if self.version[r] == snap.versions[r]:
+                in_block[r] = True
+                self.delta.pop(r, None)
+        self.in_block = in_block
+        self.live_in_block = self.block_docs = int(in_block.sum())
+        self.block = block
         self._delta_cache = None
 
     def rebuild(self) -> None:
@@ -165,22 +205,21 @@ class LexicalIndex:
         self.install(snap, self.build(snap))
 
     # --- queries ------------------------------------------------------------------------------
-    def query(self, q_terms: np.ndarray, q_weights: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Rows of the ``k`` best cosine matches (score > 0), best first."""
+    def match(self, q_terms: np.ndarray, q_weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every live row sharing a term with the query, sorted by row, with its cosine."""
         rows_parts, score_parts = [], []
-        if q_terms.size and self._st_terms.size:
-            pos = np.minimum(np.searchsorted(self._st_terms, q_terms), self._st_terms.size - 1)
-            hit = self._st_terms[pos] == q_terms
+        blk = self.block
+        if q_terms.size and blk.terms.size:
+            pos = np.minimum(np.searchsorted(blk.terms, q_terms), blk.terms.size - 1)
+            hit = blk.terms[pos] == q_terms
             if hit.any():
                 p = pos[hit]
-                start, stop = self._st_ptr[p], self._st_ptr[p + 1]
-                lens = stop - start
+                start, lens = blk.ptr[p], blk.ptr[p + 1] - blk.ptr[p]
                 idx = np.repeat(start - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
-                rows = self._st_rows[idx]
-                contrib = self._st_w[idx] * np.repeat(q_weights[hit], lens)
-                live = self.in_static[rows]
+                rows = blk.rows[idx]
+                live = self.in_block[rows]
                 rows_parts.append(rows[live])
-                score_parts.append(contrib[live])
+                score_parts.append((blk.weights[idx] * np.repeat(q_weights[hit], lens))[live])
         if self.delta:
             d_terms, d_rows, d_w = self._delta_arrays()
             hit, qw = lookup(d_terms, q_terms, q_weights)
@@ -192,36 +231,27 @@ class LexicalIndex:
         if not rows.size:
             return rows, EMPTY_F32
         uniq, inv = np.unique(rows, return_inverse=True)
-        scores = np.bincount(inv, weights=np.concatenate(score_parts)).astype(np.float32)
-        if uniq.size > k:
-            top = np.argpartition(-scores, k)[:k]
-            uniq, scores = uniq[top], scores[top]
-        order = np.argsort(-scores, kind="stable")
-        return uniq[order], scores[order]
+        scores = np.bincount(inv, weights=np.concatenate(score_parts).astype(np.float64))
+        return uniq, scores.astype(np.float32)
 
-    def score(self, rows: np.ndarray, q_terms: np.ndarray, q_weights: np.ndarray) -> np.ndarray:
-        """Cosine of the query with each of ``rows`` (0 for rows without terms)."""
-        out = np.zeros(rows.size, dtype=np.float32)
-        if not rows.size or not q_terms.size:
-            return out
-        parts = [self.terms.get(int(r), EMPTY_U32) for r in rows]
-        wparts = [self.weights.get(int(r), EMPTY_F32) for r in rows]
-        lens = np.array([t.size for t in parts])
-        if not lens.sum():
-            return out
-        terms = np.concatenate(parts)
-        hit, qw = lookup(terms, q_terms, q_weights)
-        owner = np.repeat(np.arange(rows.size), lens)
-        contrib = (np.concatenate(wparts) * qw)[hit]
-        return np.bincount(owner[hit], weights=contrib, minlength=rows.size).astype(np.float32)
+    def query(self, q_terms: np.ndarray, q_weights: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of the ``k`` best cosine matches (score > 0), best first."""
+        return top_k(*self.match(q_terms, q_weights), k)
 
     def _delta_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if self._delta_cache is None:
-            rows = list(self.delta)
-            terms = [self.terms[r] for r in rows]
+            items = list(self.delta.items())
             self._delta_cache = (
-                np.concatenate(terms) if terms else EMPTY_U32,
-                np.repeat(np.array(rows, dtype=np.int64), [t.size for t in terms]),
-                np.concatenate([self.weights[r] for r in rows]) if rows else EMPTY_F32,
+                np.concatenate([t for _, (t, _) in items]) if items else EMPTY_U32,
+                np.repeat(np.array([r for r, _ in items], dtype=np.int64), [t.size for _, (t, _) in items]),
+                np.concatenate([w for _, (_, w) in items]) if items else EMPTY_F32,
             )
         return self._delta_cache
+
+
+def top_k(rows: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    if rows.size > k:
+        keep = np.argpartition(-scores, k)[:k]
+        rows, scores = rows[keep], scores[keep]
+    order = np.argsort(-scores, kind="stable")
+    return rows[order], scores[order]

@@ -4,9 +4,11 @@ For a prompt it gathers candidates from two views of the live window of its mode
 MiniLM embeddings (hnswlib) and the best TF-IDF word matches (an inverted index) — and ranks them by a
 blend of both cosines. The best ``k`` above a similarity floor vote with weight
 ``exp((s − s_max)/T) · exp(−|ln I − ln I_n| / ℓ)``: sharpened relative to the best match, and favouring
-neighbours of similar prompt length. Their lengths form a discrete distribution, shrunk toward the
-prompt-length-bucket prior (then the global one) by ``c / (c + n_eff)``; with too few neighbours the prior
-answers alone. Every answer says which path it took: ``semantic``, ``bucket``, ``global`` or ``cold``.
+neighbours of similar prompt length. Their lengths form a discrete distribution, optionally moved in log
+space toward a linear probe's estimate (``probe_weight``; see :mod:`predictor.probe`), then shrunk toward
+the prompt-length-bucket prior (then the global one) by ``c / (c + n_eff)``; with too few neighbours above
+the floor the prior answers alone. Every answer says which path it took: ``semantic``, ``bucket``,
+``global`` or ``cold``. Defaults were tuned on the ShareGPT replay (``sagegate predictor eval``).
 
 The request path only reads local state: a replica's index is fed by its own completions at once and by
 other replicas' through the history store's background consumer.
@@ -52,10 +54,10 @@ class SemanticConfig:
     length_scale: float = 1.0
     floor: float = 0.05
     min_neighbours: int = 3
-    prior_weight: float = 0.0
+    prior_weight: float = 0.5
     max_points: int = 32
     bucket_min_samples: int = 8
-    probe_weight: float = 0.0
+    probe_weight: float = 0.3
     probe_refit_every: int = 500
     probe_alpha: float = 3.0
     bounds: WindowBounds = field(default_factory=WindowBounds)
@@ -134,10 +136,10 @@ class _Shard:
     def _refit(self) -> None:
         idx = self.index
         with idx.lock:
-            rows = list(idx.lexical.terms)
-            docs = [(idx.lexical.terms[r], idx.lexical.weights[r]) for r in rows]
-            lengths = idx.out_tokens[np.array(rows, dtype=np.int64)].copy()
-        self.probe = LengthProbe(self.probe.alpha).fit(docs, lengths)
+            snap = idx.lexical.snapshot()
+            lengths = idx.out_tokens.copy()
+        terms, rows, weights = idx.lexical.build(snap).expand()
+        self.probe = LengthProbe(self.probe.alpha).fit(rows, terms, weights.astype(np.float32), lengths)
 
     def _observe(self, rec: Completion) -> None:
         req = TraceRequest(arrival_s=rec.ts, prompt_tokens=rec.prompt_tokens, output_tokens=rec.output_tokens)

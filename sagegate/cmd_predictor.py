@@ -35,6 +35,9 @@ def eval_cmd(
     prior_weight: Annotated[
         float | None, typer.Option("--prior-weight", help="Shrinkage pseudo-count toward the prior.")
     ] = None,
+    probe_weight: Annotated[
+        float | None, typer.Option("--probe-weight", help="Pull toward the linear probe (0: pure kNN).")
+    ] = None,
 ) -> None:
     """Online time-ordered replay: predict each request from those before it, then add it."""
     import json
@@ -58,6 +61,8 @@ def eval_cmd(
         config = replace(config, temperature=temperature)
     if prior_weight is not None:
         config = replace(config, prior_weight=prior_weight)
+    if probe_weight is not None:
+        config = replace(config, probe_weight=probe_weight)
     report = evaluate(items, history, MiniLMEmbedder(), config, use_cache=not no_cache)
     if as_json:
         typer.echo(json.dumps(report))

@@ -22,7 +22,9 @@ def unit(rng: np.random.Generator, n: int = 1) -> np.ndarray:
     return v / np.linalg.norm(v, axis=1, keepdims=True)
 
 
-def rec(i: int, vec: np.ndarray, out: int = 100, ts: float = 0.0, model: str = "m", text: str = "") -> Completion:
+def rec(
+    i: int, vec: np.ndarray, out: int = 100, ts: float = 0.0, model: str = "m", text: str = ""
+) -> Completion:
     terms, counts = extract_terms(text or f"prompt number {i}")
     return Completion(f"r{i}", model, vec, 10 + i % 50, out, ts, terms=terms, counts=counts)
 
@@ -128,7 +130,7 @@ def test_background_graph_rebuild_keeps_concurrent_changes() -> None:
         assert sims[0] > 0.999 and idx.out_tokens[rows[0]] == i + 1
 
 
-def test_lexical_scores_match_before_and_after_the_static_rebuild() -> None:
+def test_lexical_matches_survive_rebuilds_removals_and_row_reuse() -> None:
     docs = [
         "translate this sentence into french please",
         "write a long essay about the history of france",
@@ -144,21 +146,49 @@ def test_lexical_scores_match_before_and_after_the_static_rebuild() -> None:
         lex.add(row, t, df.weigh(t, c))
     qt, qc = extract_terms("please translate into french")
     qw = df.weigh(qt, qc)
-    rows_a, scores_a = lex.query(qt, qw, 5)
+    _, scores_a = lex.query(qt, qw, 5)
     lex.rebuild()
-    assert not lex.delta
+    assert not lex.delta and len(lex) == len(docs)
     rows_b, scores_b = lex.query(qt, qw, 5)
-    assert np.allclose(np.sort(scores_a), np.sort(scores_b))
-    assert docs[int(rows_b[0])].startswith("translate")
-    assert np.allclose(lex.score(rows_b, qt, qw), scores_b)
-    lex.remove(int(rows_b[0]))
-    rows_c, _ = lex.query(qt, qw, 20)
-    assert int(rows_b[0]) not in rows_c.tolist()
+    assert np.allclose(np.sort(scores_a), np.sort(scores_b), atol=1e-3)  # float16 postings
+    best = int(rows_b[0])
+    assert docs[best].startswith("translate")
+    lex.remove(best)
+    assert best not in lex.query(qt, qw, 20)[0].tolist()
+    t, c = extract_terms("sort numbers")  # the row is reused for an unrelated prompt
+    lex.add(best, t, df.weigh(t, c))
+    assert best not in lex.query(qt, qw, 20)[0].tolist()
+    lex.rebuild()
+    assert best not in lex.query(qt, qw, 20)[0].tolist() and len(lex) == len(docs)
+
+
+def test_install_keeps_changes_made_after_the_snapshot() -> None:
+    df = DocFreq()
+    lex = LexicalIndex()
+    texts = [f"alpha beta gamma number{i}" for i in range(10)]
+    for row, text in enumerate(texts):
+        t, c = extract_terms(text)
+        df.add(t)
+        lex.add(row, t, df.weigh(t, c))
+    snap = lex.snapshot()
+    block = LexicalIndex.build(snap)
+    lex.remove(3)  # changes while the block is being built
+    t, c = extract_terms("delta epsilon")
+    lex.add(4, t, df.weigh(t, c))
+    lex.install(snap, block)
+    qt, qc = extract_terms("alpha beta")
+    rows = lex.query(qt, qc.astype(np.float32), 20)[0].tolist()
+    assert 3 not in rows and 4 not in rows and len(rows) == 8
+    qt, qc = extract_terms("delta epsilon")
+    assert lex.query(qt, qc.astype(np.float32), 20)[0].tolist() == [4]
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.text(alphabet="abcde fgh", min_size=0, max_size=40), min_size=1, max_size=25))
-def test_lexical_query_equals_brute_force_cosine(texts: list[str]) -> None:
+@given(
+    st.lists(st.text(alphabet="abcde fgh", min_size=0, max_size=40), min_size=1, max_size=25),
+    st.integers(0, 30),
+)
+def test_lexical_query_equals_brute_force_cosine(texts: list[str], rebuild_at: int) -> None:
     df = DocFreq()
     lex = LexicalIndex()
     vecs = []
@@ -168,16 +198,16 @@ def test_lexical_query_equals_brute_force_cosine(texts: list[str]) -> None:
         w = df.weigh(t, c)
         lex.add(row, t, w)
         vecs.append(dict(zip(t.tolist(), w.tolist(), strict=True)))
-        if row == len(texts) // 2:
+        if row == rebuild_at:
             lex.rebuild()
     qt, qc = extract_terms(texts[0] + " abc")
     qw = df.weigh(qt, qc)
     q = dict(zip(qt.tolist(), qw.tolist(), strict=True))
-    rows, scores = lex.query(qt, qw, len(texts))
+    rows, scores = lex.match(qt, qw)
     got = dict(zip(rows.tolist(), scores.tolist(), strict=True))
     for row, v in enumerate(vecs):
         expect = sum(q[t] * w for t, w in v.items() if t in q)
-        assert math.isclose(got.get(row, 0.0), expect, rel_tol=1e-4, abs_tol=1e-5)
+        assert math.isclose(got.get(row, 0.0), expect, rel_tol=2e-3, abs_tol=2e-3)
 
 
 def test_memory_store_keeps_the_window_per_model() -> None:

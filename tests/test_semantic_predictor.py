@@ -7,6 +7,7 @@ import asyncio
 import math
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,7 +25,9 @@ from tests.semantic_support import LONG_TASKS, SHORT_TASKS, TOPICS, family, real
 SHORT, LONG = 20, 900
 
 
-def make(bounds: WindowBounds | None = None, clock: list[float] | None = None, **cfg: object) -> SemanticPredictor:
+def make(
+    bounds: WindowBounds | None = None, clock: list[float] | None = None, **cfg: object
+) -> SemanticPredictor:
     now = clock if clock is not None else [1000.0]
     config = replace(
         SemanticConfig(**cfg),  # type: ignore[arg-type]
@@ -59,7 +62,7 @@ def fill(p: SemanticPredictor, feats: dict[str, list[PromptFeatures]], model: st
 
 
 def test_flatten_keeps_system_and_user_turns() -> None:
-    msgs = [
+    msgs: list[dict[str, Any]] = [
         {"role": "system", "content": "Be terse."},
         {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "image_url", "image_url": {}}]},
         {"role": "assistant", "content": "Hello!"},
@@ -70,7 +73,9 @@ def test_flatten_keeps_system_and_user_turns() -> None:
 
 
 def test_embeddings_are_unit_vectors_that_group_similar_prompts() -> None:
-    v = real_embedder().embed(["Translate into French: cat", "Translate into French: dog", "Write an essay on war"])
+    v = real_embedder().embed(
+        ["Translate into French: cat", "Translate into French: dog", "Write an essay on war"]
+    )
     assert v.shape == (3, 384) and v.dtype == np.float32
     assert np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-4)
     assert v[0] @ v[1] > v[0] @ v[2]
@@ -192,7 +197,9 @@ def test_distribution_is_normalised_and_quantiles_monotone(
         assert min(lengths) <= pred.p10 and pred.p90 <= max(lengths)
 
 
-def test_apredict_and_arecord_share_history_through_the_worker(feats: dict[str, list[PromptFeatures]]) -> None:
+def test_apredict_and_arecord_share_history_through_the_worker(
+    feats: dict[str, list[PromptFeatures]],
+) -> None:
     p = make()
     short, long = family(SHORT_TASKS, TOPICS[:3]), family(LONG_TASKS, TOPICS[:3])
 

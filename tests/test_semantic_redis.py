@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -51,7 +52,9 @@ def feats() -> list[PromptFeatures]:
 
 
 def replica(url: str, prefix: str, **store_kw: object) -> SemanticPredictor:
-    cfg = replace(SemanticConfig(), bounds=WindowBounds(10_000, math.inf), index=IndexConfig(background=False))
+    cfg = replace(
+        SemanticConfig(), bounds=WindowBounds(10_000, math.inf), index=IndexConfig(background=False)
+    )
     store = RedisStore(url, prefix=prefix, bounds=cfg.bounds, block_ms=100, **store_kw)  # type: ignore[arg-type]
     return SemanticPredictor(real_embedder(), store=store, config=cfg).start()
 
@@ -61,7 +64,8 @@ def stream_ids(url: str, prefix: str) -> set[str]:
 
     r = redis.Redis.from_url(url)
     try:
-        return {Completion.from_fields(f).id for _, f in r.xrange(f"{prefix}:stream")}
+        entries: Any = r.xrange(f"{prefix}:stream")
+        return {Completion.from_fields(f).id for _, f in entries}
     finally:
         r.close()
 
@@ -132,7 +136,17 @@ class RedisProcess:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -156,7 +170,9 @@ def private_redis() -> Iterator[RedisProcess]:
     server.kill()
 
 
-def test_restart_mid_run_loses_no_completion(private_redis: RedisProcess, feats: list[PromptFeatures]) -> None:
+def test_restart_mid_run_loses_no_completion(
+    private_redis: RedisProcess, feats: list[PromptFeatures]
+) -> None:
     prefix = "sagegate-fault"
     a = replica(private_redis.url, prefix, socket_timeout=0.3)
     ids: list[str] = []
@@ -164,7 +180,9 @@ def test_restart_mid_run_loses_no_completion(private_redis: RedisProcess, feats:
         third = len(feats) // 3
         for f in feats[:third]:
             ids.append(a.record_features(f, 15, 20).id)
-        assert wait_for(lambda: a.stats()["store_buffered"] == 0 and stream_ids(private_redis.url, prefix) == set(ids))
+        assert wait_for(
+            lambda: a.stats()["store_buffered"] == 0 and stream_ids(private_redis.url, prefix) == set(ids)
+        )
 
         private_redis.kill()
         for f in feats[third : 2 * third]:
@@ -215,7 +233,8 @@ def test_malformed_stream_entries_are_skipped(main_prefix: str) -> None:
     r = redis.Redis.from_url(MAIN_URL)
     r.xadd(f"{main_prefix}:stream", {"id": "x", "emb": b"short"})
     good = Completion("ok", "default", np.ones(384, dtype=np.float32) / math.sqrt(384), 5, 7, time.time())
-    r.xadd(f"{main_prefix}:stream", good.to_fields())
+    fields: Any = good.to_fields()
+    r.xadd(f"{main_prefix}:stream", fields)
     r.close()
     p = replica(MAIN_URL, main_prefix)
     try:
