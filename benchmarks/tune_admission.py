@@ -8,7 +8,6 @@ and compared with vLLM alone (engine-level `fcfs`): mean TTLT ratio, throughput 
 
 from __future__ import annotations
 
-import itertools
 import sys
 from pathlib import Path
 

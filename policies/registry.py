@@ -135,5 +135,6 @@ def _coerce(policy: str, param: ParamInfo, value: Any, valid: str) -> Any:
         return float(value)
     except ValueError as exc:
         raise PolicySpecError(
-            f"policy {policy!r}: {param.name}={value!r} is not a valid {_type_name(t)}; valid parameters: {valid}"
+            f"policy {policy!r}: {param.name}={value!r} is not a valid {_type_name(t)}; "
+            f"valid parameters: {valid}"
         ) from exc

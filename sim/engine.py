@@ -385,12 +385,10 @@ class Engine:
             return False
         if (self.policy.rekey_on_progress and self.policy.preemptive) or self.policy.defers_decode:
             return False
-        if self.waiting:
-            if self.policy.preemptive or self.policy.dynamic:
-                return False
-            # Admission was tried this step and stopped: blocks only get scarcer while decoding,
-            # and the sequence cap holds until someone finishes.
-        return True
+        # With requests waiting, admission was tried this step and stopped: blocks only get scarcer
+        # while decoding and the sequence cap holds until someone finishes, unless the policy may
+        # preempt for them or reorders them over time.
+        return not (self.waiting and (self.policy.preemptive or self.policy.dynamic))
 
     def _fold_steps(self, step: Step, n_dec: int, ctx: int, horizon: float) -> int:
         k = min(r.output_tokens - r.generated for r in step.scheduled)

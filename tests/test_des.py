@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from conftest import data_path
 
 from loadgen.records import TraceRequest
 from loadgen.synthetic import synthetic_workload
@@ -15,8 +17,6 @@ from sim.config import EngineConfig
 from sim.des import SimSetup, client_view, simulate
 from sim.hardware import get_gpu, get_model
 from sim.perf import PerfModel
-
-from conftest import data_path
 
 PERF = PerfModel(get_model("llama-3.1-8b"), get_gpu("h100"))
 
@@ -37,7 +37,7 @@ def test_throughput_rises_with_load_and_saturates():
     for rate in (1, 4, 16, 64, 256):
         work = synthetic_workload(1500, rate=rate, prompt_mean=400, output_mean=200, seed=1)
         throughputs.append(simulate(work, SimSetup(PERF)).summary["throughput_tok_s"])
-    for lo, hi in zip(throughputs, throughputs[1:], strict=False):
+    for lo, hi in itertools.pairwise(throughputs):
         assert hi >= lo * 0.97
     assert throughputs[-1] > 5 * throughputs[0]
     assert throughputs[-1] == pytest.approx(throughputs[-2], rel=0.15)  # saturated
@@ -96,8 +96,17 @@ def test_cli_simulate_json_has_the_documented_keys():
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
     for key in (
-        "requests", "completed", "ttft_mean_s", "ttft_p99_s", "tpot_mean_s", "ttlt_mean_s",
-        "ttlt_p50_s", "ttlt_p99_s", "throughput_tok_s", "preemptions", "wall_s",
+        "requests",
+        "completed",
+        "ttft_mean_s",
+        "ttft_p99_s",
+        "tpot_mean_s",
+        "ttlt_mean_s",
+        "ttlt_p50_s",
+        "ttlt_p99_s",
+        "throughput_tok_s",
+        "preemptions",
+        "wall_s",
     ):
         assert key in summary
     assert summary["requests"] == summary["completed"] == 300
@@ -106,7 +115,9 @@ def test_cli_simulate_json_has_the_documented_keys():
 def test_cli_rate_scale_makes_arrivals_denser(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text(
-        "\n".join(json.dumps({"arrival_s": i * 0.5, "prompt_tokens": 800, "output_tokens": 300}) for i in range(400))
+        "\n".join(
+            json.dumps({"arrival_s": i * 0.5, "prompt_tokens": 800, "output_tokens": 300}) for i in range(400)
+        )
     )
     slow = json.loads(_cli("simulate", "--trace", str(trace), "--json").stdout)
     fast = json.loads(_cli("simulate", "--trace", str(trace), "--json", "--rate-scale", "8").stdout)
@@ -116,9 +127,7 @@ def test_cli_rate_scale_makes_arrivals_denser(tmp_path):
 
 def test_cli_malformed_trace_names_file_and_line(tmp_path):
     trace = tmp_path / "bad.jsonl"
-    trace.write_text(
-        json.dumps({"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 5}) + "\n{not json\n"
-    )
+    trace.write_text(json.dumps({"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 5}) + "\n{not json\n")
     out = _cli("simulate", "--trace", str(trace), "--json")
     assert out.returncode == 2
     assert "bad.jsonl" in out.stderr and "line 2" in out.stderr

@@ -131,7 +131,7 @@ def test_priority_hook_orders_waiting_and_picks_victims():
     eng.add(low, 0.0)
     eng.add(high, 0.0)
     step = eng.plan(0.0)
-    assert list(step.scheduled)[0] is high  # waiting queue in policy order
+    assert next(iter(step.scheduled)) is high  # waiting queue in policy order
     now = step.duration
     eng.complete(step, now)
     while low.preemptions == 0 and high.preemptions == 0:
@@ -229,7 +229,12 @@ def test_folded_decode_steps_are_exact(level, blocks):
     work = [
         TraceRequest(float(t), int(p), int(o), rid=i)
         for i, (t, p, o) in enumerate(
-            zip(np.cumsum(rng.exponential(0.05, 300)), rng.integers(20, 1500, 300), rng.integers(1, 400, 300))
+            zip(
+                np.cumsum(rng.exponential(0.05, 300)),
+                rng.integers(20, 1500, 300),
+                rng.integers(1, 400, 300),
+                strict=False,
+            )
         )
     ]
     cfg = EngineConfig(num_gpu_blocks_override=blocks)

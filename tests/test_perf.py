@@ -7,11 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-
-from loadgen.data import data_root
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loadgen.data import data_root
 from sim.hardware import GPUS, MODELS, GiB, ModelSpec, get_gpu, get_model
 from sim.perf import DEFAULT_ETA_C, PerfModel
 
