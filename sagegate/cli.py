@@ -31,6 +31,12 @@ def _register_optional() -> None:
     except ImportError:  # pragma: no cover
         pass
     try:
+        from sagegate import cmd_study
+
+        app.command("study")(cmd_study.study)
+    except ImportError:  # pragma: no cover
+        pass
+    try:
         from sagegate import cmd_serve
 
         app.command("serve")(cmd_serve.serve)
