@@ -83,6 +83,9 @@ def model_dir() -> str:
 class MiniLMEmbedder:
     """all-MiniLM-L6-v2 on CPU, loaded on first use; returns float32 ``(n, 384)`` unit rows.
 
+    ``quantize`` swaps the linear layers for dynamic int8 ones (2.3x faster for one 170-piece prompt on
+    this machine); every replica sharing a history must then use the same setting (``version`` differs).
+
     ``threads`` sets torch's (process-wide) intra-op thread count; one by default, because on a small
     busy machine two threads contending with the gateway and other processes were ten times slower
     than one (1.4 s against 94 ms per prompt, measured on the 2-core box). ``None`` keeps torch's choice.
@@ -90,10 +93,14 @@ class MiniLMEmbedder:
 
     dim = DIM
 
-    def __init__(self, device: str = "cpu", batch_size: int = 64, threads: int | None = 1) -> None:
+    def __init__(
+        self, device: str = "cpu", batch_size: int = 64, threads: int | None = 1, quantize: bool = False
+    ) -> None:
         self.device = device
         self.batch_size = batch_size
         self.threads = threads
+        self.quantize = quantize
+        self.version = EMBED_VERSION + ("/int8" if quantize else "")
         self._model: Any = None
         self._lock = threading.Lock()
 
@@ -116,6 +123,13 @@ class MiniLMEmbedder:
                 model = SentenceTransformer(model_dir(), device=self.device, local_files_only=True)
                 model.max_seq_length = MAX_SEQ_TOKENS
                 model.eval()
+                if self.quantize:  # int8 linear layers: ~2.3x faster on CPU, vectors shift (cos ~0.95)
+                    import warnings
+
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        quant = torch.ao.quantization.quantize_dynamic
+                        model = quant(model, {torch.nn.Linear}, dtype=torch.qint8)
                 self._model = model
         return self
 
@@ -161,6 +175,7 @@ class BatchingEmbedder:
     def __init__(self, embedder: TextEmbedder, window_s: float = 0.0015, max_batch: int = 32) -> None:
         self.embedder = embedder
         self.dim = embedder.dim
+        self.version: str = getattr(embedder, "version", EMBED_VERSION)
         self.window_s = window_s
         self.max_batch = max_batch
         self.batches = 0

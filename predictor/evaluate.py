@@ -83,7 +83,7 @@ def cache_dir() -> Path:
 
 
 def embed_cached(texts: Sequence[str], embedder: TextEmbedder, use_cache: bool = True) -> np.ndarray:
-    digest = hashlib.sha256(EMBED_VERSION.encode())
+    digest = hashlib.sha256(getattr(embedder, "version", EMBED_VERSION).encode())
     for t in texts:
         digest.update(hashlib.sha256(t.encode("utf-8", "surrogatepass")).digest())
     path = cache_dir() / f"embeddings-{digest.hexdigest()[:20]}.npy"
@@ -201,6 +201,7 @@ class _NoEmbedder:
     """Stands in for the model during replays: every vector is precomputed."""
 
     dim = 384
+    version = EMBED_VERSION
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         raise RuntimeError("replays use precomputed embeddings")

@@ -59,7 +59,7 @@ class WindowIndex:
         self,
         bounds: WindowBounds,
         config: IndexConfig | None = None,
-        on_add: Callable[[Completion], None] | None = None,
+        on_add: Callable[[Completion, float], None] | None = None,
     ) -> None:
         self.bounds = bounds
         self.config = config or IndexConfig()
@@ -114,7 +114,7 @@ class WindowIndex:
             row = self._take_row()
             full = self._hnsw.get_current_count() >= self._hnsw.get_max_elements()
             if full and row not in self._deleted_rows:
-                self._hnsw.resize_index(2 * self._hnsw.get_max_elements())
+                self._hnsw.resize_index(self._next_capacity(self._hnsw.get_max_elements()))
             self._hnsw.add_items(rec.embedding.reshape(1, -1), np.array([row]))
             self._deleted_rows.discard(row)  # re-adding a deleted label revives it
             self.out_tokens[row] = max(1, rec.output_tokens)
@@ -130,7 +130,7 @@ class WindowIndex:
             if self._journal is not None:
                 self._journal.add(row)
             if self.on_add is not None:
-                self.on_add(rec)
+                self.on_add(rec, now)
             self._expire_locked(now)
             self._maybe_rebuild_locked()
             return True
@@ -141,13 +141,18 @@ class WindowIndex:
             self._maybe_rebuild_locked()
             return n
 
+    def _next_capacity(self, current: int) -> int:
+        """Grow by half, but never far past the window: hnswlib preallocates ~1.7 kB per slot."""
+        limit = self.bounds.max_entries + 1024
+        return max(current + 1, min(current + current // 2, limit))
+
     def _take_row(self) -> int:
         if self._free:
             return self._free.pop()
         row = self._next_row
         self._next_row += 1
         if row >= self.out_tokens.size:
-            grow = 2 * self.out_tokens.size
+            grow = max(row + 1, self._next_capacity(self.out_tokens.size))
             self.out_tokens = _grow(self.out_tokens, grow)
             self.prompt_tokens = _grow(self.prompt_tokens, grow)
             self.ts = _grow(self.ts, grow)
@@ -219,7 +224,7 @@ class WindowIndex:
                     parts.append(self._hnsw.get_items(chunk, return_type="numpy"))
                     kept.append(chunk)
         rows = np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
-        fresh = self._new_hnsw(max(self.config.initial_capacity, 2 * rows.size))
+        fresh = self._new_hnsw(self._next_capacity(max(self.config.initial_capacity, rows.size)))
         if rows.size:
             fresh.add_items(np.concatenate(parts), rows)
         with self.lock:
@@ -231,7 +236,7 @@ class WindowIndex:
             if changed:
                 need = fresh.get_current_count() + len(changed)
                 if need > fresh.get_max_elements():
-                    fresh.resize_index(2 * need)
+                    fresh.resize_index(self._next_capacity(need))
                 fresh.add_items(self._hnsw.get_items(changed, return_type="numpy"), np.array(changed))
             self._hnsw = fresh
             self._deleted_rows = gone

@@ -28,13 +28,14 @@ from typing import Any
 import numpy as np
 
 from loadgen.records import TraceRequest
-from predictor.baselines import DEFAULT_PRIOR, LengthBucketPredictor
+from predictor.baselines import DEFAULT_PRIOR
 from predictor.distribution import LengthDistribution, mixture
 from predictor.embedder import BatchingEmbedder, MiniLMEmbedder, PromptLike, TextEmbedder, flatten_prompt
 from predictor.history import Completion, HistoryStore, WindowBounds, wall_clock
 from predictor.index import IndexConfig, WindowIndex
 from predictor.lexical import DocFreq, extract_terms
 from predictor.memory_store import MemoryStore
+from predictor.priors import WindowPriors
 from predictor.probe import LengthProbe
 
 log = logging.getLogger(__name__)
@@ -112,7 +113,9 @@ class _Shard:
     """One model's index, its length priors and (optional) linear probe."""
 
     def __init__(self, config: SemanticConfig) -> None:
-        self.prior = LengthBucketPredictor(min_samples=config.bucket_min_samples)
+        self.priors = WindowPriors(
+            config.bounds, min_samples=config.bucket_min_samples, max_points=config.max_points
+        )
         self.index = WindowIndex(config.bounds, config.index, on_add=self._observe)
         self.probe = LengthProbe(config.probe_alpha)
         self.refit_every = config.probe_refit_every
@@ -120,9 +123,10 @@ class _Shard:
         self._fitting: threading.Thread | None = None
 
     def maybe_refit(self) -> None:
-        """Refit the probe every ``refit_every`` additions, on a thread unless replays are synchronous."""
+        """Refit the probe every ``refit_every`` additions or a tenth of the window, whichever is more
+        (a fit costs O(window): ~6 s at 100k entries), on a thread unless replays are synchronous."""
         self.since_fit += 1
-        if self.since_fit < self.refit_every:
+        if self.since_fit < max(self.refit_every, len(self.index) // 10):
             return
         if self._fitting is not None and self._fitting.is_alive():
             return
@@ -141,18 +145,12 @@ class _Shard:
         terms, rows, weights = idx.lexical.build(snap).expand()
         self.probe = LengthProbe(self.probe.alpha).fit(rows, terms, weights.astype(np.float32), lengths)
 
-    def _observe(self, rec: Completion) -> None:
-        req = TraceRequest(arrival_s=rec.ts, prompt_tokens=rec.prompt_tokens, output_tokens=rec.output_tokens)
-        self.prior.observe(req, rec.output_tokens)
+    def _observe(self, rec: Completion, now: float) -> None:
+        self.priors.add(rec.ts, rec.prompt_tokens, rec.output_tokens, now)
 
-    def prior_for(self, prompt_tokens: int) -> tuple[LengthDistribution, str]:
-        p = self.prior
-        w = p.windows.get(p.bucket_of(prompt_tokens))
-        if w is not None and len(w) >= p.min_samples:
-            return w.dist(), "bucket"
-        if len(p.fallback.window):
-            return p.fallback.window.dist(), "global"
-        return DEFAULT_PRIOR, "cold"
+    def prior_for(self, prompt_tokens: int, now: float) -> tuple[LengthDistribution, str]:
+        self.priors.expire(now)
+        return self.priors.prior(prompt_tokens)
 
 
 class SemanticPredictor:
@@ -198,6 +196,10 @@ class SemanticPredictor:
                 self.ingest(self.store.start(self._deliver))
         return self
 
+    def warm_up(self) -> None:
+        """Load the model and run one forward pass now (gateway start-up), not on the first request."""
+        self.embedder.embed(["warm up"])
+
     def close(self) -> None:
         self.store.close()
         self.embedder.close()
@@ -240,7 +242,7 @@ class SemanticPredictor:
             return self._count(Prediction(DEFAULT_PRIOR, "cold", features=feats))
         cfg = self.config
         with shard.index.lock:
-            prior, prior_path = shard.prior_for(prompt_tokens)
+            prior, prior_path = shard.prior_for(prompt_tokens, self.clock())
             if feats is None:
                 return self._count(Prediction(prior, prior_path))
             with self._df_lock:
@@ -286,7 +288,7 @@ class SemanticPredictor:
         if shard is None:
             return Prediction(DEFAULT_PRIOR, "cold")
         with shard.index.lock:
-            dist, path = shard.prior_for(prompt_tokens)
+            dist, path = shard.prior_for(prompt_tokens, self.clock())
         return Prediction(dist, path)
 
     async def apredict(self, prompt: PromptLike, prompt_tokens: int, model: str | None = None) -> Prediction:
@@ -402,7 +404,12 @@ class SemanticPredictor:
     def expire(self) -> int:
         """Drop entries past the window bounds now (also done on every insertion)."""
         now = self.clock()
-        return sum(s.index.expire(now) for s in list(self._shards.values()))
+        n = 0
+        for shard in list(self._shards.values()):
+            n += shard.index.expire(now)
+            with shard.index.lock:
+                shard.priors.expire(now)
+        return n
 
     def size(self, model: str | None = None) -> int:
         shard = self._shards.get(model or self.default_model)
@@ -434,7 +441,8 @@ class SemanticPredictor:
         if feats is None:  # no text: only the priors learn
             shard = self._shard(_model_of(req, self.default_model))
             with shard.index.lock:
-                shard.prior.observe(req, output_tokens)
+                now = self.clock()
+                shard.priors.add(now, req.prompt_tokens, output_tokens, now)
             return
         model = _model_of(req, self.default_model)
         self.record_features(feats, req.prompt_tokens, output_tokens, model, req.tenant, rid=f"sim-{req.rid}")

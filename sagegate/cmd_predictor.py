@@ -9,6 +9,11 @@ import typer
 
 predictor_app = typer.Typer(no_args_is_help=True, add_completion=False)
 
+
+@predictor_app.callback()
+def _group() -> None:
+    """The semantic output-length predictor."""
+
 SHAREGPT = "../shared/data/sharegpt/sharegpt_v3_first_turn_pairs.jsonl.gz"
 DATA_HELP = "JSONL(.gz) of {prompt, output_tokens[, prompt_tokens, arrival_s]}, or the ShareGPT pairs."
 

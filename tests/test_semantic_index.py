@@ -9,10 +9,13 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from predictor.baselines import DEFAULT_PRIOR
+from predictor.distribution import LengthDistribution
 from predictor.history import Completion, WindowBounds
 from predictor.index import IndexConfig, WindowIndex
 from predictor.lexical import DocFreq, LexicalIndex, extract_terms
 from predictor.memory_store import MemoryStore
+from predictor.priors import WindowPriors
 
 DIM = 384
 
@@ -221,3 +224,34 @@ def test_memory_store_keeps_the_window_per_model() -> None:
     assert [r.id for r in store.start(lambda recs: None) if r.model == "a"] == ["r2", "r3", "r4"]
     now[0] = 1060.0
     assert {r.model for r in store.start(lambda recs: None)} == {"a"}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 5000), st.integers(1, 3000)), min_size=0, max_size=300),
+    st.integers(1, 120),
+    st.integers(1, 5000),
+)
+def test_window_priors_match_a_brute_force_window(
+    events: list[tuple[int, int]], max_entries: int, query_tokens: int
+) -> None:
+    bounds = WindowBounds(max_entries, max_age_s=50.0)
+    priors = WindowPriors(bounds, per_bucket=20, global_window=40, min_samples=4)
+    log: list[tuple[float, int, int]] = []
+    for t, (pt, ot) in enumerate(events):
+        priors.add(float(t), pt, ot, now=float(t))
+        log.append((float(t), pt, ot))
+    now = float(len(events))
+    priors.expire(now)
+    live = [e for e in log[-max_entries:] if e[0] >= now - 50.0]
+    assert len(priors) == len(live)
+    bucket = [ot for _, pt, ot in live if pt.bit_length() == query_tokens.bit_length()][-20:]
+    dist, path = priors.prior(query_tokens)
+    if len(bucket) >= 4:
+        expect, want = LengthDistribution.from_samples(bucket, max_points=32), "bucket"
+    elif live:
+        expect, want = LengthDistribution.from_samples([ot for *_, ot in live][-40:], max_points=32), "global"
+    else:
+        expect, want = DEFAULT_PRIOR, "cold"
+    assert path == want and dist.support == expect.support
+    assert np.allclose(dist.probs, expect.probs)
