@@ -134,9 +134,11 @@ def main() -> None:
     ap.add_argument("--entries", type=int, default=100_000)
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--redis", default=None, help="measure propagation between two replicas via this URL")
+    ap.add_argument("--quantize", action="store_true", help="int8 dynamic quantisation of the model")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     args = ap.parse_args()
 
-    emb = MiniLMEmbedder()
+    emb = MiniLMEmbedder(quantize=args.quantize, threads=args.threads)
     t = time.perf_counter()
     emb.load()
     print(

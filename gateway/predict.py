@@ -92,20 +92,41 @@ class BaselinePredictor:
 
 
 class SemanticAdapter:
-    """``predictor.semantic.SemanticPredictor``: its async face keeps the embedding off the loop."""
+    """``predictor.semantic.SemanticPredictor``: its async face keeps the embedding off the loop.
+
+    A prediction waits at most ``budget_s`` for the embedding: past that the request is ranked from
+    the prompt-length prior at once (path ``late``), so a busy embedder delays no request. The
+    embedding still completes and is what the outcome is recorded under, computed once.
+    """
 
     name = "semantic"
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, budget_s: float = 0.05) -> None:
         self.inner = inner
+        self.budget_s = budget_s
 
     async def predict(self, inp: PredictInput) -> tuple[LengthDistribution | None, str]:
-        pred = await self.inner.apredict(inp.prompt, inp.prompt_tokens, model=inp.model)
-        inp.features = pred.features
+        task = asyncio.ensure_future(self.inner.afeatures(inp.prompt))
+        try:
+            feats = await asyncio.wait_for(asyncio.shield(task), self.budget_s)
+        except TimeoutError:
+            inp.features = task  # resolved in record()
+            pred = self.inner.fallback(inp.prompt_tokens, inp.model)
+            return pred.distribution, "late"
+        except Exception:  # the embedder failed: the predictor's own fallback answers
+            pred = await self.inner.apredict(inp.prompt, inp.prompt_tokens, model=inp.model)
+            return pred.distribution, str(pred.path)
+        pred = self.inner.predict_features(feats, inp.prompt_tokens, inp.model)
+        inp.features = feats
         return pred.distribution, str(pred.path)
 
     async def record(self, inp: PredictInput, output_tokens: int) -> None:
         given = inp.features if inp.features is not None else inp.prompt  # one embedding per request
+        if isinstance(given, asyncio.Future):
+            try:
+                given = await given
+            except Exception:
+                given = inp.prompt
         await self.inner.arecord(given, inp.prompt_tokens, output_tokens, model=inp.model, tenant=inp.tenant)
 
     async def astart(self) -> None:
@@ -135,8 +156,9 @@ def build_predictor(name: str, redis_url: str | None = None, options: dict[str, 
         # One torch thread: on a busy CPU more threads oversubscribe it (measured: 800 ms per
         # embedding with the default on a loaded 2-core machine, 38 ms with one).
         threads = int(opts.pop("embed_threads", 1))
+        budget = float(opts.pop("predict_budget_s", 0.05))
         opts.setdefault("embedder", MiniLMEmbedder(threads=threads))
-        return SemanticAdapter(make_semantic(redis_url=redis_url, **opts))
+        return SemanticAdapter(make_semantic(redis_url=redis_url, **opts), budget)
     raise ValueError(f"unknown predictor {name!r}")
 
 

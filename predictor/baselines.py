@@ -13,7 +13,7 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from statistics import NormalDist
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from loadgen.records import TraceRequest
 from predictor.distribution import LengthDistribution
@@ -326,3 +326,13 @@ def make_predictor(name: str, *, relative_error: float = 0.2, seed: int = 0, **k
     if factory is None:
         raise ValueError(f"unknown predictor {name!r}; valid predictors: {', '.join(sorted(PREDICTORS))}")
     return factory(relative_error=relative_error, seed=seed, **kw)
+
+
+def _semantic(*, relative_error: float = 0.0, seed: int = 0, **kw: Any) -> LengthPredictor:
+    """The product's predictor (similar past prompts); imported late: it loads the embedding model."""
+    from predictor.semantic import make_semantic
+
+    return cast(LengthPredictor, make_semantic(**kw))
+
+
+PREDICTORS["semantic"] = _semantic

@@ -103,6 +103,7 @@ class MiniLMEmbedder:
         self.version = EMBED_VERSION + ("/int8" if quantize else "")
         self._model: Any = None
         self._lock = threading.Lock()
+        self._local = threading.local()
 
     def load(self) -> MiniLMEmbedder:
         with self._lock:
@@ -137,6 +138,12 @@ class MiniLMEmbedder:
         if not texts:
             return np.zeros((0, DIM), dtype=np.float32)
         self.load()
+        if self.threads and not getattr(self._local, "threads_set", False):
+            # OpenMP's thread count is per calling thread: set it in the worker thread too.
+            import torch
+
+            torch.set_num_threads(self.threads)
+            self._local.threads_set = True
         vecs = self._model.encode(
             [self.fit_text(t) for t in texts],
             batch_size=self.batch_size,

@@ -70,7 +70,7 @@ class RedisStore:
 
     # --- the interface ------------------------------------------------------------------------
     def start(self, deliver: Deliver) -> list[Completion]:
-        """Rebuild from the stream (empty when Redis is down) and start the consumer thread."""
+        """Rebuild from the stream (empty when Redis is down) and start the reader and writer threads."""
         self._deliver = deliver
         records: list[Completion] = []
         try:

@@ -447,6 +447,15 @@ class SemanticPredictor:
         model = _model_of(req, self.default_model)
         self.record_features(feats, req.prompt_tokens, output_tokens, model, req.tenant, rid=f"sim-{req.rid}")
 
+    def prime(self, requests: Iterable[TraceRequest], batch: int = 64) -> None:
+        """Embed a workload's prompts ahead, in batches (a simulator calling ``predict`` one request at
+        a time would otherwise pay one forward pass each)."""
+        todo = [r for r in requests if r.prompt and r.rid not in self._sim_cache]
+        for i in range(0, len(todo), batch):
+            chunk = todo[i : i + batch]
+            for req, feats in zip(chunk, self.features_many([r.prompt or "" for r in chunk]), strict=True):
+                self._sim_cache[req.rid] = feats
+
     def _sim_features(self, req: TraceRequest) -> PromptFeatures | None:
         if req.rid in self._sim_cache:
             return self._sim_cache[req.rid]
@@ -463,12 +472,15 @@ def _model_of(req: TraceRequest, default: str) -> str:
 
 
 def make_semantic(**kw: Any) -> SemanticPredictor:
-    """Factory for ``predictor.baselines.PREDICTORS["semantic"]`` (ignores the oracle knobs)."""
+    """Factory for ``predictor.baselines.PREDICTORS["semantic"]`` (ignores the oracle knobs; takes
+    ``redis_url``/``redis_prefix`` to share a history, and any :class:`SemanticPredictor` keyword)."""
     kw.pop("relative_error", None)
     kw.pop("seed", None)
     redis_url = kw.pop("redis_url", None)
+    prefix = kw.pop("redis_prefix", "sagegate:history")
     if redis_url:
         from predictor.redis_store import RedisStore
 
-        kw["store"] = RedisStore(redis_url, prefix=kw.pop("redis_prefix", "sagegate:history"))
+        bounds = (kw.get("config") or SemanticConfig()).bounds
+        kw["store"] = RedisStore(redis_url, prefix=prefix, bounds=bounds)
     return SemanticPredictor(**kw)

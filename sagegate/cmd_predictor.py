@@ -14,6 +14,7 @@ predictor_app = typer.Typer(no_args_is_help=True, add_completion=False)
 def _group() -> None:
     """The semantic output-length predictor."""
 
+
 SHAREGPT = "../shared/data/sharegpt/sharegpt_v3_first_turn_pairs.jsonl.gz"
 DATA_HELP = "JSONL(.gz) of {prompt, output_tokens[, prompt_tokens, arrival_s]}, or the ShareGPT pairs."
 
@@ -29,6 +30,7 @@ def eval_cmd(
     ] = 6000,
     limit: Annotated[int | None, typer.Option("--limit", help="Read at most this many items.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    quantize: Annotated[bool, typer.Option("--quantize", help="Use the int8-quantised model.")] = False,
     no_cache: Annotated[
         bool, typer.Option("--no-cache", help="Do not read or write cached embeddings.")
     ] = False,
@@ -68,7 +70,7 @@ def eval_cmd(
         config = replace(config, prior_weight=prior_weight)
     if probe_weight is not None:
         config = replace(config, probe_weight=probe_weight)
-    report = evaluate(items, history, MiniLMEmbedder(), config, use_cache=not no_cache)
+    report = evaluate(items, history, MiniLMEmbedder(quantize=quantize), config, use_cache=not no_cache)
     if as_json:
         typer.echo(json.dumps(report))
     else:

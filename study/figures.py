@@ -143,15 +143,16 @@ def metric_matrix(
 def robustness_lines(leads: Mapping[str, Mapping[float, float]], title: str, path: Path) -> Path:
     """Median relative lead of each SageSched entry over the best comparator, per prediction error."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    fig, ax = plt.subplots(figsize=(6.5, 4.0))
     for label, by_err in leads.items():
         errs = sorted(by_err)
-        ax.plot([100 * e for e in errs], [100 * by_err[e] for e in errs], marker="o", label=label)
+        style = "--" if "vLLM" in label else "-"
+        ax.plot([100 * e for e in errs], [100 * by_err[e] for e in errs], style, marker="o", label=label)
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("prediction error (%)")
     ax.set_ylabel("median lead in mean TTLT (%)")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

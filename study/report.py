@@ -318,6 +318,7 @@ def _reversals(ds: Dataset, figdir: Path) -> tuple[list[str], dict[str, Any]]:
         "by_region": {r: counts[r][SUPPORTED] for r in ds.regions},
         "top_pairs": pairs.most_common(3),
         "slai": Counter(r.cls for r in slai),
+        "sources": Counter(x for r in anwg if r.cls == SUPPORTED for x in (r.source_a, r.source_b)),
         "ttlt": Counter(r.cls for r in recs if r.metric == "ttlt_mean"),
     }
     return lines, summary
@@ -373,35 +374,69 @@ def _sagesched(ds: Dataset) -> tuple[list[str], dict[str, Any]]:
     lines.append(
         "Rank among deployable entries (the oracles left out) by mean TTLT at the main prediction setting "
         f"({ds.main}); lead = relative margin over the best other entry (positive: SageSched ahead), with "
-        "the bootstrap interval of the per-window paired difference (SageSched − runner-up, seconds)."
+        "the bootstrap interval of the per-window paired difference (SageSched − runner-up, seconds). Also "
+        "its rank among the entries of its own level, and its margin over vLLM alone (`vllm-v1@engine`; * = "
+        "the paired interval excludes 0)."
     )
     lines.append("")
+    ref = VLLM_ALONE.label
     for entry in entries:
+        level = entry.rpartition("@")[2]
         st = analysis.standing(ds, entry, "ttlt_mean")
+        same = {e for e in ds.entries if e.endswith("@" + level)}
+        by_level = {(x.source, x.region): x for x in analysis.standing(ds, entry, "ttlt_mean", among=same)}
+        vs_ref = {(x.source, x.region): x for x in analysis.standing(ds, entry, "ttlt_mean", among={ref})}
         found[entry] = st
-        rows = [
-            [
-                s.source,
-                s.region,
-                f"{s.rank}/{s.of}",
-                "yes" if s.top else "no",
-                s.runner_up,
-                pct(s.lead),
-                f"[{fmt(s.diff.lo)}, {fmt(s.diff.hi)}]" if s.diff else "–",
-            ]
-            for s in st
-        ]
+        rows = []
+        for x in st:
+            lv, vr = by_level.get((x.source, x.region)), vs_ref.get((x.source, x.region))
+            rows.append(
+                [
+                    x.source,
+                    x.region,
+                    f"{x.rank}/{x.of}",
+                    x.runner_up,
+                    pct(x.lead),
+                    f"[{fmt(x.diff.lo)}, {fmt(x.diff.hi)}]" if x.diff else "–",
+                    f"{lv.rank}/{lv.of}" if lv else "–",
+                    (pct(vr.lead) + ("*" if vr.diff is not None and vr.diff.excludes_zero else ""))
+                    if vr
+                    else "–",
+                ]
+            )
         lines += [f"### {entry}", ""]
         lines += table(
-            ["source", "region", "rank", "top", "best other", "lead", "95% CI of difference (s)"], rows
+            [
+                "source",
+                "region",
+                "rank",
+                "best other",
+                "lead",
+                "95% CI of difference (s)",
+                f"rank at {level} level",
+                "lead over vLLM alone",
+            ],
+            rows,
         )
-        tops = [f"{s.source}/{s.region}" for s in st if s.top]
-        sig = [f"{s.source}/{s.region}" for s in st if s.top and s.diff is not None and s.diff.excludes_zero]
+        tops = [f"{x.source}/{x.region}" for x in st if x.top]
+        sig = [f"{x.source}/{x.region}" for x in st if x.top and x.diff is not None and x.diff.excludes_zero]
+        level_tops = [f"{x.source}/{x.region}" for x in by_level.values() if x.top]
+        ahead = [x for x in vs_ref.values() if x.lead > 0 and x.diff is not None and x.diff.excludes_zero]
+        behind = [x for x in vs_ref.values() if x.lead < 0 and x.diff is not None and x.diff.excludes_zero]
         lines.append(
             f"`{entry}` tops mean TTLT in {len(tops)} of {len(st)} conditions"
             + (f" ({_join(tops)})" if tops else "")
             + f"; its lead is statistically supported (interval excludes 0) in {len(sig)}"
             + (f" ({_join(sig)})" if sig else "")
+            + f". Among {level}-level entries it is best in {len(level_tops)} of {len(by_level)}"
+            + (f" ({_join(level_tops)})" if level_tops and len(level_tops) <= 8 else "")
+            + f". Against vLLM alone it is supported-faster in {len(ahead)} and supported-slower in "
+            f"{len(behind)} of {len(vs_ref)} conditions"
+            + (
+                f" (median margin {pct(float(np.median([x.lead for x in vs_ref.values()])))})"
+                if vs_ref
+                else ""
+            )
             + "."
         )
         lines.append("")
@@ -439,6 +474,7 @@ def _robustness(ds: Dataset, figdir: Path) -> tuple[list[str], dict[str, Any]]:
     )
     lines.append("")
     leads: dict[str, dict[float, float]] = {}
+    vs_leads: dict[str, dict[float, float]] = {}
     rows = []
     for entry in entries:
         base = {(s.source, s.region): s for s in analysis.standing(ds, entry, "ttlt_mean", among=comp)}
@@ -457,6 +493,10 @@ def _robustness(ds: Dataset, figdir: Path) -> tuple[list[str], dict[str, Any]]:
                 and math.isfinite(s.lead)
             ]
             tops = sum(s.top for s in st)
+            vs = analysis.standing(ds, entry, "ttlt_mean", pred, among={VLLM_ALONE.label})
+            vs_med = float(np.median([x.lead for x in vs])) if vs else math.nan
+            vs_ahead = sum(1 for x in vs if x.lead > 0 and x.diff is not None and x.diff.excludes_zero)
+            vs_leads.setdefault(entry, {})[err] = vs_med
             rows.append(
                 [
                     entry,
@@ -466,6 +506,8 @@ def _robustness(ds: Dataset, figdir: Path) -> tuple[list[str], dict[str, Any]]:
                     pct(med),
                     pct(float(np.median(kept))) if kept else "–",
                     len(kept),
+                    pct(vs_med),
+                    f"{vs_ahead}/{len(vs)}",
                 ]
             )
     lines += table(
@@ -477,11 +519,15 @@ def _robustness(ds: Dataset, figdir: Path) -> tuple[list[str], dict[str, Any]]:
             "median lead",
             "median share of the 20% lead kept",
             "conditions with a 20% lead",
+            "median lead over vLLM alone",
+            "supported-faster than vLLM alone",
         ],
         rows,
     )
+    series = {f"{e} vs best comparator": v for e, v in leads.items()}
+    series.update({f"{e} vs vLLM alone": v for e, v in vs_leads.items()})
     path = figures.robustness_lines(
-        leads, "SageSched's lead in mean TTLT vs prediction error", figdir / "robustness.png"
+        series, "SageSched's lead in mean TTLT vs prediction error", figdir / "robustness.png"
     )
     lines += [f"![robustness]({path.parent.name}/{path.name})", ""]
     for entry in entries:
@@ -498,11 +544,20 @@ def _robustness(ds: Dataset, figdir: Path) -> tuple[list[str], dict[str, Any]]:
             verdict = f" {pct(l_last / l0, 0)} of its median lead survives {pct(e_last, 0)} error."
         else:
             verdict = f" Its lead is gone at {pct(e_last, 0)} error."
+        v0, v_last = vs_leads[entry][e0], vs_leads[entry][e_last]
+        against_vllm = ""
+        if math.isfinite(v0) and math.isfinite(v_last):
+            against_vllm = (
+                f" Against vLLM alone its median margin goes from {pct(v0)} at {pct(e0, 0)} error to "
+                f"{pct(v_last)} at {pct(e_last, 0)}"
+                + (f" ({pct(v_last / v0, 0)} of it kept)." if v0 > 0 and v_last > 0 else ".")
+            )
         lines.append(
             f"`{entry}`: median lead {pct(l0)} at {pct(e0, 0)} error, "
             + ", ".join(f"{pct(leads[entry][e])} at {pct(e, 0)}" for e in errs[1:])
             + "."
             + verdict
+            + against_vllm
         )
     lines.append("")
     found["leads"] = leads
@@ -623,7 +678,21 @@ def _engine_note(ds: Dataset) -> list[str]:
             "",
         ]
     else:
-        lines += [f"Preemptions occurred in {preempted} (condition, entry) series of {len(cells)}.", ""]
+        which = Counter(
+            e
+            for per_entry in ds.cube.values()
+            for e, metrics in per_entry.items()
+            if np.nansum(metrics["preemptions"]) > 0
+        )
+        lines += [
+            f"Preemptions occurred in {preempted} of {len(cells)} (condition, predictor setting, entry) "
+            "series, those of "
+            + _join([f"{e} ({k})" for e, k in which.most_common(8)])
+            + "; elsewhere the reference "
+            f"engine (a KV pool of about {_kv_tokens(ds.cfg):,} tokens, 256 sequence slots) held every "
+            "request it was given, so engine-level orderings only reorder admission and prefill chunks.",
+            "",
+        ]
     return lines
 
 
@@ -716,6 +785,13 @@ def _lssp(
             "nothing to concentrate; LSSP's reversals (all SLAI vs vLLM FCFS, with BurstGPT) do not appear "
             "on our sources."
         )
+    if rev["supported"]:
+        src, k = rev["sources"].most_common(1)[0]
+        verdicts.append(
+            "**Reversals trace back to one source** (LSSP: BurstGPT on one side of all 36; rule: holds if "
+            f"one source is on one side of every supported reversal): `{src}` is in {k} of "
+            f"{rev['supported']} — " + ("holds." if k == rev["supported"] else "does not hold.")
+        )
     if math.isfinite(cm.top_change_share):
         verdicts.append(
             "**The winner depends on the metric** (rule: holds if the top entry changes in > 50% of "
@@ -749,7 +825,24 @@ def _exclusions(ds: Dataset) -> list[str]:
         "metric:"
     )
     lines.append("")
-    return lines + table(["metric", "excluded"], rows)
+    lines += table(["metric", "excluded"], rows)
+    undefined = sorted(
+        {
+            f"{e} in {src}/{reg}"
+            for src in ds.sources
+            for reg in ds.regions
+            for e, v in ds.means(src, reg, "ttlt_mean").items()
+            if not math.isfinite(v)
+        }
+    )
+    if undefined:
+        lines += [
+            "Entries with a window where no request finished (latencies undefined): "
+            + _join(undefined[:20])
+            + ".",
+            "",
+        ]
+    return lines
 
 
 def write_report(

@@ -43,7 +43,11 @@ def test_loader_orders_by_arrival_and_reads_chat_messages(tmp_path: Path) -> Non
         tmp_path / "d.jsonl",
         [
             {"prompt": "second", "output_tokens": 5, "arrival_s": 2.0},
-            {"prompt": [{"role": "user", "content": "first prompt here"}], "output_tokens": 7, "arrival_s": 1.0},
+            {
+                "prompt": [{"role": "user", "content": "first prompt here"}],
+                "output_tokens": 7,
+                "arrival_s": 1.0,
+            },
         ],
     )
     items = load_items(path)

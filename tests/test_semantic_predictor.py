@@ -19,7 +19,7 @@ from predictor.baselines import DEFAULT_PRIOR
 from predictor.embedder import BatchingEmbedder, flatten_prompt
 from predictor.history import WindowBounds
 from predictor.index import IndexConfig
-from predictor.semantic import PromptFeatures, SemanticConfig, SemanticPredictor
+from predictor.semantic import PromptFeatures, SemanticConfig, SemanticPredictor, make_semantic
 from tests.semantic_support import LONG_TASKS, SHORT_TASKS, TOPICS, family, real_embedder
 
 SHORT, LONG = 20, 900
@@ -256,3 +256,29 @@ def test_simulator_face_predicts_and_observes_trace_requests() -> None:
     assert p.predict(q_short).mean < p.predict(q_long).mean
     no_text = p.predict(TraceRequest(0.0, 20, 0, rid=10_003))
     assert no_text.mean > 0 and p.size() == len(texts)
+
+
+class _Counting:
+    dim = 384
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.calls += 1
+        return real_embedder().embed(texts)
+
+
+def test_factory_and_prime_embed_a_workload_in_batches() -> None:
+    counting = _Counting()
+    p = make_semantic(relative_error=0.2, seed=0, embedder=counting)
+    reqs = [
+        TraceRequest(float(i), 20, 0, rid=i, prompt=t)
+        for i, t in enumerate(family(SHORT_TASKS, TOPICS) + family(LONG_TASKS, TOPICS))
+    ]
+    p.prime(reqs, batch=64)
+    assert counting.calls == 2  # 96 prompts in two batches
+    for r in reqs:
+        p.predict(r)
+        p.observe(r, SHORT if "Translate" in (r.prompt or "") else LONG)
+    assert counting.calls == 2 and p.size() == len(reqs)

@@ -90,3 +90,12 @@ def test_resume_refuses_another_configuration(smoke_dir: Path) -> None:
     res = CliRunner().invoke(app, ["--smoke", "--out", str(smoke_dir), "--seed", "99"])
     assert res.exit_code == 2
     assert "another configuration" in res.output
+
+
+def test_report_only_rebuilds_the_report(smoke_dir: Path) -> None:
+    before = (smoke_dir / "report.md").read_text()
+    (smoke_dir / "report.md").unlink()
+    res = CliRunner().invoke(app, ["--out", str(smoke_dir), "--report-only"])
+    assert res.exit_code == 0, res.output
+    after = (smoke_dir / "report.md").read_text()
+    assert after == before
