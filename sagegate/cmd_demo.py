@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 def demo(
     minutes: Annotated[float, typer.Option(help="Minutes of arrivals to replay (engine time).")] = 2.0,
-    rate_scale: Annotated[float, typer.Option(help="Arrivals this many times denser than the trace.")] = 1.0,
+    rate_scale: Annotated[float, typer.Option(help="Arrivals this many times denser than the trace.")] = 1.5,
     time_scale: Annotated[
         float, typer.Option(help="Backends run this many times faster than real time.")
     ] = 2.0,
