@@ -21,6 +21,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from sim.tokens import content_text  # one reading of OpenAI content, shared with token counting
+
 DIM = 384
 # The model reads at most 256 word pieces. A longer prompt is cut to its first HEAD_TOKENS and last
 # TAIL_TOKENS pieces (plus the " ... " joint and two special tokens: 255): the instruction often sits at
@@ -44,25 +46,8 @@ def flatten_prompt(prompt: PromptLike) -> str:
         role = str(msg.get("role", "user"))
         if role not in ("system", "developer", "user"):
             continue
-        lines.append(f"{role}: {_content_text(msg.get('content'))}")
+        lines.append(f"{role}: {content_text(msg.get('content'))}")
     return "\n".join(lines)
-
-
-def _content_text(content: Any) -> str:
-    """OpenAI content is a string or a list of parts; keep the text parts."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, Sequence):
-        parts = []
-        for part in content:
-            if isinstance(part, Mapping) and part.get("type", "text") == "text":
-                parts.append(str(part.get("text", "")))
-            elif isinstance(part, str):
-                parts.append(part)
-        return " ".join(parts)
-    return str(content)
 
 
 class TextEmbedder(Protocol):
