@@ -221,7 +221,8 @@ class Engine:
         order = self.running
         if decode_first:
             order = sorted(order, key=lambda r: r.num_computed + 1 < r.known_tokens)  # decodes first
-        elif self.policy.rekey_on_progress:
+        elif self.policy.rekey_on_progress and self._budget_binds(budget):
+            # Order only matters when the budget cannot cover everyone running.
             order = sorted(order, key=lambda r: self.policy.key(r, now))
         defer = self.policy.defers_decode
         bs = self.pool.block_size
@@ -245,6 +246,15 @@ class Engine:
             self._admit(now, step, budget)
         step.preempted += displaced
         return step
+
+    def _budget_binds(self, budget: int) -> bool:
+        """Would the running requests' next tokens exceed ``budget``?"""
+        need = 0
+        for r in self.running:
+            need += r.prompt_tokens + r.generated - r.num_computed
+            if need > budget:
+                return True
+        return False
 
     def _plan_v0(self, now: float) -> Step:
         """vLLM v0: admit whole prompts (prefill-only step) when any fit, else decode everyone."""
