@@ -56,7 +56,7 @@ def _run(policy: str, requests: list[tuple[dict[str, Any], dict[str, str]]]) -> 
                 t.start()
                 threads.append(t)
 
-            send(_body("blocker", 300), {}, -1)
+            send(_body("blocker", 1000), {}, -1)  # ~6.5 s: room to queue on a busy machine
             wait_until(lambda: admin(gw.url)["backends"][0]["inflight"] == 1, what="blocker dispatched")
             send(_body("filler", 4), {}, -2)
             wait_until(lambda: admin(gw.url)["backends"][0]["inflight"] == 2, what="filler dispatched")
