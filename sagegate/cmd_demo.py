@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from loadgen.client import ReplayConfig, ReplayResult
+    from loadgen.client import ReplayConfig
     from loadgen.records import TraceRequest
     from loadgen.results import RequestRecord
 
@@ -37,6 +37,7 @@ def demo(
     seed: Annotated[int, typer.Option(help="Seed for prompts and sampling.")] = 0,
 ) -> None:
     """Replay a real trace slice to two simulated backends, alone and behind the gateway."""
+    from loadgen.client import replay
     from loadgen.compare import compare_records, render_table
     from loadgen.plots import plot_runs
     from loadgen.results import write_results
@@ -46,8 +47,9 @@ def demo(
         minutes, predictor = min(minutes, 1 / 3), "length-bucket"
     work = _workload(minutes, rate_scale, seed)
     typer.echo(
-        f"demo: {len(work)} requests ({minutes:g} trace minutes × {rate_scale:g}), two simulated {model} "
-        f"backends on {gpu} at {time_scale:g}× real time; policy {policy}, predictor {predictor}"
+        f"demo: {len(work)} requests ({minutes:g} minutes of arrivals, trace × {rate_scale:g}), "
+        f"two simulated {model} backends on {gpu} at {time_scale:g}× real time; "
+        f"policy {policy}, predictor {predictor}"
     )
     backend_args = ["--model", model, "--gpu", gpu, "--time-scale", str(time_scale)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -70,13 +72,13 @@ def demo(
         ]
         with spawned("sagegate.cli", gateway_args, ready_path="/ready", startup_timeout_s=120, env=env) as gw:
             typer.echo(f"gateway up: {gw}; run B: through the gateway…")
-            through = _replay(work, _config(gw, time_scale, metrics=True))
-    runs = {"vLLM alone": alone.records, f"gateway {policy}": through.records}
+            through = replay(work, _config(gw, time_scale, metrics=True))
+    runs = {"vLLM alone": alone, f"gateway {policy}": through.records}
     out.mkdir(parents=True, exist_ok=True)
     for name, records in runs.items():
         write_results(records, out / f"{name.replace(' ', '_')}.jsonl")
     render_table(
-        compare_records(alone.records, through.records),
+        compare_records(alone, through.records),
         "vLLM alone",
         f"gateway {policy}",
         title="What the scheduler bought (latencies in ms of engine time)",
@@ -116,13 +118,9 @@ def _config(url: str, time_scale: float, *, metrics: bool = False) -> ReplayConf
     )
 
 
-def _replay(work: Sequence[TraceRequest], cfg: ReplayConfig) -> ReplayResult:
-    from loadgen.client import replay
-
-    return replay(work, cfg)
-
-
-async def _round_robin(work: Sequence[TraceRequest], urls: Sequence[str], time_scale: float) -> _Merged:
+async def _round_robin(
+    work: Sequence[TraceRequest], urls: Sequence[str], time_scale: float
+) -> list[RequestRecord]:
     """vLLM alone: a plain balancer sends request i to backend i mod n."""
     from loadgen.client import replay_async
 
@@ -130,10 +128,4 @@ async def _round_robin(work: Sequence[TraceRequest], urls: Sequence[str], time_s
     results = await asyncio.gather(
         *(replay_async(p, _config(u, time_scale)) for p, u in zip(parts, urls, strict=True))
     )
-    records = sorted((r for res in results for r in res.records), key=lambda r: r.rid)
-    return _Merged(records)
-
-
-class _Merged:
-    def __init__(self, records: list[RequestRecord]) -> None:
-        self.records = records
+    return sorted((r for res in results for r in res.records), key=lambda r: r.rid)
