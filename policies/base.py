@@ -11,9 +11,9 @@ Policies are pure: they take ``now`` from the caller and any randomness from a s
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from predictor.distribution import LengthDistribution
 
@@ -106,12 +106,24 @@ class LoadView:
     est_service_s: float = 0.0
 
 
+class Placement(NamedTuple):
+    """Where a queued request of a ``lanes`` policy sits in the queue's index (see :meth:`Policy.place`)."""
+
+    lane: Hashable
+    rank: Any
+    """Order inside the lane (then first come first served); hashable and totally ordered."""
+    flip: float | None = None
+    """The request moves to ``policy.after_flip(placement)`` once ``policy.flipped(flip, now)``;
+    None: never."""
+
+
 class Policy:
     """Base class and default behaviour (FCFS). Subclasses override what they change.
 
     Class attributes describe a policy to drivers and to ``sagegate policies``:
     ``levels`` where it may run; ``dynamic`` whether :meth:`key` changes with time or with other
-    requests (the queue then re-evaluates keys before each pick instead of keeping a heap);
+    requests (the queue then keeps a lane index, for ``lanes`` policies, or re-evaluates keys before
+    each pick, instead of keeping a heap);
     ``uses_prediction`` / ``uses_oracle`` what it reads; ``preemptive`` whether, at engine level, a
     better waiting request may displace a running one.
     """
@@ -124,10 +136,41 @@ class Policy:
     preemptive: ClassVar[bool] = False
     rekey_on_progress: ClassVar[bool] = False
     """Key of a *running* request changes as it generates (engine level): re-sort the running list."""
+    lanes: ClassVar[bool] = False
+    """A ``dynamic`` policy whose key has the lane form of :meth:`place`: the queue keeps an index
+    (O(lanes · log n) a pick) instead of rescanning every key (O(n))."""
 
     def key(self, req: SchedRequest, now: float) -> Any:
         """Sort key, lower served first. Must be totally ordered among one policy's keys."""
         return (req.arrival_s, _tiebreak(req.rid))
+
+    def place(self, req: SchedRequest, now: float) -> Placement:
+        """``lanes`` policies: the lane and rank of ``req`` as it enters a queue.
+
+        The contract that lets the queue pick by lane heads and still agree with a scan of every key:
+
+        1. ``key(req, now) == (*self.primary(lane, rank, now), *fcfs_tiebreak(req))``, and within a
+           lane the primary part never decreases as the rank grows;
+        2. ``req`` is in ``p = place(req, now)`` until ``flipped(p.flip, now)``, then in
+           ``after_flip(p)`` for good; ``flipped`` holds for every smaller ``flip`` when it holds for
+           one, and keeps holding as the clock and the policy's state move on (if the clock goes
+           back, the queue places every request afresh);
+        3. what ``place`` reads of ``req`` does not change while it is queued (``on_arrival`` and
+           ``on_preempt`` run before the push).
+        """
+        raise NotImplementedError(f"policy {self.name!r} does not declare lanes")
+
+    def primary(self, lane: Hashable, rank: Any, now: float) -> tuple[Any, ...]:
+        """``lanes`` policies: the key, less its first-come-first-served tail, of a request placed so."""
+        raise NotImplementedError(f"policy {self.name!r} does not declare lanes")
+
+    def flipped(self, flip: float, now: float) -> bool:
+        """``lanes`` policies: has a request whose placement carries ``flip`` moved on at ``now``."""
+        return False
+
+    def after_flip(self, placed: Placement) -> Placement:
+        """``lanes`` policies: where a request placed at ``placed`` goes when it flips."""
+        raise NotImplementedError(f"policy {self.name!r} does not declare flips")
 
     def screen(self, req: SchedRequest, now: float, load: LoadView) -> Screening:
         """Gateway level: may ``req`` be dispatched now? Default: always."""

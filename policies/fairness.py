@@ -1,15 +1,17 @@
 """Fair-share orderings at the gateway: VTC (per-tenant virtual token counters) and LSSP's WFS.
 
 Both keep per-tenant counters fed by the life-cycle hooks, so both are ``dynamic``: a request's key
-depends on what other tenants have been served.
+depends on what other tenants have been served. Both declare lanes (one per tenant): the counters move
+a tenant's requests together, so the queue only compares the tenants' best requests.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from collections.abc import Hashable
+from typing import Any, cast
 
-from policies.base import GATEWAY, Policy, SchedRequest, fcfs_tiebreak
+from policies.base import GATEWAY, Placement, Policy, SchedRequest, fcfs_tiebreak
 from policies.deadline import priority_weight
 from policies.prediction import predicted_output
 from policies.registry import register
@@ -30,6 +32,7 @@ class VTC(Policy):
 
     levels = frozenset({GATEWAY})
     dynamic = True
+    lanes = True
 
     def __init__(self, input_weight: float = 1.0, output_weight: float = 2.0) -> None:
         if input_weight < 0 or output_weight < 0:
@@ -44,6 +47,12 @@ class VTC(Policy):
 
     def key(self, req: SchedRequest, now: float) -> Any:
         return (self.counters[req.tenant], *fcfs_tiebreak(req))
+
+    def place(self, req: SchedRequest, now: float) -> Placement:
+        return Placement(req.tenant, 0)  # one counter per tenant, then first come first served
+
+    def primary(self, lane: Hashable, rank: Any, now: float) -> tuple[Any, ...]:
+        return (self.counters[cast(str, lane)],)
 
     def on_arrival(self, req: SchedRequest, now: float) -> None:
         t = req.tenant
@@ -82,19 +91,32 @@ class WFS(Policy):
 
     levels = frozenset({GATEWAY})
     dynamic = True
+    lanes = True
     uses_prediction = True
 
     def __init__(self) -> None:
         self.queued: dict[str, int] = defaultdict(int)
         self.served: dict[str, int] = defaultdict(int)
 
+    def weight(self, req: SchedRequest) -> float:
+        """The request's own factor, priority / estimated steps (fixed while it is queued)."""
+        return priority_weight(req) / max(1.0, predicted_output(req))
+
     def score(self, req: SchedRequest) -> float:
+        # class factor × own factor, in that association: for a fixed class factor (≥ 0) the score
+        # then never decreases with the weight, rounding included, which the lane index relies on.
         c = req.tenant
-        steps = max(1.0, predicted_output(req))
-        return (self.queued[c] / (self.served[c] + 1)) * priority_weight(req) / steps
+        return (self.queued[c] / (self.served[c] + 1)) * self.weight(req)
 
     def key(self, req: SchedRequest, now: float) -> Any:
         return (-self.score(req), *fcfs_tiebreak(req))
+
+    def place(self, req: SchedRequest, now: float) -> Placement:
+        return Placement(req.tenant, -self.weight(req))
+
+    def primary(self, lane: Hashable, rank: Any, now: float) -> tuple[Any, ...]:
+        c = cast(str, lane)
+        return (-((self.queued[c] / (self.served[c] + 1)) * -rank),)
 
     def on_arrival(self, req: SchedRequest, now: float) -> None:
         self.queued[req.tenant] += 1

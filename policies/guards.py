@@ -9,9 +9,20 @@ wait forever. Every REJECT carries one of the class's documented ``reject_reason
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from collections.abc import Hashable
+from typing import Any, ClassVar, cast
 
-from policies.base import ADMIT, GATEWAY, LoadView, Policy, SchedRequest, Screening, Verdict, fcfs_tiebreak
+from policies.base import (
+    ADMIT,
+    GATEWAY,
+    LoadView,
+    Placement,
+    Policy,
+    SchedRequest,
+    Screening,
+    Verdict,
+    fcfs_tiebreak,
+)
 from policies.deadline import (
     S_PER_OUTPUT_TOKEN,
     S_PER_PROMPT_TOKEN,
@@ -60,10 +71,13 @@ class KVConstrained(_Guard):
     laxity.
 
     Laxity uses the LSSP deadline rule's service estimate (``policies.deadline``); requests without a
-    deadline are never urgent. Urgency depends on the clock, hence ``dynamic``.
+    deadline are never urgent. Urgency depends on the clock, hence ``dynamic``; laxity is the static
+    latest start minus the clock, so the queue indexes requests by (size, latest start) in two lanes,
+    relaxed and urgent, and moves each to the urgent lane as the clock reaches its latest start − 0.25 s.
     """
 
     dynamic = True
+    lanes = True
 
     def __init__(
         self,
@@ -90,10 +104,27 @@ class KVConstrained(_Guard):
     def urgent(self, req: SchedRequest, now: float) -> bool:
         return self.laxity(req, now) <= self.urgent_laxity_s
 
+    def size(self, req: SchedRequest) -> float:
+        return (req.prompt_tokens + self.output_weight * predicted_output(req)) / priority_weight(req)
+
     def key(self, req: SchedRequest, now: float) -> Any:
         lax = self.laxity(req, now)
-        size = (req.prompt_tokens + self.output_weight * predicted_output(req)) / priority_weight(req)
-        return (lax > self.urgent_laxity_s, size, lax, *fcfs_tiebreak(req))
+        return (lax > self.urgent_laxity_s, self.size(req), lax, *fcfs_tiebreak(req))
+
+    def place(self, req: SchedRequest, now: float) -> Placement:
+        ls = latest_start(req, self.s_in, self.s_out)
+        return Placement("relaxed", (self.size(req), ls), ls if ls != math.inf else None)
+
+    def after_flip(self, placed: Placement) -> Placement:
+        return Placement("urgent", placed.rank)
+
+    def primary(self, lane: Hashable, rank: Any, now: float) -> tuple[Any, ...]:
+        size, ls = rank
+        lax = ls - now
+        return (lax > self.urgent_laxity_s, size, lax)
+
+    def flipped(self, flip: float, now: float) -> bool:
+        return flip - now <= self.urgent_laxity_s  # laxity(now) ≤ threshold: urgent from now on
 
     def screen(self, req: SchedRequest, now: float, load: LoadView) -> Screening:
         if load.kv_usage <= self.kv_threshold or self.urgent(req, now):
@@ -158,10 +189,13 @@ class ScorpioGuard(_Guard):
       more than ``queue_factor`` (3) × the fleet's running capacity, only urgent requests (slack ≤
       ``urgent_slack_s``) are admitted; the rest wait.
 
-    Time-dependent, hence ``dynamic``.
+    Time-dependent, hence ``dynamic``. Slack is a static *latest prefill start* minus the clock, so
+    the queue indexes requests by latest prefill start in one lane per priority, moving each to a
+    first-come-first-served lane once its slack reaches ``slack_floor_s`` (where urgency stops growing).
     """
 
     dynamic = True
+    lanes = True
     reject_reasons = frozenset({"ttft_slack_exhausted"})
 
     def __init__(
@@ -200,8 +234,12 @@ class ScorpioGuard(_Guard):
             return math.inf
         return req.deadline_s - self.s_out * predicted_output(req)
 
+    def latest_prefill(self, req: SchedRequest) -> float:
+        """When the prefill must start at the latest for the first token to make its deadline."""
+        return self.ttft_deadline(req) - self.s_in * req.prompt_tokens
+
     def ttft_slack(self, req: SchedRequest, now: float) -> float:
-        return self.ttft_deadline(req) - now - self.s_in * req.prompt_tokens
+        return self.latest_prefill(req) - now
 
     def urgency(self, req: SchedRequest, now: float) -> float:
         slack = self.ttft_slack(req, now)
@@ -211,6 +249,26 @@ class ScorpioGuard(_Guard):
 
     def key(self, req: SchedRequest, now: float) -> Any:
         return (-self.urgency(req, now), *fcfs_tiebreak(req))
+
+    def place(self, req: SchedRequest, now: float) -> Placement:
+        start = self.latest_prefill(req)
+        if start == math.inf:
+            return Placement("no-deadline", 0)  # urgency 0
+        return Placement(("slack", priority_weight(req)), start, start)
+
+    def after_flip(self, placed: Placement) -> Placement:
+        _, w = cast(tuple[str, float], placed.lane)
+        return Placement(("floor", w), 0)  # urgency w / slack_floor_s
+
+    def primary(self, lane: Hashable, rank: Any, now: float) -> tuple[Any, ...]:
+        if not isinstance(lane, tuple):
+            return (-0.0,)
+        kind, w = lane
+        slack = rank - now if kind == "slack" else self.slack_floor_s
+        return (-(w / max(slack, self.slack_floor_s)),)
+
+    def flipped(self, flip: float, now: float) -> bool:
+        return flip - now <= self.slack_floor_s
 
     def screen(self, req: SchedRequest, now: float, load: LoadView) -> Screening:
         slack = self.ttft_slack(req, now)

@@ -9,9 +9,10 @@ goes back to the top queue. Within a queue, first come first served.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
-from policies.base import ENGINE, GATEWAY, Policy, SchedRequest, fcfs_tiebreak
+from policies.base import ENGINE, GATEWAY, Placement, Policy, SchedRequest, fcfs_tiebreak
 from policies.registry import register
 
 
@@ -43,6 +44,7 @@ class FastServe(Policy):
 
     levels = frozenset({GATEWAY, ENGINE})
     dynamic = True
+    lanes = True  # one per queue level; a waiting request flips to the top one when it starves
     preemptive = True
     rekey_on_progress = True
 
@@ -95,6 +97,20 @@ class FastServe(Policy):
 
     def key(self, req: SchedRequest, now: float) -> Any:
         return (self.level_of(req, now), *fcfs_tiebreak(req))
+
+    def place(self, req: SchedRequest, now: float) -> Placement:
+        st = self._state(req, now)
+        starves = st.waiting_since is not None and st.level != 0
+        return Placement(st.level, 0, st.waiting_since if starves else None)
+
+    def primary(self, lane: Hashable, rank: Any, now: float) -> tuple[Any, ...]:
+        return (lane,)
+
+    def flipped(self, flip: float, now: float) -> bool:
+        return now - flip >= self.starvation_s
+
+    def after_flip(self, placed: Placement) -> Placement:
+        return Placement(0, 0)  # promoted: the top queue
 
     def on_arrival(self, req: SchedRequest, now: float) -> None:
         st = self._state(req, now)

@@ -8,10 +8,10 @@ or a cold start) is treated as drawn from the predictors' own cold-start prior,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
-from policies.base import ENGINE, GATEWAY, Policy, SchedRequest, fcfs_tiebreak
+from policies.base import ENGINE, GATEWAY, Placement, Policy, SchedRequest, fcfs_tiebreak
 from policies.registry import register
 from predictor.baselines import DEFAULT_PRIOR
 from predictor.distribution import LengthDistribution
@@ -72,6 +72,7 @@ class SSJF(Policy):
 
     levels = frozenset({GATEWAY, ENGINE})
     dynamic = True
+    lanes = True  # waiting by prediction; starving (flipped after starvation_s) by waiting time
     uses_prediction = True
 
     def __init__(self, starvation_s: float = 30.0) -> None:
@@ -89,6 +90,19 @@ class SSJF(Policy):
         if now - since >= self.starvation_s:
             return (0, since, *fcfs_tiebreak(req))
         return (1, predicted_output(req), *fcfs_tiebreak(req))
+
+    def place(self, req: SchedRequest, now: float) -> Placement:
+        since = req.pstate if req.pstate is not None else req.arrival_s
+        return Placement("waiting", predicted_output(req), since)
+
+    def primary(self, lane: Hashable, rank: Any, now: float) -> tuple[Any, ...]:
+        return (0 if lane == "starving" else 1, rank)
+
+    def flipped(self, flip: float, now: float) -> bool:
+        return now - flip >= self.starvation_s
+
+    def after_flip(self, placed: Placement) -> Placement:
+        return Placement("starving", placed.flip)  # by when it started waiting
 
 
 # --- LTR ----------------------------------------------------------------------------------------
@@ -116,6 +130,7 @@ class LearningToRank(Policy):
 
     levels = frozenset({GATEWAY, ENGINE})
     dynamic = True
+    lanes = True  # waiting by score; promoted (flipped after starvation_rounds) by round entered
     uses_prediction = True
 
     def __init__(self, starvation_rounds: int = 200) -> None:
@@ -157,6 +172,19 @@ class LearningToRank(Policy):
         if self.rounds - st.since_round >= self.starvation_rounds:
             return (0, st.since_round, 0.0, *fcfs_tiebreak(req))
         return (1, 0, st.score, *fcfs_tiebreak(req))
+
+    def place(self, req: SchedRequest, now: float) -> Placement:
+        st = self._state(req)
+        return Placement("waiting", st.score, st.since_round)
+
+    def primary(self, lane: Hashable, rank: Any, now: float) -> tuple[Any, ...]:
+        return (0, rank, 0.0) if lane == "promoted" else (1, 0, rank)
+
+    def flipped(self, flip: float, now: float) -> bool:
+        return self.rounds - flip >= self.starvation_rounds
+
+    def after_flip(self, placed: Placement) -> Placement:
+        return Placement("promoted", placed.flip)  # by the round it started waiting in
 
 
 # --- TRAIL --------------------------------------------------------------------------------------

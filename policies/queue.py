@@ -1,4 +1,4 @@
-"""A queue ordered by a policy's key: a heap when keys are static, a scan when they move.
+"""A queue ordered by a policy's key: a heap when keys are static, a lane index or a scan when they move.
 
 Used by the simulator's gateway queue, the simulator's engine waiting list and the live gateway, so
 ordering is the same code everywhere. Removal is lazy (an entry is marked gone and skipped).
@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
 from policies.base import Policy, SchedRequest
+from policies.lanes import LaneIndex
 
 R = TypeVar("R", bound=SchedRequest)
 
@@ -20,15 +21,20 @@ class PolicyQueue(Generic[R]):
     """Requests in ``policy.key`` order (lower first).
 
     Static policies: each request's key is computed once on push and kept in a heap, so ``peek`` and
-    ``pop`` are O(log n). Dynamic policies (``policy.dynamic``): keys are recomputed on every ``peek``
-    (O(n)), because they depend on the clock or on other requests.
+    ``pop`` are O(log n). Dynamic policies (``policy.dynamic``) whose keys declare lanes
+    (``policy.lanes``): a :class:`~policies.lanes.LaneIndex`, O(lanes · log n) a pick, the same pick
+    as a scan. Other dynamic policies, or ``scan=True``: keys are recomputed on every ``peek`` (O(n)),
+    because they depend on the clock or on other requests.
     """
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, *, scan: bool = False) -> None:
         self.policy = policy
         self._heap: list[tuple[Any, int, R]] = []
         self._members: dict[int, R] = {}
         self._counter = itertools.count()
+        self._index: LaneIndex[R] | None = (
+            LaneIndex(policy) if policy.dynamic and policy.lanes and not scan else None
+        )
 
     def __len__(self) -> int:
         return len(self._members)
@@ -44,18 +50,30 @@ class PolicyQueue(Generic[R]):
 
     def push(self, req: R, now: float) -> None:
         self._members[id(req)] = req
-        if not self.policy.dynamic:
+        if self._index is not None:
+            self._index.add(req, now)
+        elif not self.policy.dynamic:
             key = self.policy.key(req, now)
             req.key_cache = key
             heapq.heappush(self._heap, (key, next(self._counter), req))
 
     def remove(self, req: R) -> bool:
         """Take ``req`` out wherever it is (cancellation). Returns whether it was queued."""
-        return self._members.pop(id(req), None) is not None
+        if self._members.pop(id(req), None) is None:
+            return False
+        if self._index is not None:
+            self._index.discard(req)
+        return True
 
     def peek(self, now: float) -> R | None:
         if not self._members:
             return None
+        if self._index is not None:
+            found = self._index.best(now, self._members.values())
+            assert found is not None
+            key, req = found
+            req.key_cache = key
+            return req
         if self.policy.dynamic:
             return min(self._members.values(), key=lambda r: self._rekey(r, now))
         heap = self._heap
