@@ -39,23 +39,13 @@ def backend(
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
 ) -> None:
     """Serve the simulated engine over an OpenAI-compatible HTTP API with vLLM's /metrics."""
+    params = dict(locals())  # the options by name, before any local of the body
     import uvicorn
 
     from sim.server import BackendSettings, create_app
 
     try:
-        cfg, _ = ef.engine_config(
-            model,
-            gpu,
-            max_num_seqs,
-            max_num_batched_tokens,
-            block_size,
-            gpu_memory_utilization,
-            num_gpu_blocks_override,
-            enable_prefix_caching,
-            tensor_parallel_size,
-            variant,
-        )
+        cfg, _ = ef.EngineFlags.pick(params).build()
         settings = BackendSettings(
             engine=cfg,
             served_model_name=served_model_name,

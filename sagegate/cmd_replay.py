@@ -10,6 +10,10 @@ from typing import Annotated, Any
 
 import typer
 
+from sagegate.workload_flags import WorkloadFlags, parse_reader_opts
+
+__all__ = ["compare", "parse_headers", "parse_reader_opts", "plot", "replay", "replay_app"]
+
 replay_app = typer.Typer(
     help="Replay a trace against an OpenAI-compatible endpoint in open loop; compare and plot results.",
     add_completion=False,
@@ -37,20 +41,6 @@ def parse_headers(values: list[str] | None) -> dict[str, str]:
         if not sep or not name.strip():
             raise ValueError(f"--header must look like 'name: value', got {raw!r}")
         out[name.strip().lower()] = value.strip()
-    return out
-
-
-def parse_reader_opts(values: list[str] | None) -> dict[str, Any]:
-    """``["start_s=3600", "clients=[1,2]"]`` as reader options; values are JSON when they parse."""
-    out: dict[str, Any] = {}
-    for raw in values or []:
-        key, sep, value = raw.partition("=")
-        if not sep or not key.strip().isidentifier():
-            raise ValueError(f"--reader-opt must look like 'name=value', got {raw!r}")
-        try:
-            out[key.strip()] = json.loads(value)
-        except ValueError:
-            out[key.strip()] = value
     return out
 
 
@@ -119,27 +109,13 @@ def replay(
     if url is None or trace is None:
         typer.echo("error: --url and --trace are required (or use a subcommand: compare, plot)", err=True)
         raise typer.Exit(2)
+    params = dict(locals())
     from loadgen.client import ReplayConfig
     from loadgen.client import replay as run_replay
     from loadgen.results import errors_by_kind, mark_warmup, summarize, write_results
-    from loadgen.schedule import prepare_workload
 
     try:
-        work = prepare_workload(
-            trace,
-            fmt,
-            limit=limit,
-            duration=duration,
-            rate_scale=rate_scale,
-            rate=rate,
-            arrival=arrival,
-            cv=cv,
-            warmup=warmup,
-            seed=seed,
-            prompts=prompts,
-            sharegpt=sharegpt,
-            reader_opts=parse_reader_opts(reader_opt),
-        )
+        work = WorkloadFlags.pick(params).load()
         body = json.loads(extra_body) if extra_body else {}
         if not isinstance(body, dict):
             raise ValueError("--extra-body must be a JSON object")

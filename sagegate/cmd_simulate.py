@@ -66,40 +66,15 @@ def simulate(
     ] = None,
 ) -> None:
     """Replay a workload through the gateway queue and N simulated engines; print the summary."""
+    params = dict(locals())  # the options by name, before any local of the body
     from loadgen.results import Slo, mark_warmup, summarize, write_results
-    from loadgen.schedule import prepare_workload
-    from sagegate.cmd_replay import parse_reader_opts
+    from sagegate.workload_flags import WorkloadFlags
     from sim.des import SimSetup, client_view
     from sim.des import simulate as run
 
     try:
-        cfg, perf = ef.engine_config(
-            model,
-            gpu,
-            max_num_seqs,
-            max_num_batched_tokens,
-            block_size,
-            gpu_memory_utilization,
-            num_gpu_blocks_override,
-            enable_prefix_caching,
-            tensor_parallel_size,
-            variant,
-        )
-        work = prepare_workload(
-            trace,
-            fmt,
-            limit=limit,
-            duration=duration,
-            rate_scale=rate_scale,
-            rate=rate,
-            arrival=arrival,
-            cv=cv,
-            warmup=warmup,
-            seed=seed,
-            prompts=prompts,
-            requests=requests,
-            reader_opts=parse_reader_opts(reader_opt),
-        )
+        cfg, perf = ef.EngineFlags.pick(params).build()
+        work = WorkloadFlags.pick(params).load()
         workload = work.requests
         setup = SimSetup(
             perf=perf,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -26,34 +28,33 @@ TensorParallel = Annotated[int, typer.Option("--tensor-parallel-size", help="GPU
 Variant = Annotated[str, typer.Option(help="Engine scheduler: v1 (default), v0, sarathi.")]
 
 
-def engine_config(
-    model: str,
-    gpu: str,
-    max_num_seqs: int,
-    max_num_batched_tokens: int,
-    block_size: int,
-    gpu_memory_utilization: float,
-    num_gpu_blocks_override: int | None,
-    enable_prefix_caching: bool,
-    tensor_parallel_size: int,
-    variant: str,
-) -> tuple[EngineConfig, PerfModel]:
-    """Build the engine's config and performance model from the flags (raises ValueError)."""
-    from sim.config import EngineConfig
-    from sim.hardware import get_gpu, get_model
-    from sim.perf import PerfModel
+@dataclass(frozen=True)
+class EngineFlags:
+    """The ten engine flags, picked by name from a command's parameters so each command lists them
+    only in its signature (typer needs them there)."""
 
-    cfg = EngineConfig(
-        model=model,
-        gpu=gpu,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        block_size=block_size,
-        gpu_memory_utilization=gpu_memory_utilization,
-        num_gpu_blocks_override=num_gpu_blocks_override,
-        enable_prefix_caching=enable_prefix_caching,
-        tensor_parallel_size=tensor_parallel_size,
-        variant=variant,
-    )
-    perf = PerfModel(get_model(model), get_gpu(gpu), tp=tensor_parallel_size)
-    return cfg, perf
+    model: str
+    gpu: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    gpu_memory_utilization: float
+    num_gpu_blocks_override: int | None
+    enable_prefix_caching: bool
+    tensor_parallel_size: int
+    variant: str
+
+    @classmethod
+    def pick(cls, params: Mapping[str, Any]) -> EngineFlags:
+        """The flags among ``params`` (a command's ``locals()``); other names are ignored."""
+        return cls(**{f.name: params[f.name] for f in fields(cls)})
+
+    def build(self) -> tuple[EngineConfig, PerfModel]:
+        """The engine's config and performance model (raises ValueError for a bad value)."""
+        from sim.config import EngineConfig
+        from sim.hardware import get_gpu, get_model
+        from sim.perf import PerfModel
+
+        cfg = EngineConfig(**asdict(self))
+        perf = PerfModel(get_model(self.model), get_gpu(self.gpu), tp=self.tensor_parallel_size)
+        return cfg, perf
