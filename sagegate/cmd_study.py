@@ -36,8 +36,34 @@ def study(
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Corpus seed (window choice and noise).")] = None,
     semantic: Annotated[
-        bool, typer.Option(help="Also run the semantic predictor on sources with prompt text.")
+        bool,
+        typer.Option(
+            help="Also run the semantic predictor on sources with prompt text, and add the built-in text "
+            "source azure-conv-sharegpt (Azure conversation arrivals carrying ShareGPT pairs) unless "
+            "--no-default-sources. Embeds every window's prompts once (MiniLM, CPU): opt-in for its cost."
+        ),
     ] = False,
+    semantic_history: Annotated[
+        int | None,
+        typer.Option(help="Requests warming the semantic predictor, per text source (default 3000)."),
+    ] = None,
+    only_sources: Annotated[
+        str | None, typer.Option(help="Comma-separated source names to keep (after adding --source ones).")
+    ] = None,
+    errors: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated noisy-oracle errors, the first the main one (default 0.2,0.5,1)."),
+    ] = None,
+    deadline_multiplier: Annotated[
+        float | None, typer.Option(help="Deadline = arrival + M × service estimate (default 20).")
+    ] = None,
+    deadline_sensitivity: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated other multipliers (e.g. 10,40): run the study at the base multiplier and "
+            "each of these into OUT/x<M>, and write OUT/deadline_sensitivity.md comparing their rankings."
+        ),
+    ] = None,
     report_only: Annotated[
         bool, typer.Option(help="Rewrite the report from the cells already in OUT; simulate nothing.")
     ] = False,
@@ -49,6 +75,7 @@ def study(
         StudyConfig,
         parse_source,
         smoke_config,
+        text_source,
         with_overrides,
     )
     from study.config import (
@@ -63,10 +90,33 @@ def study(
             if not smoke and default_sources:
                 base = defaults()
             cfg = with_overrides(cfg, sources=base + extra)
+        if semantic and default_sources and all(s.name != text_source().name for s in cfg.sources):
+            cfg = with_overrides(cfg, sources=(*cfg.sources, text_source()))
+        if only_sources:
+            keep = _names(only_sources)
+            missing = [n for n in keep if n not in {s.name for s in cfg.sources}]
+            if missing:
+                raise ValueError(f"--only-sources: unknown {missing}; have {[s.name for s in cfg.sources]}")
+            cfg = with_overrides(cfg, sources=tuple(s for s in cfg.sources if s.name in keep))
         if not cfg.sources:
             raise ValueError("no sources: pass --source or keep the default sources")
-        pol = tuple(p.strip() for p in policies.split(",") if p.strip()) if policies else None
-        cfg = with_overrides(cfg, windows=windows, policies=pol, seed=seed, semantic=semantic or None)
+        pol = tuple(_names(policies)) if policies else None
+        errs = tuple(float(x) for x in _names(errors)) if errors else None
+        others = tuple(float(x) for x in _names(deadline_sensitivity)) if deadline_sensitivity else ()
+        if any(not x > 0 for x in (*(errs or ()), *others, deadline_multiplier or 1.0)):
+            raise ValueError("errors and deadline multipliers must be positive")
+        robust = () if errs is not None and len(errs) == 1 else None  # nothing to re-run
+        cfg = with_overrides(
+            cfg,
+            windows=windows,
+            policies=pol,
+            seed=seed,
+            semantic=semantic or None,
+            semantic_history=semantic_history,
+            errors=errs,
+            robustness=robust,
+            deadline_multiplier=deadline_multiplier,
+        )
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -83,6 +133,23 @@ def study(
     except (ValueError, ImportError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
+    if others:
+        import shlex
+        import sys
+
+        from study.sensitivity import run_sensitivity
+
+        argv = sys.argv[sys.argv.index("study") + 1 :] if "study" in sys.argv else []
+        command = "sagegate study " + " ".join(shlex.quote(a) for a in argv) if argv else ""
+        try:
+            path = run_sensitivity(cfg, others, out, ex, resume=resume, command=command)
+        except (ConfigMismatch, FileNotFoundError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from exc
+        finally:
+            ex.close()
+        typer.echo(json.dumps({"out": str(out), "report": str(path)}))
+        return
     try:
         timing = run_study(cfg, out, ex, resume=resume)
     except (ConfigMismatch, FileNotFoundError) as exc:
@@ -91,6 +158,10 @@ def study(
     finally:
         ex.close()
     typer.echo(json.dumps({"out": str(out), "report": str(out / "report.md"), **timing}))
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
 
 
 def _report_only(out: Path) -> None:

@@ -98,6 +98,32 @@ def default_sources(root: Path | None = None) -> tuple[SourceSpec, ...]:
     )
 
 
+TEXT_SOURCE = "azure-conv-sharegpt"
+
+
+def text_source(root: Path | None = None) -> SourceSpec:
+    """The built-in source with prompt text: Azure 2023 conversation arrivals carrying ShareGPT pairs.
+
+    Each request becomes a real ShareGPT pair from the length bucket of its Azure prompt (prompt text,
+    prompt and response lengths of the pair); 3,000 pairs are held out, by a seeded split, to warm
+    the semantic predictor's history only (``study.textsource``).
+    """
+    r = data_root() if root is None else root
+    return SourceSpec(
+        TEXT_SOURCE,
+        str(r / "azure2023" / "AzureLLMInferenceTrace_conv.csv"),
+        "paired-sharegpt",
+        (
+            ("sharegpt", str(r / "sharegpt" / "sharegpt_v3_first_turn_pairs.jsonl.gz")),
+            ("arrivals", "azure"),
+            ("reserve", 3000),
+        ),
+        "Azure 2023 conversation arrivals, each request a real ShareGPT first-turn pair (prompt text, "
+        "prompt and response lengths) from its prompt's length bucket; 3,000 pairs held out (seeded) "
+        "as the semantic predictor's history",
+    )
+
+
 def synthetic_sources() -> tuple[SourceSpec, ...]:
     """Two seeded synthetic sources (chat-like and code-like) for a smoke run without the data."""
     return (
@@ -189,6 +215,9 @@ class StudyConfig:
     """Entries (``policy@level``) re-run at ``errors[1:]``; those not in the panel are skipped."""
     semantic: bool = False
     """Also run the ``semantic`` predictor on sources whose requests carry prompt text."""
+    semantic_history: int = 3000
+    """Completed requests that warm the semantic predictor before any window is predicted: a paired
+    source's held-out pairs, else the source's rows outside every window (``study.semantic``)."""
     # statistics
     bootstrap: int = 2000
     confidence: float = 0.95

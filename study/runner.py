@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loadgen.records import TraceRequest
 from study.calibrate import Calibration, calibrate_window
@@ -22,6 +22,9 @@ from study.config import StudyConfig
 from study.executors import Executor
 from study.sweep import ResultStore, panel, plan, run_sweep, write_results_csv
 from study.windows import Window, load_rows, make_windows, max_tokens_for, valid_rows
+
+if TYPE_CHECKING:
+    from predictor.distribution import LengthDistribution
 
 
 class ConfigMismatch(RuntimeError):
@@ -68,7 +71,7 @@ def _log_progress(label: str, log: Callable[[str], None]) -> Callable[[int, int]
 
 def _check_config(out: Path, cfg: StudyConfig, resume: bool) -> None:
     path = out / "config.json"
-    logs = [out / "cells.jsonl", out / "calibration.jsonl"]
+    logs = [out / "cells.jsonl", out / "calibration.jsonl", out / "semantic.jsonl"]
     if not resume:
         for p in logs:
             p.unlink(missing_ok=True)
@@ -91,6 +94,40 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return out
+
+
+def _semantic(
+    cfg: StudyConfig,
+    corpus: Mapping[str, Sequence[Window]],
+    rows_by_source: Mapping[str, Sequence[TraceRequest]],
+    out: Path,
+    say: Callable[[str], None],
+) -> tuple[dict[str, Mapping[int, LengthDistribution]], int]:
+    """Semantic predictions of every window with text: those logged in ``OUT/semantic.jsonl``, the
+    rest computed (one history warm-up per source) and logged. Returns them and the prompts embedded."""
+    from study.semantic import PredictionLog, history_for, semantic_distributions
+
+    log = PredictionLog(out / "semantic.jsonl")
+    dists: dict[str, Mapping[int, LengthDistribution]] = dict(log.load())
+    embedded = 0
+    for spec in cfg.sources:
+        wins = corpus[spec.name]
+        todo = [w for w in wins if w.has_text and w.id not in dists]
+        if not todo:
+            continue
+        hist = history_for(spec, rows_by_source[spec.name], wins, cfg)
+        n = len({r.prompt for r in hist if r.prompt}) + len({r.prompt for w in todo for r in w.requests})
+        say(
+            f"semantic: {spec.name}: warming with {len(hist)} requests, predicting {len(todo)} windows "
+            f"({n} prompts)"
+        )
+        t0 = time.perf_counter()
+        got = semantic_distributions(hist, todo)
+        say(f"semantic: {spec.name}: {n} prompts embedded in {time.perf_counter() - t0:.0f} s")
+        log.append(todo, got, cfg.main_error)
+        dists.update(got)
+        embedded += n
+    return dists, embedded
 
 
 def run_study(
@@ -145,13 +182,10 @@ def run_study(
 
     semantic = None
     if cfg.semantic:
-        from study.semantic import semantic_distributions
-
         t0 = time.perf_counter()
-        semantic = {}
-        for name, wins in corpus.items():
-            semantic.update(semantic_distributions(rows_by_source[name], wins))
+        semantic, embedded = _semantic(cfg, corpus, rows_by_source, out, say)
         timing["semantic_s"] = time.perf_counter() - t0
+        timing["semantic_embeddings"] = float(embedded)
 
     t0 = time.perf_counter()
     store = ResultStore(out / "cells.jsonl")

@@ -126,7 +126,8 @@ def make_windows(
 
 
 def load_rows(spec: SourceSpec, seed: int) -> list[TraceRequest]:
-    """Read a source's rows (the only I/O here): a trace via ``loadgen.readers`` or a synthetic set."""
+    """Read a source's rows (the only I/O here): a trace via ``loadgen.readers``, a trace paired with
+    ShareGPT text (``study.textsource``) or a synthetic set."""
     opts = spec.opts()
     if spec.fmt == "synthetic":
         from loadgen.synthetic import synthetic_workload
@@ -138,6 +139,10 @@ def load_rows(spec: SourceSpec, seed: int) -> list[TraceRequest]:
 
     if not Path(spec.path).exists():
         raise FileNotFoundError(f"source {spec.name!r}: no such file or folder {spec.path}")
+    if spec.fmt == "paired-sharegpt":
+        from study.textsource import load_paired
+
+        return load_paired(spec.path, spec.name, opts, seed)
     return read_trace(spec.path, spec.fmt, seed=seed, **opts)
 
 

