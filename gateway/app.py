@@ -144,6 +144,8 @@ class Gateway:
                 "reserved_tokens": b.load.charged_tokens,
                 "capacity_tokens": b.load.capacity_tokens,
                 "waiting": b.load.waiting,
+                "prompt_share": b.prompt_share.value,
+                "prompt_share_samples": b.prompt_share.samples,
                 "circuit_open": b.breaker.is_open,
             }
             for b in self.pool.backends
@@ -152,6 +154,7 @@ class Gateway:
             "policy": self.policy.name,
             "queued": len(self.queue),
             "queued_tokens": self.queue.tokens,
+            "prompt_share": self.pool.prompt_share,
             "requests": items,
             "backends": backends,
         }
@@ -161,6 +164,10 @@ class Gateway:
         depth.add_metric([], len(self.queue))
         tokens = GaugeMetricFamily("sagegate_queue_prompt_tokens", "Prompt tokens waiting in the queue.")
         tokens.add_metric([], self.queue.tokens)
+        share = GaugeMetricFamily(
+            "sagegate_prompt_share", "Share of a prompt's tokens charged to a backend's KV (prefix sharing)."
+        )
+        share.add_metric([], self.pool.prompt_share)
         labels = ["backend"]
         inflight = GaugeMetricFamily(
             "sagegate_backend_inflight", "Requests in flight per backend.", labels=labels
@@ -187,7 +194,7 @@ class Gateway:
             capacity.add_metric([b.name], b.load.capacity_tokens)
             healthy.add_metric([b.name], 1.0 if b.healthy else 0.0)
             waiting.add_metric([b.name], b.load.waiting)
-        return [depth, tokens, inflight, reserved, capacity, healthy, waiting]
+        return [depth, tokens, share, inflight, reserved, capacity, healthy, waiting]
 
 
 def create_app(settings: GatewaySettings, *, policy: Policy | None = None, predictor: Any = None) -> FastAPI:

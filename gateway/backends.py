@@ -2,9 +2,9 @@
 
 Each backend has a :class:`BackendLoad` (the admission rule's view: capacity, charge, waiting, health)
 that the dispatcher reads and charges. A probe task reads the backend's ``/metrics`` every
-``scrape_interval_s`` (waiting requests, KV capacity) and its ``/health`` every ``probe_interval_s``;
-a :class:`CircuitBreaker` takes the backend out of rotation after repeated failures and puts it back on
-the first successful probe once it has been open long enough.
+``scrape_interval_s`` (waiting requests, KV capacity and usage) and its ``/health`` every
+``probe_interval_s``; a :class:`CircuitBreaker` takes the backend out of rotation after repeated
+failures and puts it back on the first successful probe once it has been open long enough.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import httpx
 from gateway.scrape import EngineMetrics, parse_metrics
 from gateway.settings import BackendSettings, GatewaySettings, HealthSettings
 from policies.admission import BackendLoad
+from policies.prompt_share import PromptShare
 
 log = logging.getLogger("sagegate.gateway")
 
@@ -96,6 +97,12 @@ class Backend:
         self.pending_tokens = 0
         self.mean_prompt = 512.0
         """Running mean of the prompts sent here: the guess for waiting requests that are not ours."""
+        # What our in-flight requests hold by our count (prompt and generated tokens), now and when
+        # the last scrape began; against the engine's KV gauge it gives the prompt share.
+        self.held_prompt = 0
+        self.held_generated = 0
+        self._held_at_scrape = (0, 0)
+        self.prompt_share = PromptShare()
 
     @property
     def healthy(self) -> bool:
@@ -116,6 +123,7 @@ class Backend:
         """A request went out: it waits there until it produces a byte (or ``expire``)."""
         self.inflight += 1
         self.dispatched += 1
+        self.held_prompt += prompt_tokens
         self.unstarted[rid] = prompt_tokens
         self.pending[rid] = prompt_tokens
         self.pending_tokens += prompt_tokens
@@ -140,9 +148,21 @@ class Backend:
             self.scraped_tokens -= tokens
         self._refresh()
 
+    def progressed(self, new_tokens: int) -> None:
+        """One of ours generated ``new_tokens`` more."""
+        self.held_generated += new_tokens
+
+    def left(self, rid: Any, prompt_tokens: int, generated: int) -> None:
+        """One of ours left (done, failed or cancelled) after generating ``generated`` tokens."""
+        self.started(rid)
+        self.inflight -= 1
+        self.held_prompt -= prompt_tokens
+        self.held_generated -= generated
+
     def scrape_begins(self) -> None:
         """From now on the scrape accounts for what was sent so far."""
         self._snapshot = list(self.unstarted)
+        self._held_at_scrape = (self.held_prompt, self.held_generated)
         self.pending.clear()
         self.pending_tokens = 0
 
@@ -163,6 +183,12 @@ class Backend:
         capacity = self.configured_capacity or m.capacity_tokens
         if capacity:
             self.load.capacity_tokens = capacity
+        if m.kv_usage is not None and m.capacity_tokens:
+            # Ours that the engine runs: those in flight when the scrape began, less those it waits on.
+            prompt, generated = self._held_at_scrape
+            running_prompt = prompt - sum(self.attributed.values())
+            kv_tokens = m.kv_usage * m.capacity_tokens
+            self.prompt_share.observe(kv_tokens, generated, running_prompt, m.capacity_tokens)
         self._refresh()
 
     def _refresh(self) -> None:
@@ -189,6 +215,10 @@ class BackendPool:
             Backend(b, settings.default_capacity_tokens, settings.health, clock) for b in settings.backends
         ]
         self.loads = [b.load for b in self.backends]
+        self.prompt_share = 1.0
+        """The share of a prompt's tokens a request is charged (see ``policies.prompt_share``): the
+        healthy backends' estimates, weighted by capacity."""
+        self.measure_share = settings.admission.prompt_share
         self._tasks: list[asyncio.Task[None]] = []
 
     def __len__(self) -> int:
@@ -216,6 +246,17 @@ class BackendPool:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks = []
+
+    def update_share(self) -> None:
+        """Recompute :attr:`prompt_share` from the backends' latest estimates."""
+        if not self.measure_share:
+            return
+        num = den = 0.0
+        for b in self.backends:
+            if b.healthy:
+                num += b.prompt_share.value * b.load.capacity_tokens
+                den += b.load.capacity_tokens
+        self.prompt_share = num / den if den > 0 else 1.0
 
     # --- outcomes of real requests ------------------------------------------------------------
     def request_failed(self, b: Backend, hard: bool) -> None:
@@ -262,6 +303,7 @@ class BackendPool:
             if text is not None:
                 b.scraped(parse_metrics(text))
         changed = b.update_health()
+        self.update_share()
         if b.healthy and (changed or not b.models):
             await self._fetch_models(b)
         if changed:

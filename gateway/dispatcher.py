@@ -2,9 +2,12 @@
 
 It mirrors ``sim.des.Simulation._dispatch`` line for line — peek the head, charge it
 (``policies.admission.Charge``), ask ``choose_backend``, let the policy screen it, dispatch or stop —
-so the simulator's results describe this code. It runs on the event loop, woken (coalesced, once per
-loop iteration) by whatever can make room: an arrival, a first byte, a completion, a scrape, a backend
-coming back. Each decision is O(log n) in the queue (heap) plus O(backends).
+so the simulator's results describe this code. One input the simulator does not have yet: the charge
+counts the share of a prompt that the engines' KV gauges say prompts really cost
+(``policies.prompt_share``; 1 until measured, so where nothing is shared the two agree). It runs on
+the event loop, woken (coalesced, once per loop iteration) by whatever can make room: an arrival, a
+first byte, a completion, a scrape, a backend coming back. Each decision is O(log n) in the queue
+(heap) plus O(backends).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.queue import BoundedQueue, Dispatched, GatewayRequest
 from policies.admission import AdmissionConfig, BackendLoad, Charge, choose_backend
 from policies.base import ADMIT, LoadView, Policy, Verdict
+from policies.prompt_share import charged_prompt
 
 
 class QueueFull(Exception):
@@ -60,7 +64,7 @@ class Dispatcher:
             raise QueueFull(reason)
         now = self.clock()
         req.future = asyncio.get_running_loop().create_future()
-        req.charge = Charge(req.prompt_tokens, req.prediction, self.cfg)
+        self._charge(req)
         req.t_enqueue = now
         self.policy.on_arrival(req, now)
         self.queue.push(req, now)
@@ -73,7 +77,8 @@ class Dispatcher:
     def requeue(self, req: GatewayRequest) -> asyncio.Future[int]:
         """Put back a request whose backend failed before answering (a retry; bounds do not apply)."""
         req.future = asyncio.get_running_loop().create_future()
-        req.charge = Charge(req.prompt_tokens, req.prediction, self.cfg)
+        req.charge = None  # a fresh charge, as on arrival
+        self._charge(req)
         self.queue.push(req, self.clock())
         self.kick()
         return req.future
@@ -103,8 +108,8 @@ class Dispatcher:
         sent = 0
         while len(queue):
             req = queue.peek(now)
-            assert req is not None and req.charge is not None
-            charge = req.charge
+            assert req is not None
+            charge = self._charge(req)
             self.decisions += 1
             idx = choose_backend(charge.value, self._eligible(req, loads), cfg, req.prompt_tokens)
             if self._screens:
@@ -137,6 +142,15 @@ class Dispatcher:
                 fut.set_result(idx)
             sent += 1
         return sent
+
+    def _charge(self, req: GatewayRequest) -> Charge:
+        """``req``'s charge at the pool's current prompt share (rebuilt only when that moved)."""
+        prompt = charged_prompt(req.prompt_tokens, self.pool.prompt_share)
+        charge = req.charge
+        if charge is None or req.charged_prompt != prompt:
+            charge = req.charge = Charge(prompt, req.prediction, self.cfg)
+            req.charged_prompt = prompt
+        return charge
 
     def _eligible(self, req: GatewayRequest, loads: list[BackendLoad]) -> Sequence[BackendLoad]:
         """The loads ``choose_backend`` sees: backends this request may not use appear unhealthy."""
@@ -171,7 +185,9 @@ class Dispatcher:
             return
         new = generated - req.generated
         req.generated = generated
-        self.pool.loads[req.backend].charged_tokens += req.charge.update(generated)
+        b = self.pool.backends[req.backend]
+        b.progressed(new)
+        b.load.charged_tokens += req.charge.update(generated)
         self.policy.on_progress(req, new, self.clock())
 
     def release(self, req: GatewayRequest, *, final: bool = True) -> None:
@@ -183,8 +199,7 @@ class Dispatcher:
         if idx is None:
             return
         b = self.pool.backends[idx]
-        b.started(req.rid)
-        b.inflight -= 1
+        b.left(req.rid, req.prompt_tokens, req.generated)
         if req.charge is not None:
             b.load.charged_tokens -= req.charge.value
             if b.inflight == 0:

@@ -31,6 +31,7 @@ class GatewayRequest(SchedRequest):
         "backend",
         "body",
         "charge",
+        "charged_prompt",
         "excluded",
         "future",
         "model",
@@ -72,6 +73,8 @@ class GatewayRequest(SchedRequest):
         opts = body.get("stream_options")
         self.want_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
         self.charge: Charge | None = None
+        self.charged_prompt = 0
+        """The prompt tokens ``charge`` counts (the prompt's share, see ``policies.prompt_share``)."""
         self.backend: int | None = None
         self.excluded: set[int] = set()
         self.attempt = 0

@@ -58,6 +58,11 @@ class AdmissionSettings(BaseModel):
     estimate of a backend's waiting tokens runs above the engine's own; a deeper backlog than the
     simulator's (2048) compensates. Measured (BENCHMARKS.md, 2x overload): 2048 cost 9-11% of
     throughput against vLLM alone, 8192 cost 2.6% with sagesched, and preemptions fell 56 -> 0."""
+    prompt_share: bool = True
+    """Charge a prompt at the share of its tokens the engines' KV gauges say prompts really hold
+    (``policies.prompt_share``: prefix caching keeps one copy of a shared prefix). Off: whole prompts,
+    as the simulator charges. On the admission benchmark's prompts (all sharing one prefix), off, the
+    engines sat part empty while fcfs lost 7-8% of vLLM alone's throughput (simulator and live)."""
     pending_s: float = Field(default=0.03, gt=0.0)
     """A request sent to a backend counts as waiting there until its first byte, the next scrape, or
     this long (about one engine step: by then the engine has scheduled it or reports it waiting)."""

@@ -23,6 +23,7 @@ from gateway.settings import BackendSettings, GatewaySettings, HealthSettings, l
 from gateway.sse import SseScanner
 from gateway.tenants import identify, match_key
 from policies.admission import AdmissionConfig
+from policies.prompt_share import SHARE_FLOOR, PromptShare, share_sample
 from policies.registry import parse_policy
 from predictor.distribution import LengthDistribution
 
@@ -303,3 +304,74 @@ def test_waiting_estimate_attributes_the_scrape_to_the_newest_unstarted() -> Non
     b.scrape_begins()
     b.scraped(EngineMetrics(waiting=4))  # others' requests: our running mean prompt each
     assert b.load.waiting == 4 and b.load.waiting_tokens == round(4 * b.mean_prompt) > 0
+
+
+# --- prompt share ---------------------------------------------------------------------------------
+
+
+def test_share_sample_is_what_prompts_hold_over_what_they_count() -> None:
+    cap_ = 16_384
+    assert share_sample(3_000, 1_000, 8_000, cap_) == 0.25  # 2,000 of 8,000 prompt tokens held
+    assert share_sample(9_500, 1_000, 8_000, cap_) == 1.0  # nothing shared (block rounding): never above 1
+    assert share_sample(1_000, 1_000, 8_000, cap_) == SHARE_FLOOR  # never below the floor
+    assert share_sample(3_000, 1_000, cap_ // 8 - 1, cap_) is None  # too little running to tell
+    s = PromptShare()
+    s.observe(3_000, 1_000, 1_000, cap_)
+    assert (s.value, s.samples) == (1.0, 0)
+    s.observe(3_000, 1_000, 8_000, cap_)
+    assert s.samples == 1 and 0.25 < s.value < 1.0  # smoothed toward the sample
+    for _ in range(30):
+        s.observe(3_000, 1_000, 8_000, cap_)
+    assert abs(s.value - 0.25) < 1e-6
+
+
+def test_backend_measures_the_share_of_the_prompts_it_runs() -> None:
+    b = Backend(BackendSettings(url="http://b"), 10_000, HealthSettings(), clock=lambda: 0.0)
+    for rid in range(6):
+        b.sent(rid, 1_000)
+    for rid in range(4):
+        b.started(rid)
+        b.progressed(100)
+    b.left(5, 1_000, 0)  # one left before the scrape: not counted
+    b.scrape_begins()
+    # The engine runs four (one shared 1,000-token prompt, 400 generated) and waits on rid 4.
+    b.scraped(EngineMetrics(waiting=1, running=4, kv_usage=1_400 / 16_384, capacity_tokens=16_384))
+    assert b.held_prompt == 5_000 and b.held_generated == 400
+    assert b.prompt_share.samples == 1
+    assert b.prompt_share.value == 0.5 * (1.0 + 1_000 / 4_000)  # rid 4 waits: it holds no KV
+    for rid in range(5):
+        b.left(rid, 1_000, 100 if rid < 4 else 0)
+    assert (b.held_prompt, b.held_generated, b.inflight) == (0, 0, 0)
+
+
+def test_dispatch_charges_the_prompt_share() -> None:
+    async def go() -> None:
+        d = _dispatcher([10_000])
+        for b in d.pool.backends:
+            b.prompt_share.value = 0.25
+        d.pool.update_share()
+        assert d.pool.prompt_share == 0.25
+        r = _req(1_000, 100)
+        d.submit(r)
+        d.dispatch()
+        assert d.pool.loads[0].charged_tokens == 250 + 100
+        d.release(r)
+        held = _req(100_000, 100)  # larger than any target: held while another runs
+        d.submit(_req(10, 10))
+        d.submit(held)
+        d.dispatch()
+        assert held.backend is None and held.charge is not None and held.charge.value == 25_000 + 100
+        d.pool.prompt_share = 0.5  # a later scrape: the head is charged afresh
+        d.dispatch()
+        assert held.charge.value == 50_000 + 100
+
+    asyncio.run(go())
+
+
+def test_prompt_share_can_be_turned_off() -> None:
+    s = GatewaySettings.model_validate({"backends": ["http://b"], "admission": {"prompt_share": False}})
+    pool = BackendPool(s, httpx.AsyncClient())
+    pool.backends[0].prompt_share.value = 0.25
+    pool.backends[0].load.healthy = True
+    pool.update_share()
+    assert pool.prompt_share == 1.0
