@@ -110,6 +110,8 @@ class Simulation:
         self.area_system = 0.0
         self.area_queued = 0.0
         self.capacity_requests = setup.engine.max_num_seqs * setup.engines
+        self.progress_hook = type(setup.policy).on_progress is not Policy.on_progress
+        self.head_charges: dict[EngineRequest, Charge] = {}  # queued requests' charges, built once
 
     # --- the loop -----------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -209,7 +211,9 @@ class Simulation:
         while queue:
             req = queue.peek(now)
             assert req is not None
-            charge = Charge(req.prompt_tokens, req.prediction, cfg)
+            charge = self.head_charges.get(req)
+            if charge is None:  # a fresh charge depends only on the request: build it once
+                charge = self.head_charges[req] = Charge(req.prompt_tokens, req.prediction, cfg)
             idx = choose_backend(charge.value, loads, cfg, req.prompt_tokens)
             view = LoadView(
                 kv_usage=self._usage_after(charge.value, idx),
@@ -219,13 +223,15 @@ class Simulation:
             screening = self.policy.screen(req, now, view)
             if screening.verdict is Verdict.REJECT:
                 queue.remove(req)
+                self.head_charges.pop(req, None)
                 self._reject(req, screening.reason or "rejected_by_policy")
                 continue
             if screening.verdict is Verdict.HOLD or idx is None:
                 return
             queue.remove(req)
+            del self.head_charges[req]
             self.policy.on_dispatch(req, now)
-            self.flights[req] = _Flight(idx, charge)
+            self.flights[req] = req.user = _Flight(idx, charge)
             loads[idx].charged_tokens += charge.value
             loads[idx].waiting += 1
             loads[idx].waiting_tokens += req.prompt_tokens
@@ -268,18 +274,21 @@ class Simulation:
         self.steps[idx] = None
         now = self.now
         out = self.engines[idx].complete(step, now)
-        gateway = self.gateway
-        for req in out.emitted:
-            rec = self.records[req.rid]
-            if rec.first_token_s is None:
-                rec.first_token_s = req.t_first_token
-            if gateway:
-                flight = self.flights[req]
-                self.loads[flight.backend].charged_tokens += flight.charge.update(req.generated)
-                self.policy.on_progress(req, step.k, now)
+        records = self.records
+        for req in out.first:
+            records[req.rid].first_token_s = req.t_first_token
+        if self.gateway:
+            loads = self.loads
+            for req in out.emitted:
+                flight: _Flight = req.user  # set at dispatch
+                loads[flight.backend].charged_tokens += flight.charge.update(req.generated)
+            if self.progress_hook:
+                on_progress, k = self.policy.on_progress, step.k
+                for req in out.emitted:
+                    on_progress(req, k, now)
         for req in out.finished:
             self._finish(req)
-        if gateway:
+        if self.gateway:
             self._dispatch()
         self._kick(idx)
 

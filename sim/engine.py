@@ -13,6 +13,7 @@ admit), ``plan`` may fold ``k`` identical decode steps into one macro step, time
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,13 @@ from sim.perf import PerfModel
 from sim.prefix import BlockKeys, block_keys
 
 WAITING, RUNNING, FINISHED, ABORTED = 0, 1, 2, 3
+
+_Batch = tuple[list[tuple[int, int]], list["EngineRequest"], int, int]
+"""A step's batch for timing: prefill chunks ``(c, p)``, their requests, decodes, decode context."""
+
+
+def _first(pair: tuple[Any, Any]) -> Any:
+    return pair[0]
 
 
 class EngineRequest(SchedRequest):
@@ -90,12 +98,16 @@ class Step:
     scheduled: dict[EngineRequest, int] = field(default_factory=dict)
     k: int = 1  # decode steps folded into this one (then every scheduled request decodes k tokens)
     preempted: int = 0
+    chunked: list[EngineRequest] | None = None
+    """The scheduled requests with a prefill chunk (not one decode token), in schedule order; set
+    when the step is timed (None: not classified)."""
 
 
 @dataclass(slots=True)
 class StepOutcome:
     emitted: list[EngineRequest]  # produced ≥ 1 token this step (k tokens each for a folded step)
     finished: list[EngineRequest]
+    first: list[EngineRequest] = field(default_factory=list)  # of ``emitted``, those whose first token it was
 
 
 class Engine:
@@ -201,14 +213,16 @@ class Engine:
         next outside event: an arrival for this engine)."""
         variant = self.config.variant
         if variant == "v0":
-            step = self._plan_v0(now)
+            step, batch = self._plan_v0(now), None
         else:
-            step = self._plan_chunked(now, decode_first=variant == "sarathi")
+            step, batch = self._plan_chunked(now, decode_first=variant == "sarathi")
         if step.scheduled:
-            self._time(step, horizon)
+            self._time(step, horizon, batch)
         return step
 
-    def _plan_chunked(self, now: float, *, decode_first: bool) -> Step:
+    def _plan_chunked(self, now: float, *, decode_first: bool) -> tuple[Step, _Batch | None]:
+        """The step, and its batch as :meth:`_time` reads it, gathered on the way (None when a
+        preemption took an already scheduled request back out)."""
         cfg = self.config
         budget = cfg.chunk_size if decode_first else cfg.max_num_batched_tokens
         step = Step(now, 0.0)
@@ -220,32 +234,54 @@ class Engine:
             displaced = self._preempt_for_waiting(now)
         order = self.running
         if decode_first:
-            order = sorted(order, key=lambda r: r.num_computed + 1 < r.known_tokens)  # decodes first
+            # decodes first
+            order = sorted(order, key=lambda r: r.num_computed + 1 < r.prompt_tokens + r.generated)
         elif self.policy.rekey_on_progress and self._budget_binds(budget):
             # Order only matters when the budget cannot cover everyone running.
             order = sorted(order, key=lambda r: self.policy.key(r, now))
         defer = self.policy.defers_decode
         bs = self.pool.block_size
-        for req in list(order):
+        prefill: list[tuple[int, int]] = []
+        chunked: list[EngineRequest] = []
+        n_dec = ctx = 0
+        for req in order if order is not self.running else list(order):
             if budget <= 0:
                 break
             if req.state != RUNNING:
                 continue  # preempted as a victim earlier in this loop
-            todo = req.prompt_tokens + req.generated - req.num_computed
-            if defer and todo == 1 and req.generated and self.policy.defer_decode(req, now):
+            generated = req.generated
+            computed = req.num_computed
+            todo = req.prompt_tokens + generated - computed
+            if defer and todo == 1 and generated and self.policy.defer_decode(req, now):
                 continue
             n = todo if todo < budget else budget
-            if req.num_computed + n > req.table.nblocks * bs:
-                ok, freed = self._grow_or_preempt(req, req.num_computed + n, step)
+            if computed + n > req.table.nblocks * bs:
+                ok, freed = self._grow_or_preempt(req, computed + n, step)
                 budget += freed
                 if not ok:
                     continue
             sched[req] = n
             budget -= n
+            if todo == 1 and generated:  # a decode (``_time``'s test: n == 1 follows)
+                n_dec += 1
+                ctx += computed
+            else:
+                prefill.append((n, computed))
+                chunked.append(req)
+        batch: _Batch | None = None
         if not step.preempted:
+            before = len(sched)
             self._admit(now, step, budget)
+            for req, n in itertools.islice(sched.items(), before, None):
+                if n == 1 and req.generated and req.num_computed + 1 == req.prompt_tokens + req.generated:
+                    n_dec += 1
+                    ctx += req.num_computed
+                else:
+                    prefill.append((n, req.num_computed))
+                    chunked.append(req)
+            batch = (prefill, chunked, n_dec, ctx)
         step.preempted += displaced
-        return step
+        return step, batch
 
     def _budget_binds(self, budget: int) -> bool:
         """Would the running requests' next tokens exceed ``budget``?"""
@@ -297,9 +333,18 @@ class Engine:
             keys = req.keys
             if not isinstance(keys, BlockKeys):
                 keys = req.keys = block_keys(req.rid, req.prompt_tokens, bs, *keys)
-            total = req.known_tokens
+            total = req.prompt_tokens + req.generated
+            # A bound first, so a head that cannot fit is not scanned for cached blocks step after
+            # step: it needs a block for every token it computes, and a cached block it revives
+            # costs one too, except a shared-content block that another request holds.
+            floor = -(-total // bs) - keys.shared_blocks
+            if not whole_prompts:
+                floor = min(floor, -(-budget // bs))  # a chunk of ``budget`` tokens, after its hits
+            if floor > pool.free_blocks:
+                break
             # The last known token is always computed: it yields the next token's logits.
-            hits = pool.cached_prefix(keys, (total - 1) // bs)
+            most = (total - 1) // bs
+            hits, revived = pool.prefix_hits(keys, most)
             computed = len(hits) * bs
             n = total - computed
             if whole_prompts:
@@ -307,7 +352,7 @@ class Engine:
                     break
             else:
                 n = min(n, budget)
-            if not pool.can_take(hits, -(-(computed + n) // bs) - len(hits)):
+            if not pool.fits(revived, -(-(computed + n) // bs) - len(hits)):
                 break
             self.waiting.pop(now)
             pool.take(req.table, hits)
@@ -357,12 +402,20 @@ class Engine:
                 break
             best_key = policy.key(best, now)
             worst = None
-            for cand in sorted(self.running, key=lambda r: policy.key(r, now), reverse=True):
-                if not best_key < policy.key(cand, now):
-                    break
-                if policy.may_preempt(cand, now):
-                    worst = cand
-                    break
+            # Candidates from the worst key down while they rank below ``best``. Usually ``best``
+            # outranks nobody, which the largest key alone shows (the first of the sorted order).
+            keyed = [(policy.key(r, now), r) for r in self.running]
+            top_key, top = max(keyed, key=_first)
+            if best_key < top_key:
+                if policy.may_preempt(top, now):
+                    worst = top
+                else:
+                    for cand_key, cand in sorted(keyed, key=_first, reverse=True)[1:]:
+                        if not best_key < cand_key:
+                            break
+                        if policy.may_preempt(cand, now):
+                            worst = cand
+                            break
             if worst is None:
                 break
             self._preempt(worst, now)
@@ -370,17 +423,22 @@ class Engine:
         return done
 
     # --- timing -------------------------------------------------------------------------------
-    def _time(self, step: Step, horizon: float) -> None:
+    def _time(self, step: Step, horizon: float, batch: _Batch | None = None) -> None:
         perf = self.perf
-        prefill: list[tuple[int, int]] = []
-        n_dec = 0
-        ctx = 0
-        for req, n in step.scheduled.items():
-            if n == 1 and req.generated and req.num_computed + 1 == req.prompt_tokens + req.generated:
-                n_dec += 1
-                ctx += req.num_computed
-            else:
-                prefill.append((n, req.num_computed))
+        if batch is not None:
+            prefill, step.chunked, n_dec, ctx = batch
+        else:
+            prefill = []
+            chunked = step.chunked = []
+            n_dec = 0
+            ctx = 0
+            for req, n in step.scheduled.items():
+                if n == 1 and req.generated and req.num_computed + 1 == req.prompt_tokens + req.generated:
+                    n_dec += 1
+                    ctx += req.num_computed
+                else:
+                    prefill.append((n, req.num_computed))
+                    chunked.append(req)
         if prefill or not self._can_fold(step):
             step.duration = perf.step_time(prefill, n_dec, ctx)
             return
@@ -393,23 +451,42 @@ class Engine:
         decodes, and no waiting request could be admitted or preempt anyone."""
         if not self.fold_decode or step.preempted or len(step.scheduled) != len(self.running):
             return False
-        if (self.policy.rekey_on_progress and self.policy.preemptive) or self.policy.defers_decode:
-            return False
-        # With requests waiting, admission was tried this step and stopped: blocks only get scarcer
-        # while decoding and the sequence cap holds until someone finishes, unless the policy may
-        # preempt for them or reorders them over time.
-        return not (self.waiting and (self.policy.preemptive or self.policy.dynamic))
+        policy = self.policy
+        if self.waiting:
+            # Admission was tried this step and stopped: blocks only get scarcer while decoding and
+            # the sequence cap holds until someone finishes, unless the policy may preempt for the
+            # waiting requests, reorders them over time, or defers decodes to make room for them.
+            return not (policy.preemptive or policy.dynamic or policy.defers_decode)
+        # Nobody waiting (and nobody arrives before ``horizon``): no admission, no preemption for a
+        # waiting request, no deferral (it only yields budget to waiting prefills). A running
+        # request's key, which may move with its progress, then orders nothing: the budget covers
+        # every decode, and the fold never runs short of blocks, so it never picks a memory victim
+        # (``_blocks_allow``). Progress hooks see the ``k`` tokens at once, at the fold's end.
+        return True
 
     def _fold_steps(self, step: Step, n_dec: int, ctx: int, horizon: float) -> int:
         k = min(r.output_tokens - r.generated for r in step.scheduled)
         if horizon != float("inf"):
             k = min(k, max(1, self.perf.decode_steps_within(n_dec, ctx, horizon - step.start)))
-        if k > 1:
+        if k <= 1:
+            return 1
+        pool = self.pool
+        bs = pool.block_size
+        needs = [-(-(r.num_computed + k) // bs) - r.table.nblocks for r in step.scheduled]
+        if sum(needs) > pool.free_blocks:
             k = self._blocks_allow(step, k)
-        if k > 1:
-            for req in step.scheduled:
-                self.pool.grow(req.table, req.num_computed + k)
-        return max(1, k)
+            if k <= 1:
+                return 1
+            needs = [-(-(r.num_computed + k) // bs) - r.table.nblocks for r in step.scheduled]
+        # Every table grows to hold k more tokens; the pool hands the blocks out as that many
+        # ``grow`` calls would (they fit: ``_blocks_allow``).
+        total = 0
+        for req, need in zip(step.scheduled, needs, strict=True):
+            if need > 0:
+                req.table.nblocks += need
+                total += need
+        pool.take_fresh(total)
+        return k
 
     def _blocks_allow(self, step: Step, k: int) -> int:
         """Largest ``k' ≤ k`` decode steps whose new blocks fit in the free pool (the first step's
@@ -439,34 +516,83 @@ class Engine:
         finish and free the completed ones."""
         emitted: list[EngineRequest] = []
         finished: list[EngineRequest] = []
-        pool = self.pool
+        first: list[EngineRequest] = []
         policy = self.policy
         k = step.k
-        bs = pool.block_size
-        caching = pool.caching
         hook = self._progress_hook
+        emit = emitted.append
+        chunked = step.chunked
+        if chunked is not None:
+            # The hot path: a decoding request has computed its whole prompt (so its prompt blocks
+            # are registered) and emits k tokens; only finishing can happen. The few requests with
+            # a prefill chunk (``chunked``, in schedule order) take the general path below.
+            nxt = chunked[0] if chunked else None
+            i = 0
+            for req in step.scheduled:
+                if req is nxt:
+                    i += 1
+                    nxt = chunked[i] if i < len(chunked) else None
+                    self._apply(req, step.scheduled[req], k, now, emitted, finished, first)
+                    continue
+                if req.state != RUNNING:
+                    continue  # aborted while the step ran
+                req.num_computed += k
+                generated = req.generated = req.generated + k
+                emit(req)
+                if hook:
+                    policy.on_progress(req, k, now)
+                if generated >= req.output_tokens:
+                    finished.append(req)
+            return self._finish_step(emitted, finished, first, k, now)
         for req, n in step.scheduled.items():
-            if req.state != RUNNING:
-                continue  # aborted while the step ran
-            computed = req.num_computed = req.num_computed + n + (k - 1)
-            if (
-                caching
-                and len(req.table.keys) < req.keys.shared_blocks
-                and computed // bs > len(req.table.keys)
-            ):
-                pool.register_full(req.table, min(computed, req.keys.shared_blocks * bs), req.keys)
-            if computed < req.prompt_tokens + req.generated:
-                continue  # a prefill chunk that did not reach the end of the prompt
-            if req.generated == 0:
-                self.prompt_tokens_total += req.prompt_tokens
-                req.t_first_token = now
-            req.generated += k
-            self.generation_tokens_total += k
-            emitted.append(req)
-            if hook:
-                policy.on_progress(req, k, now)
-            if req.generated >= req.output_tokens:
-                finished.append(req)
+            self._apply(req, n, k, now, emitted, finished, first)
+        return self._finish_step(emitted, finished, first, k, now)
+
+    def _apply(
+        self,
+        req: EngineRequest,
+        n: int,
+        k: int,
+        now: float,
+        emitted: list[EngineRequest],
+        finished: list[EngineRequest],
+        first: list[EngineRequest],
+    ) -> None:
+        """Advance one scheduled request by its ``n`` tokens (``k`` steps): any kind of entry."""
+        if req.state != RUNNING:
+            return  # aborted while the step ran
+        pool = self.pool
+        bs = pool.block_size
+        computed = req.num_computed = req.num_computed + n + (k - 1)
+        if pool.caching:
+            cached = len(req.table.keys)
+            shared = req.keys.shared_blocks
+            if cached < shared and computed // bs > cached:
+                pool.register_full(req.table, min(computed, shared * bs), req.keys)
+        generated = req.generated
+        if computed < req.prompt_tokens + generated:
+            return  # a prefill chunk that did not reach the end of the prompt
+        if generated == 0:
+            self.prompt_tokens_total += req.prompt_tokens
+            req.t_first_token = now
+            first.append(req)
+        generated = req.generated = generated + k
+        emitted.append(req)
+        if self._progress_hook:
+            self.policy.on_progress(req, k, now)
+        if generated >= req.output_tokens:
+            finished.append(req)
+
+    def _finish_step(
+        self,
+        emitted: list[EngineRequest],
+        finished: list[EngineRequest],
+        first: list[EngineRequest],
+        k: int,
+        now: float,
+    ) -> StepOutcome:
+        pool, policy = self.pool, self.policy
+        self.generation_tokens_total += k * len(emitted)
         for req in finished:
             req.state = FINISHED
             req.t_finish = now
@@ -474,4 +600,4 @@ class Engine:
             pool.free(req.table)
             self.finished_total += 1
             policy.on_finish(req, now)
-        return StepOutcome(emitted, finished)
+        return StepOutcome(emitted, finished, first)

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 
+from sim.prefix import BlockKeys
+
 
 class BlockTable:
     """One request's blocks: ``nblocks`` in all, the first ``len(keys)`` of them registered (cached)."""
@@ -75,6 +77,48 @@ class BlockPool:
             else:
                 break
         return hits
+
+    def prefix_hits(self, key_of: Callable[[int], Hashable], max_blocks: int) -> tuple[list[Hashable], int]:
+        """:meth:`cached_prefix`, plus how many of the hits are free cached blocks (what
+        :meth:`can_take` counts as revived), in one pass. With :class:`BlockKeys` (the engine's
+        keys) a long run of hits scans the request's memoised key list, no call per block."""
+        if not self.caching or max_blocks <= 0:
+            return [], 0
+        ref, lru = self._ref, self._lru
+        key = key_of(0)
+        if key not in ref and key not in lru:
+            return [], 0  # the common case: nothing cached for this request
+        if isinstance(key_of, BlockKeys):
+            keys = key_of.first(max_blocks)
+            if len(keys) > max_blocks:
+                keys = keys[:max_blocks]
+        else:
+            keys = [key_of(j) for j in range(max_blocks)]
+        hits: list[Hashable] = []
+        revived = 0
+        for key in keys:
+            if key in ref:
+                hits.append(key)
+            elif key in lru:
+                hits.append(key)
+                revived += 1
+            else:
+                break
+        return hits, revived
+
+    def fits(self, revived: int, new_blocks: int) -> bool:
+        """:meth:`can_take` with the revived count already known (from :meth:`prefix_hits`)."""
+        return new_blocks <= self.free_blocks - revived
+
+    def take_fresh(self, blocks: int) -> None:
+        """Hand out ``blocks`` fresh blocks (plain free ones first, then evicting the least recently
+        used cached ones): what a run of :meth:`grow` calls totalling ``blocks`` does to the pool.
+        The caller checked they fit and adds them to its tables."""
+        take_plain = min(blocks, self._plain_free)
+        self._plain_free -= take_plain
+        lru = self._lru
+        for _ in range(blocks - take_plain):
+            lru.popitem(last=False)
 
     def can_take(self, hit_keys: Sequence[Hashable], new_blocks: int) -> bool:
         """Would taking the cached ``hit_keys`` plus ``new_blocks`` fresh blocks fit?"""

@@ -18,12 +18,25 @@ CHARS_PER_TOKEN = 4
 class BlockKeys:
     """``keys(j)`` is the content key of block ``j`` of one request (blocks of ``block_size`` tokens)."""
 
-    __slots__ = ("_content", "_rid", "shared_blocks")
+    __slots__ = ("_content", "_keys", "_rid", "shared_blocks")
 
     def __init__(self, rid: object, content: list[Hashable]) -> None:
         self._rid = rid
         self._content = content  # keys of the leading blocks whose content is shared-able
+        self._keys = content  # ``first``'s list: content, then private keys as far as asked
         self.shared_blocks = len(content)
+
+    def first(self, n: int) -> list[Hashable]:
+        """A list whose first ``n`` items are ``self(0) … self(n-1)`` (it may be longer): the
+        admission hot path scans it instead of calling once per block."""
+        keys = self._keys
+        have = len(keys)
+        if have < n:
+            if keys is self._content:
+                keys = self._keys = list(keys)
+            rid = self._rid
+            keys.extend([(rid, j) for j in range(have, n)])
+        return keys
 
     def __call__(self, j: int) -> Hashable:
         if j < len(self._content):
