@@ -54,7 +54,9 @@ class Gateway:
         )  # fmt: skip
         up = settings.upstream
         limits = httpx.Limits(
-            max_connections=up.max_connections, max_keepalive_connections=up.max_connections
+            max_connections=up.max_connections,
+            max_keepalive_connections=up.max_connections,
+            keepalive_expiry=up.keepalive_s,
         )
         self.client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(up.read_timeout_s))
         self.metrics = GatewayMetrics()

@@ -58,11 +58,13 @@ class AdmissionSettings(BaseModel):
     estimate of a backend's waiting tokens runs above the engine's own; a deeper backlog than the
     simulator's (2048) compensates. Measured (BENCHMARKS.md, 2x overload): 2048 cost 9-11% of
     throughput against vLLM alone, 8192 cost 2.6% with sagesched, and preemptions fell 56 -> 0."""
-    prompt_share: bool = True
+    prompt_share: bool = False
     """Charge a prompt at the share of its tokens the engines' KV gauges say prompts really hold
-    (``policies.prompt_share``: prefix caching keeps one copy of a shared prefix). Off: whole prompts,
-    as the simulator charges. On the admission benchmark's prompts (all sharing one prefix), off, the
-    engines sat part empty while fcfs lost 7-8% of vLLM alone's throughput (simulator and live)."""
+    (``policies.prompt_share``: prefix caching keeps one copy of a shared prefix). Off by default:
+    whole prompts, as the simulator charges. Turn it on where most prompts share long prefixes (on
+    prompts that all shared one prefix, whole-prompt charges cost fcfs 7% of vLLM alone's throughput);
+    on unique prompts it can only read low, because a gateway slow to read finished streams counts
+    prompts the engine has already freed (measured 0.55-0.88 on a CPU-starved machine)."""
     pending_s: float = Field(default=0.03, gt=0.0)
     """A request sent to a backend counts as waiting there until its first byte, the next scrape, or
     this long (about one engine step: by then the engine has scheduled it or reports it waiting)."""
@@ -110,6 +112,9 @@ class UpstreamSettings(BaseModel):
     read_timeout_s: float = Field(default=600.0, gt=0.0)
     """Longest silence tolerated from a backend mid-response."""
     max_connections: int = Field(default=1000, ge=1)
+    keepalive_s: float = Field(default=2.0, gt=0.0)
+    """Idle pooled connections are dropped after this, before the backend's own keep-alive (uvicorn's
+    is 5 s) closes them: reusing a connection the server is closing fails before the first byte."""
     max_attempts: int = Field(default=2, ge=1)
     """Tries per request across backends when one fails before sending anything."""
     force_usage: bool = True

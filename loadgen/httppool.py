@@ -6,6 +6,9 @@ import asyncio
 
 import httpx
 
+KEEPALIVE_S = 2.0
+"""Seconds an idle pooled connection is kept (below uvicorn's default 5 s keep-alive)."""
+
 
 class ClientPool:
     """httpx clients sharded by load: each holds at most ``per_client`` requests at once.
@@ -26,7 +29,11 @@ class ClientPool:
         self.load: list[int] = []
 
     def _new(self) -> int:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=self.per_client)
+        # Idle connections are dropped before uvicorn's 5 s keep-alive closes them from its side:
+        # reusing one the server is closing fails before the first byte (seen as ReadError).
+        limits = httpx.Limits(
+            max_connections=None, max_keepalive_connections=self.per_client, keepalive_expiry=KEEPALIVE_S
+        )
         timeout = httpx.Timeout(None)
         self.clients.append(
             httpx.AsyncClient(limits=limits, timeout=timeout, headers=self.headers, verify=self.tls)

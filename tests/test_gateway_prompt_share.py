@@ -35,7 +35,10 @@ def _share_while_running(prompts: list[str]) -> dict[str, Any]:
     """Run ``prompts`` at once until the gateway has sampled the engine's gauge a few times."""
     engine = EngineConfig(num_gpu_blocks_override=1024)
     backend = backend_app(BackendSettings(engine=engine, served_model_name="sim", time_scale=1.0))
-    with ServerThread(backend) as be, ServerThread(create_app(settings_for([be.url]))) as gw:
+    with (
+        ServerThread(backend) as be,
+        ServerThread(create_app(settings_for([be.url], admission={"prompt_share": True}))) as gw,
+    ):
         stop = threading.Event()
         threads = [threading.Thread(target=_stream, args=(gw.url, p, stop), daemon=True) for p in prompts]
         for t in threads:

@@ -347,6 +347,7 @@ def test_backend_measures_the_share_of_the_prompts_it_runs() -> None:
 def test_dispatch_charges_the_prompt_share() -> None:
     async def go() -> None:
         d = _dispatcher([10_000])
+        d.pool.measure_share = True  # admission.prompt_share: true
         for b in d.pool.backends:
             b.prompt_share.value = 0.25
         d.pool.update_share()
@@ -368,10 +369,11 @@ def test_dispatch_charges_the_prompt_share() -> None:
     asyncio.run(go())
 
 
-def test_prompt_share_can_be_turned_off() -> None:
-    s = GatewaySettings.model_validate({"backends": ["http://b"], "admission": {"prompt_share": False}})
-    pool = BackendPool(s, httpx.AsyncClient())
-    pool.backends[0].prompt_share.value = 0.25
-    pool.backends[0].load.healthy = True
-    pool.update_share()
-    assert pool.prompt_share == 1.0
+def test_prompt_share_is_off_unless_asked_for() -> None:
+    for admission, expected in (({}, 1.0), ({"prompt_share": False}, 1.0), ({"prompt_share": True}, 0.25)):
+        s = GatewaySettings.model_validate({"backends": ["http://b"], "admission": admission})
+        pool = BackendPool(s, httpx.AsyncClient())
+        pool.backends[0].prompt_share.value = 0.25
+        pool.backends[0].load.healthy = True
+        pool.update_share()
+        assert pool.prompt_share == expected, admission
