@@ -1,13 +1,19 @@
 """Gateway benchmarks: overhead, capacity, dispatch cost, and admission at 2x overload.
 
-    .venv/bin/python benchmarks/bench_gateway.py overhead   [--n 300]
-    .venv/bin/python benchmarks/bench_gateway.py capacity   [--duration 4]
+    .venv/bin/python benchmarks/bench_gateway.py overhead   [--n 300] [--predictors none,length-bucket]
+    .venv/bin/python benchmarks/bench_gateway.py capacity   [--duration 4] [--no-litellm]
+    .venv/bin/python benchmarks/bench_gateway.py compare    # overhead + capacity + one summary table
     .venv/bin/python benchmarks/bench_gateway.py dispatch   [--queued 10000 --backends 64]
     .venv/bin/python benchmarks/bench_gateway.py admission  [--requests 600]
     .venv/bin/python benchmarks/bench_gateway.py all
 
 Every server is a real process on loopback (``sagegate backend`` and ``python -m sagegate.cmd_serve``);
 the client is this process. Figures are printed; nothing is asserted.
+
+``overhead``/``capacity``/``compare`` put the same request stream (chat by default) through each proxy in
+turn: sagegate with each ``--predictors`` entry, then LiteLLM's proxy (``litellm[proxy]`` in its own venv,
+``.venv-litellm/``, made by ``benchmarks/litellm_env.sh``; skipped with a note when absent). Every proxy
+is one process: LiteLLM runs with ``--num_workers 1``, as sagegate's gateway is one process.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 6  # ~60 tokens
+LITELLM_BIN = REPO / ".venv-litellm" / "bin" / "litellm"  # benchmarks/litellm_env.sh makes it
 
 
 # --- processes ------------------------------------------------------------------------------------
@@ -66,6 +73,17 @@ def _wait(url: str, path: str, proc: subprocess.Popen[bytes], timeout: float = 6
     raise RuntimeError(f"{url}{path} not ready")
 
 
+def _stop(proc: subprocess.Popen[bytes], grace: float = 30) -> None:
+    """SIGTERM, then SIGKILL if the process has not exited within ``grace`` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        print(f"(note: pid {proc.pid} ignored SIGTERM for {grace:g} s: killed)", file=sys.stderr)
+        proc.kill()
+        proc.wait(10)
+
+
 @contextlib.contextmanager
 def backend(time_scale: float, *extra: str) -> Iterator[str]:
     port = free_port()
@@ -77,8 +95,7 @@ def backend(time_scale: float, *extra: str) -> Iterator[str]:
         _wait(url, "/health", proc)
         yield url
     finally:
-        proc.terminate()
-        proc.wait(10)
+        _stop(proc, 10)
 
 
 @contextlib.contextmanager
@@ -102,19 +119,146 @@ def gateway(backends: Sequence[str], **settings: Any) -> Iterator[str]:
         _wait(url, "/ready", proc)
         yield url
     finally:
-        proc.terminate()
-        proc.wait(30)
+        _stop(proc)
         os.unlink(f.name)
 
 
+@contextlib.contextmanager
+def litellm_proxy(backends: Sequence[str]) -> Iterator[str]:
+    """LiteLLM's proxy from ``.venv-litellm`` (``benchmarks/litellm_env.sh``), one worker process, with
+    each backend an ``openai/sim`` deployment behind simple-shuffle routing; no database, no key (as
+    sagegate runs here), no callbacks, the local model cost map, and only errors logged."""
+    port = free_port()
+    cfg = {
+        "model_list": [
+            {
+                "model_name": "sim",
+                "litellm_params": {"model": "openai/sim", "api_base": f"{b}/v1", "api_key": "none"},
+            }
+            for b in backends
+        ],
+        "router_settings": {"routing_strategy": "simple-shuffle", "num_retries": 0},
+        "litellm_settings": {
+            "telemetry": False,
+            "set_verbose": False,
+            "drop_params": True,
+            "request_timeout": 60,
+        },
+        # no key, as sagegate's gateway runs here (no ``api_keys``): LiteLLM >= 1.108 refuses that unless told
+        "general_settings": {"dangerously_permit_weak_or_unset_master_key": True},
+    }
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(cfg, f)
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "LITELLM_MASTER_KEY")}
+    env.update(LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_LOG="ERROR", LITELLM_TELEMETRY="False",
+               DISABLE_SCHEMA_UPDATE="True", NO_DOCS="True", PYTHONUNBUFFERED="1")  # fmt: skip
+    cmd = [
+        str(LITELLM_BIN),
+        "--config",
+        f.name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--num_workers",
+        "1",
+    ]
+    log = tempfile.NamedTemporaryFile("w+b", suffix=".litellm.log", delete=False)  # noqa: SIM115
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    PIDS[url] = proc.pid
+    try:
+        try:
+            _wait(url, "/health/readiness", proc, timeout=180)
+        except RuntimeError:
+            log.seek(0)
+            sys.stderr.write(log.read()[-3000:].decode(errors="replace"))
+            raise
+        yield url
+    finally:
+        _stop(proc)
+        log.close()
+        os.unlink(log.name)
+        os.unlink(f.name)
+
+
+# --- what sits in front of the backends -----------------------------------------------------------
+def _target_names(predictors: Sequence[str], with_litellm: bool) -> list[str]:
+    return [f"sagegate/{p}" for p in predictors] + (["litellm"] if with_litellm else [])
+
+
+@contextlib.contextmanager
+def front(name: str, backends: Sequence[str], **gw_settings: Any) -> Iterator[str]:
+    """One proxy process in front of ``backends``: ``sagegate/<predictor>`` or ``litellm``."""
+    if name == "litellm":
+        with litellm_proxy(backends) as url:
+            yield url
+    else:
+        predictor = name.split("/", 1)[1]
+        with gateway(backends, predictor=predictor, **gw_settings) as url:
+            if predictor == "semantic":
+                _warm_embedder(url)
+            yield url
+
+
+def _paths_not_late(url: str) -> float:
+    """Predictions the gateway made with the embedding in time (``sagegate_predictor_path`` != late)."""
+    total = 0.0
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("sagegate_predictor_path_total{") and 'path="late"' not in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _warm_embedder(url: str, timeout: float = 240) -> None:
+    """The semantic gateway loads its embedding model on the first request, and answers from the
+    prior ("late") until it is in: send requests one at a time until one is predicted in time."""
+    path, body = request_body("chat", 2)
+    deadline = time.monotonic() + timeout
+    before = _paths_not_late(url)
+    while time.monotonic() < deadline:
+        httpx.post(url + path, json=body, timeout=60).raise_for_status()
+        if _paths_not_late(url) > before:
+            return
+        time.sleep(0.2)
+    print(f"(note: the semantic predictor at {url} still answered late after {timeout:g} s)", file=sys.stderr)
+
+
+def litellm_available(skip: bool) -> bool:
+    if skip:
+        print("\n(note: LiteLLM skipped by --no-litellm)")
+        return False
+    if not LITELLM_BIN.exists():
+        print(
+            f"\n(note: {LITELLM_BIN.relative_to(REPO)} is absent: LiteLLM skipped; create it with benchmarks/litellm_env.sh)"
+        )
+        return False
+    return True
+
+
 # --- one streamed request -------------------------------------------------------------------------
-async def ttft_ttlt(client: httpx.AsyncClient, url: str, max_tokens: int) -> tuple[float, float, int]:
+def request_body(route: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
+    """The same request for every path: a chat turn (default) or a completion of ``PROMPT``."""
+    if route == "chat":
+        msgs = [{"role": "user", "content": PROMPT}]
+        return "/v1/chat/completions", {
+            "model": "sim",
+            "messages": msgs,
+            "max_tokens": max_tokens,
+            "stream": True,
+        }
+    return "/v1/completions", {"model": "sim", "prompt": PROMPT, "max_tokens": max_tokens, "stream": True}
+
+
+async def ttft_ttlt(
+    client: httpx.AsyncClient, url: str, max_tokens: int, route: str = "chat"
+) -> tuple[float, float, int]:
     """Seconds to the first body chunk and to the end, and the number of SSE data events."""
-    body = {"model": "sim", "prompt": PROMPT, "max_tokens": max_tokens, "stream": True}
+    path, body = request_body(route, max_tokens)
     t0 = time.perf_counter()
     first = None
     events = 0
-    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+    async with client.stream("POST", url + path, json=body) as r:
         r.raise_for_status()
         async for chunk in r.aiter_raw():
             if first is None:
@@ -133,43 +277,71 @@ def _pct_ms(xs: Sequence[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))] * 1000
 
 
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.1f}x" if b > 0 and a == a and b == b else "-"
+
+
+def _num(x: float, spec: str) -> str:
+    """``x`` formatted, or ``-`` when it was not measured (NaN)."""
+    return format(x, spec) if x == x else "-"
+
+
 # --- overhead -------------------------------------------------------------------------------------
-async def _overhead_pairs(direct: str, gw: str, n: int) -> tuple[list[float], list[float]]:
+async def _overhead_pairs(direct: str, gw: str, n: int, route: str) -> tuple[list[float], list[float]]:
+    """``n`` (direct, proxied) TTFT pairs, one request at a time, the order alternating within pairs."""
     d_t: list[float] = []
     g_t: list[float] = []
     async with httpx.AsyncClient(timeout=30) as c:
         for _ in range(20):  # warm both paths (connections, tokenizer, caches)
-            await ttft_ttlt(c, direct, 4)
-            await ttft_ttlt(c, gw, 4)
+            await ttft_ttlt(c, direct, 4, route)
+            await ttft_ttlt(c, gw, 4, route)
         for i in range(n):
             order = (direct, gw) if i % 2 == 0 else (gw, direct)
             for url in order:
-                t, _, _ = await ttft_ttlt(c, url, 4)
+                t, _, _ = await ttft_ttlt(c, url, 4, route)
                 (d_t if url == direct else g_t).append(t)
     return d_t, g_t
 
 
-def bench_overhead(n: int) -> None:
-    print("\n## Overhead: median TTFT through the gateway minus direct (low load, one request at a time)")
-    print(f"{'predictor':>14} {'direct ms':>10} {'gateway ms':>11} {'added ms':>9} {'added p90 ms':>13}")
+def bench_overhead(n: int, predictors: Sequence[str], with_litellm: bool, route: str) -> dict[str, float]:
+    """Median added TTFT (ms) per proxy; each proxy runs alone, paired request by request with direct."""
+    print(
+        f"\n## Overhead: median TTFT through a proxy minus direct (low load, one request at a time, {route})"
+    )
+    print(
+        f"   one simulated backend (time scale 20), {n} pairs per proxy, each proxy one process, started alone"
+    )
+    print(
+        f"{'path':>24} {'direct ms':>10} {'proxied ms':>11} {'added ms':>9} {'added p90 ms':>13} "
+        f"{'vs sagegate/none':>17}"
+    )
+    added_med: dict[str, float] = {}
+    all_direct: list[float] = []
+    rows: list[tuple[str, float, float, float, float]] = []
     with backend(20.0) as be:
-        for predictor in ("none", "global", "length-bucket", "semantic"):
+        for name in _target_names(predictors, with_litellm):
             try:
-                with gateway([be], predictor=predictor, policy="sagesched") as gw:
-                    d, g = asyncio.run(_overhead_pairs(be, gw, n))
+                with front(name, [be], policy="sagesched") as gw:
+                    d, g = asyncio.run(_overhead_pairs(be, gw, n, route))
             except RuntimeError as exc:
-                print(f"{predictor:>14}  skipped: {exc}")
+                print(f"{name:>24}  skipped: {exc}")
                 continue
+            all_direct += d
             added = [b - a for a, b in zip(d, g, strict=True)]
-            print(
-                f"{predictor:>14} {_median_ms(d):>10.2f} {_median_ms(g):>11.2f} "
-                f"{_median_ms(g) - _median_ms(d):>9.2f} "
-                f"{_pct_ms(added, 0.9):>13.2f}"
-            )
+            added_med[name] = _median_ms(g) - _median_ms(d)
+            rows.append((name, _median_ms(d), _median_ms(g), added_med[name], _pct_ms(added, 0.9)))
+    if all_direct:
+        print(f"{'direct':>24} {_median_ms(all_direct):>10.2f} {'-':>11} {0:>9.2f} {'-':>13} {'-':>17}")
+    base = added_med.get("sagegate/none", float("nan"))
+    for name, dm, gm, am, p90 in rows:
+        print(f"{name:>24} {dm:>10.2f} {gm:>11.2f} {am:>9.2f} {p90:>13.2f} {_ratio(am, base):>17}")
+    return added_med
 
 
 # --- capacity -------------------------------------------------------------------------------------
-async def _open_loop(urls: Sequence[str], rate: float, duration: float, max_tokens: int) -> dict[str, float]:
+async def _open_loop(
+    urls: Sequence[str], rate: float, duration: float, max_tokens: int, route: str = "chat"
+) -> dict[str, float]:
     rng = random.Random(1)
     results: list[tuple[float, float, int]] = []
     errors = 0
@@ -179,7 +351,7 @@ async def _open_loop(urls: Sequence[str], rate: float, duration: float, max_toke
         async def one(url: str) -> None:
             nonlocal errors
             try:
-                results.append(await ttft_ttlt(c, url, max_tokens))
+                results.append(await ttft_ttlt(c, url, max_tokens, route))
             except (httpx.HTTPError, AssertionError):
                 errors += 1
 
@@ -202,37 +374,169 @@ async def _open_loop(urls: Sequence[str], rate: float, duration: float, max_toke
         "rate": i / duration,
         "ttft_ms": _median_ms(ttfts),
         "ttlt_ms": _median_ms([r[1] for r in results] or [float("nan")]),
+        "chunks": float(sum(r[2] for r in results)),
         "chunks_s": sum(r[2] for r in results) / wall,
         "errors": float(errors),
     }
 
 
-def bench_capacity(duration: float, rates: Sequence[float], chunk_rates: Sequence[float]) -> None:
-    print("\n## Capacity: open-loop Poisson load against two fast simulated backends (time scale 1000)")
-    print("   added = median TTFT through the gateway - median TTFT direct at the same offered rate")
-    open_admission = {"admission": {"max_waiting": 1_000_000, "target": 1000.0}}
-    with backend(1000.0) as b1, backend(1000.0) as b2, gateway([b1, b2], **open_admission) as gw:
-        asyncio.run(_open_loop([b1, b2], 20, 1, 2))  # warm up: tokenizers, connections
-        asyncio.run(_open_loop([gw], 20, 1, 2))
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time of a process and its live descendants (a proxy may fork workers)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(p)
+        todo += children.get(p, [])
+    return total
+
+
+LIMIT_MS = 10.0  # the capacity criterion: added median TTFT at most this
+
+
+@dataclass
+class Capacity:
+    """One proxy's capacity figures. CPU is the proxy's own, net of its idle rate (health probes,
+    metric scrapes), per request or per SSE chunk, from its busiest run of each sweep: unlike the
+    latency criterion, it hardly moves with what else the machine runs."""
+
+    req_s: float = float("nan")
+    chunks_s: float = float("nan")
+    cpu_us_req: float = float("nan")
+    cpu_us_chunk: float = float("nan")
+
+
+def _idle_cpu_rate(pid: int, seconds: float = 2.0) -> float:
+    """CPU seconds per second the proxy spends with no client traffic."""
+    c0, t0 = tree_cpu_seconds(pid), time.perf_counter()
+    time.sleep(seconds)
+    return (tree_cpu_seconds(pid) - c0) / (time.perf_counter() - t0)
+
+
+def _sweep(
+    name: str, gw: str, direct: Sequence[str], rates: Sequence[float], refine: int, duration: float,
+    max_tokens: int, route: str,
+) -> tuple[float, float, float, float]:  # fmt: skip
+    """Rates up the grid until the added median TTFT passes ``LIMIT_MS`` (or >1% errors), then
+    ``refine`` bisection steps between the last good rate and the first bad one. Returns the highest
+    good (offered req/s, delivered SSE chunks/s) and the net CPU µs per request and per chunk of the
+    run that sent most."""
+    best = (0.0, 0.0)
+    busiest = (0.0, float("nan"), float("nan"))  # requests sent, CPU us/request, CPU us/chunk
+    idle = _idle_cpu_rate(PIDS[gw])
+
+    def run(rate: float) -> bool:
+        nonlocal best, busiest
+        d = asyncio.run(_open_loop(direct, rate, duration, max_tokens, route))
+        cpu0, t0 = tree_cpu_seconds(PIDS[gw]), time.perf_counter()
+        g = asyncio.run(_open_loop([gw], rate, duration, max_tokens, route))
+        wall = time.perf_counter() - t0
+        cpu = tree_cpu_seconds(PIDS[gw]) - cpu0
+        net = max(0.0, cpu - idle * wall)
+        us_req, us_chunk = 1e6 * net / max(1.0, g["sent"]), 1e6 * net / max(1.0, g["chunks"])
+        added = g["ttft_ms"] - d["ttft_ms"]
+        ok = added <= LIMIT_MS and g["errors"] <= 0.01 * g["sent"] and d["errors"] <= 0.01 * d["sent"]
+        print(
+            f"{name:>22} {g['rate']:>7.0f} {g['chunks_s']:>9.0f} {d['ttft_ms']:>10.2f} {g['ttft_ms']:>11.2f} "
+            f"{added:>9.2f} {100 * cpu / wall:>6.1f} {us_req:>10.0f} {us_chunk:>11.0f} "
+            f"{g['errors'] + d['errors']:>7.0f} {'' if ok else '  over':>6}",
+            flush=True,
+        )
+        if ok and g["rate"] > best[0]:
+            best = (g["rate"], g["chunks_s"])
+        if g["sent"] > busiest[0]:
+            busiest = (g["sent"], us_req, us_chunk)
+        return ok
+
+    lo, hi = 0.0, float("nan")
+    for rate in rates:
+        if not run(rate):
+            hi = rate
+            break
+        lo = rate
+    for _ in range(refine if hi == hi else 0):
+        mid = round((lo + hi) / 2) if lo > 0 else hi / 2
+        if mid in (lo, hi):
+            break
+        if run(mid):
+            lo = mid
+        else:
+            hi = mid
+    return best[0], best[1], busiest[1], busiest[2]
+
+
+def bench_capacity(
+    duration: float, rates: Sequence[float], chunk_rates: Sequence[float], predictors: Sequence[str],
+    with_litellm: bool, route: str, refine: int,
+) -> dict[str, Capacity]:  # fmt: skip
+    """Highest request rate and SSE chunk rate each proxy sustains with added median TTFT ≤ 10 ms."""
+    print(
+        f"\n## Capacity: open-loop Poisson load against two fast simulated backends (time scale 1000, {route})"
+    )
+    print(
+        "   added = median TTFT through the proxy - median TTFT direct at the same offered rate (measured just"
+    )
+    print(f"   before); a proxy's sweep stops at the first rate where added > {LIMIT_MS:g} ms or errors > 1%")
+    print("   ('over'), then bisects. CPU % = the proxy process (and any children) over the proxied run;")
+    print("   us/req and us/chunk = that CPU net of the proxy's idle rate, per request and per SSE chunk")
+    open_admission = {"policy": "fcfs", "admission": {"max_waiting": 1_000_000, "target": 1000.0}}
+    found: dict[str, Capacity] = {}
+    with backend(1000.0) as b1, backend(1000.0) as b2:
+        asyncio.run(_open_loop([b1, b2], 20, 1, 2, route))  # warm up the backends
         for label, max_tokens, sweep in (("requests", 2, rates), ("chunks", 64, chunk_rates)):
             print(f"\n{label} sweep (max_tokens={max_tokens})")
             print(
-                f"{'req/s':>7} {'chunks/s':>9} {'direct ms':>10} {'gateway ms':>11} {'added ms':>9} "
-                f"{'gw CPU %':>9} {'CPU us/req':>11} {'errors':>7}"
+                f"{'proxy':>22} {'req/s':>7} {'chunks/s':>9} {'direct ms':>10} {'proxied ms':>11} {'added ms':>9} "
+                f"{'CPU %':>6} {'us/req':>10} {'us/chunk':>11} {'errors':>7}"
             )
-            for rate in sweep:
-                d = asyncio.run(_open_loop([b1, b2], rate, duration, max_tokens))
-                cpu0, t0 = cpu_seconds(PIDS[gw]), time.perf_counter()
-                g = asyncio.run(_open_loop([gw], rate, duration, max_tokens))
-                cpu, wall = cpu_seconds(PIDS[gw]) - cpu0, time.perf_counter() - t0
-                added = g["ttft_ms"] - d["ttft_ms"]
-                print(
-                    f"{g['rate']:>7.0f} {g['chunks_s']:>9.0f} {d['ttft_ms']:>10.2f} {g['ttft_ms']:>11.2f} "
-                    f"{added:>9.2f} {100 * cpu / wall:>9.1f} {1e6 * cpu / g['sent']:>11.0f} "
-                    f"{g['errors'] + d['errors']:>7.0f}"
-                )
-                if added > 10 or g["errors"] > 0.01 * g["sent"]:
-                    break
+            for name in _target_names(predictors, with_litellm):
+                try:
+                    with front(name, [b1, b2], **open_admission) as gw:
+                        asyncio.run(_open_loop([gw], 20, 1, 2, route))  # warm up: tokenizers, connections
+                        rate, chunks, us_req, us_chunk = _sweep(
+                            name, gw, [b1, b2], sweep, refine, duration, max_tokens, route
+                        )
+                except RuntimeError as exc:
+                    print(f"{name:>22}  skipped: {exc}")
+                    continue
+                c = found.setdefault(name, Capacity())
+                if label == "requests":
+                    c.req_s, c.cpu_us_req = rate, us_req
+                else:
+                    c.chunks_s, c.cpu_us_chunk = chunks, us_chunk
+    return found
+
+
+def print_summary(added: dict[str, float], cap: dict[str, Capacity]) -> None:
+    """One table: every proxy's overhead and capacity, and each one's ratio to LiteLLM's."""
+    names = list(dict.fromkeys([*added, *cap]))
+    if not names:
+        return
+    lite_added = added.get("litellm", float("nan"))
+    lite = cap.get("litellm", Capacity())
+    print(
+        f"\n## Summary (one process per proxy; capacity = highest rate with added median TTFT <= {LIMIT_MS:g} ms;"
+    )
+    print(
+        "   CPU = the proxy's own net CPU per request (2-token replies) and per SSE chunk (64-token replies))"
+    )
+    print(
+        f"{'path':>22} {'added TTFT ms':>14} {'LiteLLM/this':>13} {'max req/s':>10} {'this/LiteLLM':>13} "
+        f"{'max chunks/s':>13} {'this/LiteLLM':>13} {'CPU us/req':>11} {'CPU us/chunk':>13}"
+    )
+    for name in names:
+        a = added.get(name, float("nan"))
+        c = cap.get(name, Capacity())
+        print(
+            f"{name:>22} {_num(a, '.2f'):>14} {_ratio(lite_added, a):>13} {_num(c.req_s, '.0f'):>10} "
+            f"{_ratio(c.req_s, lite.req_s):>13} {_num(c.chunks_s, '.0f'):>13} {_ratio(c.chunks_s, lite.chunks_s):>13} "
+            f"{_num(c.cpu_us_req, '.0f'):>11} {_num(c.cpu_us_chunk, '.1f'):>13}"
+        )
 
 
 # --- dispatch cost --------------------------------------------------------------------------------
@@ -347,6 +651,7 @@ async def _replay_split(requests: list[Any], urls: Sequence[str], time_scale: fl
 
 
 def bench_admission(n: int, overload: float, time_scale: float, blocks: int) -> None:
+    from loadgen.prompts import filler_text
     from loadgen.results import summarize
     from loadgen.synthetic import synthetic_workload
 
@@ -354,12 +659,18 @@ def bench_admission(n: int, overload: float, time_scale: float, blocks: int) -> 
     fits = blocks * 16 // 2
 
     def workload(rate: float) -> list[Any]:
+        # Distinct prompts (no shared prefix), so the engines' prefix caches hold each one in full
+        # and the simulator's capacity is the live backends' capacity.
         reqs = synthetic_workload(n, rate=rate, prompt_mean=1024, output_mean=512, sigma=1.0, seed=3)
-        return [r for r in reqs if r.prompt_tokens + r.output_tokens < fits]
+        return [
+            replace(r, prompt=filler_text(r.prompt_tokens, seed=r.rid))
+            for r in reqs
+            if r.prompt_tokens + r.output_tokens < fits
+        ]
 
     cap = _capacity_rps(engine, 2, workload(1.0))
     rate = overload * cap
-    work = [replace(r, prompt=" ".join(["hello"] * max(1, r.prompt_tokens - 1))) for r in workload(rate)]
+    work = workload(rate)
     flags = ["--num-gpu-blocks-override", str(blocks)]
     print(f"\n## Admission at {overload:g}x overload: {len(work)} requests at {rate:.2f} req/s (engine time)")
     print(f"   two simulated H100 backends, {blocks} KV blocks of 16 each, time scale {time_scale:g}; ")
@@ -392,11 +703,17 @@ def bench_admission(n: int, overload: float, time_scale: float, blocks: int) -> 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["overhead", "capacity", "dispatch", "admission", "all"])
-    ap.add_argument("--n", type=int, default=300, help="overhead: request pairs")
+    ap.add_argument("what", choices=["overhead", "capacity", "compare", "dispatch", "admission", "all"])
+    ap.add_argument("--n", type=int, default=300, help="overhead: request pairs per proxy")
     ap.add_argument("--duration", type=float, default=4.0, help="capacity: seconds per rate")
-    ap.add_argument("--rates", default="25,50,100,150,200,300,400,600")
-    ap.add_argument("--chunk-rates", default="10,20,40,60,80,120,160")
+    ap.add_argument("--rates", default="10,25,50,100,150,200,300,400,600")
+    ap.add_argument("--chunk-rates", default="5,10,20,40,60,80,120,160")
+    ap.add_argument("--refine", type=int, default=2, help="capacity: bisection steps after the grid")
+    ap.add_argument("--predictors", default="none,length-bucket,semantic", help="sagegate predictors to run")
+    ap.add_argument(
+        "--route", choices=["chat", "completions"], default="chat", help="overhead/capacity requests"
+    )
+    ap.add_argument("--no-litellm", action="store_true", help="overhead/capacity: leave LiteLLM's proxy out")
     ap.add_argument("--queued", type=int, default=10_000)
     ap.add_argument("--backends", type=int, default=64)
     ap.add_argument("--cycles", type=int, default=5000)
@@ -406,15 +723,25 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=1024, help="admission: KV blocks per backend")
     args = ap.parse_args()
     floats = lambda s: [float(x) for x in s.split(",")]  # noqa: E731
+    predictors = [p for p in args.predictors.split(",") if p]
+    proxies = args.what in ("overhead", "capacity", "compare", "all")
+    with_litellm = litellm_available(args.no_litellm) if proxies else False
+    added: dict[str, float] = {}
+    cap: dict[str, Capacity] = {}
     if args.what in ("dispatch", "all"):
         bench_dispatch_all(args.queued, args.backends, args.cycles)
-    if args.what in ("overhead", "all"):
-        bench_overhead(args.n)
-    if args.what in ("capacity", "all"):
-        bench_capacity(args.duration, floats(args.rates), floats(args.chunk_rates))
+    if args.what in ("overhead", "compare", "all"):
+        added = bench_overhead(args.n, predictors, with_litellm, args.route)
+    if args.what in ("capacity", "compare", "all"):
+        cap = bench_capacity(
+            args.duration, floats(args.rates), floats(args.chunk_rates), predictors, with_litellm, args.route,
+            args.refine,
+        )  # fmt: skip
+    if proxies:
+        print_summary(added, cap)
     if args.what in ("admission", "all"):
         bench_admission(args.requests, args.overload, args.time_scale, args.blocks)
-    print(json.dumps({"python": sys.version.split()[0], "cpus": os.cpu_count()}))
+    print(json.dumps({"python": sys.version.split()[0], "cpus": os.cpu_count(), "loadavg": os.getloadavg()}))
 
 
 if __name__ == "__main__":
