@@ -1,0 +1,368 @@
+"""Scheduling value end to end (issue 5): what does the gateway buy on a real trace, at light and at high load?
+
+A slice of the Azure 2023 conversation trace (ShareGPT prompts paired by length) is replayed at two
+rate multipliers, each three ways against two simulated Qwen3-32B/H100 backends: straight to them
+(vLLM alone, round robin), through the gateway with ``fcfs``, and through the gateway with
+``sagesched``. Every run gets fresh backend processes, so no KV or prefix-cache state carries over.
+The same workloads go through the discrete-event simulator (engine level for vLLM alone, gateway
+level with the live gateway's admission settings for the others), which gives the capacity the load
+levels are quoted against and a live-versus-simulated check.
+
+    .venv/bin/python benchmarks/bench_value.py [--minutes 10] [--light-scale 0.55] [--high-scale 1.75]
+        [--time-scale 2] [--high-time-scale 1.5] [--predictor length-bucket] [--out out/value] [--sim-only] [--loads light,high]
+
+Latencies are seconds of engine time. Figures are printed and written to ``<out>/value.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from loadgen.records import TraceRequest, scale_rate  # noqa: E402
+from loadgen.results import RequestRecord, summarize, write_results  # noqa: E402
+
+ALONE = "vLLM alone"
+
+
+@dataclass(frozen=True)
+class Setup:
+    name: str
+    policy: str | None  # None: no gateway, round robin straight to the backends
+
+
+SETUPS = (Setup(ALONE, None), Setup("gateway fcfs", "fcfs"), Setup("gateway sagesched", "sagesched"))
+
+ROWS = (
+    "requests",
+    "completed",
+    "rejected",
+    "errors",
+    "ttlt_mean_s",
+    "ttlt_p50_s",
+    "ttlt_p99_s",
+    "ttft_mean_s",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "throughput_req_s",
+    "throughput_tok_s",
+    "preemptions",
+    "makespan_s",
+    "send_lateness_p50_s",
+    "send_lateness_p99_s",
+)
+
+GATEWAY_ENV = {"SAGEGATE_QUEUE__MAX_WAIT_S": "86400"}
+"""The gateway's 60 s (wall) queue timeout would turn an overloaded run's longest waits into 429s,
+which vLLM alone never sends; the benchmark compares latencies of the same completed requests."""
+
+
+# --- the simulator ----------------------------------------------------------------------------------
+def _perf_and_engine(model: str, gpu: str) -> tuple[Any, Any]:
+    from sim.config import EngineConfig
+    from sim.hardware import get_gpu, get_model
+    from sim.perf import PerfModel
+
+    return PerfModel(get_model(model), get_gpu(gpu)), EngineConfig(model=model, gpu=gpu)
+
+
+def simulate_setup(work: Sequence[TraceRequest], setup: Setup, args: argparse.Namespace) -> Any:
+    """``setup`` in the simulator, with the front end's cost added as a client sees it."""
+    from gateway.settings import AdmissionSettings
+    from policies.registry import parse_policy
+    from predictor.baselines import make_predictor
+    from sim.des import SimSetup, client_view, simulate
+
+    perf, engine = _perf_and_engine(args.model, args.gpu)
+    if setup.policy is None:
+        sim_setup = SimSetup(perf, engine, engines=2, level="engine", policy=parse_policy("fcfs"))
+    else:
+        sim_setup = SimSetup(
+            perf,
+            engine,
+            engines=2,
+            level="gateway",
+            policy=parse_policy(setup.policy),
+            predictor=make_predictor(args.predictor, seed=args.seed),
+            admission=AdmissionSettings().config(),  # the live gateway's admission, backlog included
+        )
+    result = simulate(work, sim_setup)
+    client_view(result, perf.frontend_s)
+    return result
+
+
+def capacity(work: Sequence[TraceRequest], args: argparse.Namespace) -> dict[str, float]:
+    """vLLM alone's saturated throughput on this request mix: every request arrives within a second."""
+    span = max(work[-1].arrival_s, 1e-9)
+    burst = scale_rate(list(work), span)
+    s = simulate_setup(burst, SETUPS[0], args).summary
+    return {"req_s": s["throughput_req_s"], "tok_s": s["throughput_tok_s"]}
+
+
+# --- live runs --------------------------------------------------------------------------------------
+def scrape_backends(urls: Sequence[str]) -> dict[str, float]:
+    """Counters summed over the backends: preemptions, prompt and generated tokens."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = {"vllm:num_preemptions": "preemptions", "vllm:generation_tokens": "generation_tokens"}
+    out = dict.fromkeys(wanted.values(), 0.0)
+    for url in urls:
+        text = httpx.get(url + "/metrics", timeout=10.0, trust_env=False).text
+        for fam in text_string_to_metric_families(text):
+            key = wanted.get(fam.name)
+            if key is not None:
+                out[key] += sum(s.value for s in fam.samples if s.name.endswith("_total"))
+    return out
+
+
+def run_live(work: Sequence[TraceRequest], setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
+    """One run on fresh backends: the records, the backends' counters, the gateway's queue depth."""
+    from loadgen.client import replay
+    from sagegate.live import backends, gateway, replay_config, round_robin
+
+    # Per-request wall timeout and connection limit well above what an overloaded run needs.
+    timeout_s, conns = 4 * 3600.0, 15000
+    queue: list[tuple[float, float]] = []
+    load_before = os.getloadavg()
+    t0 = time.monotonic()
+    with backends(2, args.model, args.gpu, args.time_scale) as urls:
+        if setup.policy is None:
+            records = asyncio.run(
+                round_robin(work, urls, args.time_scale, timeout_s=timeout_s, max_connections=conns)
+            )
+        else:
+            with gateway(urls, setup.policy, args.predictor, env=GATEWAY_ENV) as gw:
+                res = replay(
+                    work,
+                    replay_config(
+                        gw, args.time_scale, metrics=True, timeout_s=timeout_s, max_connections=conns
+                    ),
+                )
+                records, queue = res.records, res.queue_samples
+        counters = scrape_backends(urls)
+    return {
+        "records": records,
+        "counters": counters,
+        "queue": queue,
+        "wall_s": time.monotonic() - t0,
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+    }
+
+
+# --- figures ----------------------------------------------------------------------------------------
+def figures(records: Sequence[RequestRecord], preemptions: float | None = None) -> dict[str, float]:
+    s = summarize(records)
+    if preemptions is not None:
+        s["preemptions"] = preemptions  # live: the backends' own count (the client cannot see it)
+    return {k: v for k, v in s.items() if not (isinstance(v, float) and math.isnan(v))}
+
+
+def by_output_quartile(work: Sequence[TraceRequest], runs: dict[str, list[RequestRecord]]) -> dict[str, Any]:
+    """Mean TTLT per quartile of the true output length: who wins and who loses under each set-up."""
+    outs = np.array([r.output_tokens for r in work])
+    edges = np.percentile(outs, [25, 50, 75])
+    quart = {r.rid: int(np.searchsorted(edges, r.output_tokens, side="right")) for r in work}
+    table: dict[str, Any] = {"edges_tokens": [float(e) for e in edges]}
+    for name, recs in runs.items():
+        means = []
+        for q in range(4):
+            vals = [r.ttlt for r in recs if r.ttlt is not None and r.status == "ok" and quart[r.rid] == q]
+            means.append(float(np.mean(vals)) if vals else math.nan)
+        table[name] = means
+    return table
+
+
+def _fmt(metric: str, x: float | None) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    if metric.endswith("_s") and not metric.startswith(("throughput", "makespan")):
+        return f"{x:,.2f} s" if abs(x) >= 1 else f"{x * 1000:,.0f} ms"
+    if metric == "makespan_s":
+        return f"{x:,.0f} s"
+    return f"{x:,.0f}" if float(x).is_integer() or abs(x) >= 100 else f"{x:,.2f}"
+
+
+def print_table(title: str, cols: dict[str, dict[str, float]], base: str = ALONE) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("metric")
+    for name in cols:
+        table.add_column(name, justify="right")
+    others = [n for n in cols if n != base]
+    for name in others:
+        table.add_column(f"{name.removeprefix('gateway ')}/alone", justify="right")
+    for metric in ROWS:
+        if not any(metric in c for c in cols.values()):
+            continue
+        cells = [_fmt(metric, c.get(metric)) for c in cols.values()]
+        a = cols[base].get(metric)
+        for name in others:
+            b = cols[name].get(metric)
+            cells.append(f"{b / a:.3f}" if a and b is not None and not metric.startswith("send") else "")
+        table.add_row(metric, *cells)
+    Console(width=160).print(table)
+
+
+def print_agreement(title: str, live: dict[str, dict[str, float]], sim: dict[str, dict[str, float]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("set-up")
+    for m in ("ttlt_mean_s", "ttlt_p99_s", "ttft_mean_s", "throughput_tok_s", "preemptions"):
+        table.add_column(f"{m} live / sim", justify="right")
+    for name in live:
+        cells = []
+        for m in ("ttlt_mean_s", "ttlt_p99_s", "ttft_mean_s", "throughput_tok_s", "preemptions"):
+            a, b = live[name].get(m), sim[name].get(m)
+            ratio = f" ({a / b:.2f})" if a is not None and b else ""
+            cells.append(f"{_fmt(m, a)} / {_fmt(m, b)}{ratio}")
+        table.add_row(name, *cells)
+    Console(width=160).print(table)
+
+
+# --- the run ----------------------------------------------------------------------------------------
+def run_load(label: str, scale: float, args: argparse.Namespace) -> dict[str, Any]:
+    from sagegate.live import azure_workload
+
+    work = azure_workload(args.minutes, scale, args.seed)
+    offered = len(work) / (args.minutes * 60)
+    cap = capacity(work, args)
+    util = offered / cap["req_s"]
+    print(
+        f"\n== {label} load: trace × {scale:g}, {len(work)} requests in {args.minutes:g} min "
+        f"({offered:.2f} req/s offered; vLLM-alone capacity on this mix {cap['req_s']:.2f} req/s, "
+        f"{cap['tok_s']:,.0f} tok/s, simulated): utilisation ≈ {util:.2f}",
+        flush=True,
+    )
+    out: dict[str, Any] = {
+        "scale": scale,
+        "requests": len(work),
+        "offered_req_s": offered,
+        "capacity": cap,
+        "time_scale": args.time_scale,
+        "utilisation": util,
+        "sim": {},
+        "live": {},
+    }
+    sim_records: dict[str, list[RequestRecord]] = {}
+    for setup in SETUPS:
+        t = time.perf_counter()
+        res = simulate_setup(work, setup, args)
+        sim_records[setup.name] = res.records
+        queue = [r.queue_s for r in res.records if r.queue_s is not None]
+        out["sim"][setup.name] = {
+            **figures(res.records),
+            "mean_queued": res.mean_queued,
+            "queue_mean_s": float(np.mean(queue)) if queue else 0.0,
+        }
+        print(f"  simulated {setup.name}: {time.perf_counter() - t:.1f} s", flush=True)
+    print_table(f"{label} load (trace × {scale:g}), simulated", out["sim"])
+    out["sim_by_output_quartile"] = by_output_quartile(work, sim_records)
+    if args.sim_only:
+        return out
+    live_records: dict[str, list[RequestRecord]] = {}
+    for setup in SETUPS:
+        print(f"  live {setup.name} (fresh backends, time scale {args.time_scale:g})…", flush=True)
+        run = run_live(work, setup, args)
+        recs = run["records"]
+        live_records[setup.name] = recs
+        write_results(recs, args.out / f"{label}_{setup.name.replace(' ', '_')}.jsonl")
+        fig = figures(recs, run["counters"]["preemptions"])
+        depth = [d for _, d in run["queue"]]
+        out["live"][setup.name] = {
+            **fig,
+            "backend_generation_tokens": run["counters"]["generation_tokens"],
+            "wall_s": run["wall_s"],
+            "loadavg_before": run["loadavg_before"],
+            "loadavg_after": run["loadavg_after"],
+            "gateway_queue_depth_mean": float(np.mean(depth)) if depth else None,
+            "gateway_queue_depth_max": float(np.max(depth)) if depth else None,
+        }
+        print(
+            f"    wall {run['wall_s']:.0f} s, load {run['loadavg_before'][0]:.1f} → {run['loadavg_after'][0]:.1f},"
+            f" send lateness p99 {fig.get('send_lateness_p99_s', math.nan) * 1000:.0f} ms,"
+            f" tok/s live {fig['throughput_tok_s']:,.0f} vs simulated "
+            f"{out['sim'][setup.name]['throughput_tok_s']:,.0f}",
+            flush=True,
+        )
+    print_table(f"{label} load (trace × {scale:g}), live, engine time", out["live"])
+    print_agreement(f"{label} load: live vs simulated", out["live"], out["sim"])
+    out["live_by_output_quartile"] = by_output_quartile(work, live_records)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--minutes", type=float, default=10.0, help="minutes of arrivals (engine time)")
+    ap.add_argument("--light-scale", type=float, default=0.55, help="rate multiplier of the trace, light")
+    ap.add_argument("--high-scale", type=float, default=1.75, help="rate multiplier of the trace, high")
+    ap.add_argument("--loads", default="light,high", help="which loads to run (comma-separated)")
+    ap.add_argument("--time-scale", type=float, default=2.0, help="backends run this many times real time")
+    ap.add_argument(
+        "--high-time-scale", type=float, default=None, help="time scale at high load (default --time-scale)"
+    )
+    ap.add_argument("--predictor", default="length-bucket", help="the gateway's predictor")
+    ap.add_argument("--model", default="qwen3-32b")
+    ap.add_argument("--gpu", default="h100")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path("out/value"))
+    ap.add_argument("--sim-only", action="store_true", help="the simulator only (seconds)")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    scales = {"light": args.light_scale, "high": args.high_scale}
+    report: dict[str, Any] = {
+        "command": " ".join([".venv/bin/python", "benchmarks/bench_value.py", *sys.argv[1:]]),
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "loadavg_start": os.getloadavg(),
+        "loads": {},
+    }
+    t0 = time.monotonic()
+    for label in args.loads.split(","):
+        ts = args.high_time_scale if label == "high" and args.high_time_scale else args.time_scale
+        report["loads"][label] = run_load(
+            label, scales[label], argparse.Namespace(**{**vars(args), "time_scale": ts})
+        )
+        _write(report, args.out)
+    report["loadavg_end"] = os.getloadavg()
+    report["wall_s"] = time.monotonic() - t0
+    path = _write(report, args.out)
+    print(f"\nfigures in {path} ({report['wall_s']:.0f} s wall)")
+
+
+def _write(report: dict[str, Any], out: Path) -> Path:
+    def clean(x: Any) -> Any:
+        if isinstance(x, float) and math.isnan(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, list | tuple):
+            return [clean(v) for v in x]
+        return x
+
+    path = out / "value.json"
+    path.write_text(json.dumps(clean(report), indent=1))
+    return path
+
+
+if __name__ == "__main__":
+    main()
