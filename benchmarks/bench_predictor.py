@@ -6,6 +6,11 @@ entries (random unit vectors, Zipf-distributed hashed terms of ShareGPT-like cou
 those entries add beyond the model, and optionally the replica-to-replica propagation delay through Redis.
 
     .venv/bin/python benchmarks/bench_predictor.py [--entries 100000] [--redis redis://127.0.0.1:6379/0]
+        [--window 64] [--quantize/--no-quantize] [--compare 256:fp32,128:int8]
+
+``--compare`` also times each listed embedder configuration (``window:fp32|int8``) on the same index,
+interleaved round by round so that a noisy, shared machine weighs on every configuration alike; it
+prints wall-clock and thread-CPU time of one embedding and wall-clock of ``apredict``.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from predictor.embedder import MiniLMEmbedder
+from predictor.embedder import DEFAULT_QUANTIZE, DEFAULT_WINDOW, BatchingEmbedder, MiniLMEmbedder
 from predictor.history import Completion, WindowBounds
 from predictor.index import IndexConfig
 from predictor.lexical import extract_terms
@@ -134,16 +139,23 @@ def main() -> None:
     ap.add_argument("--entries", type=int, default=100_000)
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--redis", default=None, help="measure propagation between two replicas via this URL")
-    ap.add_argument("--quantize", action="store_true", help="int8 dynamic quantisation of the model")
+    ap.add_argument(
+        "--quantize",
+        action=argparse.BooleanOptionalAction,
+        default=DEFAULT_QUANTIZE,
+        help="int8 dynamic quantisation of the model",
+    )
+    ap.add_argument("--window", type=int, default=DEFAULT_WINDOW, help="word pieces the model reads")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--compare", default="", help="embedder configs to time side by side: 256:fp32,128:int8")
     args = ap.parse_args()
 
-    emb = MiniLMEmbedder(quantize=args.quantize, threads=args.threads)
+    emb = MiniLMEmbedder(quantize=args.quantize, threads=args.threads, window=args.window)
     t = time.perf_counter()
     emb.load()
     print(
-        f"model load {time.perf_counter() - t:.1f} s; prompt {len(emb.fit_text(PROMPT).split())} words, "
-        f"{len(emb._model.tokenizer(PROMPT)['input_ids'])} word pieces"
+        f"{emb.version}: model load {time.perf_counter() - t:.1f} s; prompt "
+        f"{len(emb.tokenizer(PROMPT)['input_ids'])} word pieces, {len(emb.tokenizer(emb.fit_text(PROMPT))['input_ids'])} read"
     )
     line("embed one prompt (direct)", timed(lambda: emb.embed([PROMPT]), args.runs))
 
@@ -226,10 +238,59 @@ def main() -> None:
         lat, rps = asyncio.run(concurrent(c))
         per_batch = (pred.embedder.items - i0) / max(1, pred.embedder.batches - b0)
         line(f"apredict, {c} concurrent ({rps:.0f}/s, {per_batch:.1f}/batch)", lat)
+    if args.compare:
+        compare(pred, [parse_config(c, args.threads) for c in args.compare.split(",")], args.runs)
     pred.close()
 
     if args.redis:
         propagation(args.redis, emb)
+
+
+def parse_config(text: str, threads: int) -> MiniLMEmbedder:
+    window, _, precision = text.strip().partition(":")
+    if precision not in ("fp32", "int8"):
+        raise SystemExit(f"--compare: {text!r} is not window:fp32 or window:int8")
+    return MiniLMEmbedder(window=int(window), quantize=precision == "int8", threads=threads)
+
+
+def compare(pred: SemanticPredictor, embedders: list[MiniLMEmbedder], runs: int, per_round: int = 5) -> None:
+    """Embedding (wall and thread CPU) and ``apredict`` latency of each embedder on ``pred``'s index,
+    ``per_round`` calls of each in turn until ``runs`` calls each."""
+    wall: dict[str, list[float]] = {e.version: [] for e in embedders}
+    cpu: dict[str, list[float]] = {e.version: [] for e in embedders}
+    e2e: dict[str, list[float]] = {e.version: [] for e in embedders}
+    batchers = {e.version: BatchingEmbedder(e.load()) for e in embedders}
+    for e in embedders:
+        timed(lambda e=e: e.embed([PROMPT]), 0, warm=5)
+
+    async def apredict_ms() -> float:
+        t0 = time.perf_counter()
+        await pred.apredict(PROMPT, 200)
+        return 1000 * (time.perf_counter() - t0)
+
+    own = pred.embedder
+    try:
+        for _ in range(max(1, runs // per_round)):
+            for e in embedders:
+                for _ in range(per_round):
+                    t0, c0 = time.perf_counter(), time.thread_time()
+                    e.embed([PROMPT])
+                    cpu[e.version].append(1000 * (time.thread_time() - c0))
+                    wall[e.version].append(1000 * (time.perf_counter() - t0))
+                pred.embedder = batchers[e.version]
+                asyncio.run(apredict_ms())  # the worker thread's first call sets its torch threads
+                e2e[e.version] += [asyncio.run(apredict_ms()) for _ in range(per_round)]
+    finally:
+        pred.embedder = own
+        for b in batchers.values():
+            b.close()
+    print(f"side by side, {per_round} calls of each in turn ({len(e2e[embedders[0].version])} each):")
+    print(f"  {'embedder':<40} {'embed p50/p99 ms':>18} {'embed cpu p50':>14} {'apredict p50/p99 ms':>20}")
+    for v in wall:
+        print(
+            f"  {v:<40} {pct(wall[v], 50):8.1f} /{pct(wall[v], 99):7.1f} {pct(cpu[v], 50):14.1f} "
+            f"{pct(e2e[v], 50):10.1f} /{pct(e2e[v], 99):7.1f}"
+        )
 
 
 def propagation(url: str, emb: MiniLMEmbedder) -> None:

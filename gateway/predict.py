@@ -150,16 +150,28 @@ def build_predictor(name: str, redis_url: str | None = None, options: dict[str, 
 
         return BaselinePredictor(LengthBucketPredictor(**opts), name)
     if name == "semantic":
-        from predictor.embedder import MiniLMEmbedder
+        from predictor.embedder import DEFAULT_QUANTIZE, DEFAULT_WINDOW, MiniLMEmbedder
         from predictor.semantic import make_semantic
 
         # One torch thread: on a busy CPU more threads oversubscribe it (measured: 800 ms per
         # embedding with the default on a loaded 2-core machine, 38 ms with one).
         threads = int(opts.pop("embed_threads", 1))
         budget = float(opts.pop("predict_budget_s", 0.05))
-        opts.setdefault("embedder", MiniLMEmbedder(threads=threads))
+        # The embedding's window (word pieces) and int8 layers; the defaults are the fast ones.
+        # ``embed_window: 256, embed_quantize: false`` is the first, slower configuration (its own
+        # history: the Redis stream is keyed by embedding version).
+        window = int(opts.pop("embed_window", DEFAULT_WINDOW))
+        quantize = _flag(opts.pop("embed_quantize", DEFAULT_QUANTIZE))
+        opts.setdefault("embedder", MiniLMEmbedder(threads=threads, window=window, quantize=quantize))
         return SemanticAdapter(make_semantic(redis_url=redis_url, **opts), budget)
     raise ValueError(f"unknown predictor {name!r}")
+
+
+def _flag(value: Any) -> bool:
+    """A boolean option that may arrive as text (environment variables, JSON strings)."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
 
 
 def cap(dist: LengthDistribution | None, max_tokens: int | None) -> LengthDistribution | None:

@@ -213,6 +213,7 @@ def format_report(r: dict[str, Any]) -> str:
     lines = [
         f"n={r['n']} scored after {r['history']} warm; embeddings {r['embed_seconds']} s, "
         f"replay {r['replay_ms_per_item']} ms/item"
+        + (f"; embedder {r['embed_version']}" if "embed_version" in r else "")
     ]
     lines.append(f"{'predictor':<14}" + "".join(f"{k:>16}" for k in keys))
     for label, prefix in rows:

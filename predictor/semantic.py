@@ -30,7 +30,14 @@ import numpy as np
 from loadgen.records import TraceRequest
 from predictor.baselines import DEFAULT_PRIOR
 from predictor.distribution import LengthDistribution, mixture
-from predictor.embedder import BatchingEmbedder, MiniLMEmbedder, PromptLike, TextEmbedder, flatten_prompt
+from predictor.embedder import (
+    EMBED_VERSION,
+    BatchingEmbedder,
+    MiniLMEmbedder,
+    PromptLike,
+    TextEmbedder,
+    flatten_prompt,
+)
 from predictor.history import Completion, HistoryStore, WindowBounds, wall_clock
 from predictor.index import IndexConfig, WindowIndex
 from predictor.lexical import DocFreq, extract_terms
@@ -167,7 +174,7 @@ class SemanticPredictor:
         config: SemanticConfig | None = None,
         clock: Callable[[], float] = wall_clock,
         default_model: str = "default",
-        batch_window_s: float = 0.0015,
+        batch_window_s: float = 0.0,
         max_batch: int = 32,
     ) -> None:
         self.config = config or SemanticConfig()
@@ -473,7 +480,8 @@ def _model_of(req: TraceRequest, default: str) -> str:
 
 def make_semantic(**kw: Any) -> SemanticPredictor:
     """Factory for ``predictor.baselines.PREDICTORS["semantic"]`` (ignores the oracle knobs; takes
-    ``redis_url``/``redis_prefix`` to share a history, and any :class:`SemanticPredictor` keyword)."""
+    ``redis_url``/``redis_prefix`` to share a history, and any :class:`SemanticPredictor` keyword).
+    The history lives under ``{redis_prefix}:{embedder version}``."""
     kw.pop("relative_error", None)
     kw.pop("seed", None)
     redis_url = kw.pop("redis_url", None)
@@ -482,5 +490,10 @@ def make_semantic(**kw: Any) -> SemanticPredictor:
         from predictor.redis_store import RedisStore
 
         bounds = (kw.get("config") or SemanticConfig()).bounds
-        kw["store"] = RedisStore(redis_url, prefix=prefix, bounds=bounds)
+        if kw.get("embedder") is None:
+            kw["embedder"] = MiniLMEmbedder()
+        # One stream per embedding version: replicas (or a restart) on another model, window or
+        # precision never read vectors they cannot compare with their own.
+        version = getattr(kw["embedder"], "version", EMBED_VERSION)
+        kw["store"] = RedisStore(redis_url, prefix=f"{prefix}:{version}", bounds=bounds)
     return SemanticPredictor(**kw)

@@ -30,7 +30,13 @@ def eval_cmd(
     ] = 6000,
     limit: Annotated[int | None, typer.Option("--limit", help="Read at most this many items.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    quantize: Annotated[bool, typer.Option("--quantize", help="Use the int8-quantised model.")] = False,
+    quantize: Annotated[
+        bool | None,
+        typer.Option("--quantize/--no-quantize", help="int8 linear layers (default: the embedder's)."),
+    ] = None,
+    window: Annotated[
+        int | None, typer.Option("--window", help="Word pieces the model reads: 64, 96, 128 or 256.")
+    ] = None,
     no_cache: Annotated[
         bool, typer.Option("--no-cache", help="Do not read or write cached embeddings.")
     ] = False,
@@ -50,10 +56,12 @@ def eval_cmd(
     import json
     from dataclasses import replace
 
-    from predictor.embedder import MiniLMEmbedder
+    from predictor.embedder import DEFAULT_QUANTIZE, DEFAULT_WINDOW, WINDOWS, MiniLMEmbedder
     from predictor.evaluate import evaluate, format_report, load_items
     from predictor.semantic import SemanticConfig
 
+    if window is not None and window not in WINDOWS:
+        raise typer.BadParameter(f"choose one of {sorted(WINDOWS)}", param_hint="--window")
     if not data.exists():
         raise typer.BadParameter(f"{data} does not exist", param_hint="--data")
     items = load_items(data, limit)
@@ -70,7 +78,12 @@ def eval_cmd(
         config = replace(config, prior_weight=prior_weight)
     if probe_weight is not None:
         config = replace(config, probe_weight=probe_weight)
-    report = evaluate(items, history, MiniLMEmbedder(quantize=quantize), config, use_cache=not no_cache)
+    embedder = MiniLMEmbedder(
+        quantize=DEFAULT_QUANTIZE if quantize is None else quantize,
+        window=DEFAULT_WINDOW if window is None else window,
+    )
+    report = evaluate(items, history, embedder, config, use_cache=not no_cache)
+    report["embed_version"] = embedder.version
     if as_json:
         typer.echo(json.dumps(report))
     else:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from predictor.embedder import EMBED_VERSION
 from predictor.evaluate import evaluate, load_items, score
 from sagegate.cmd_predictor import predictor_app
 from tests.conftest import data_path
@@ -108,5 +109,8 @@ def test_cli_prints_one_json_object(clustered: Path) -> None:
     for key in ("kendall_tau", "spearman", "coverage_10_90", "baseline_length_bucket_tau", "n"):
         assert key in report
     assert report["n"] == 40
+    assert report["embed_version"] == EMBED_VERSION
     bad = CliRunner().invoke(predictor_app, ["eval", "--data", str(clustered), "--history", "500"])
     assert bad.exit_code != 0
+    odd = CliRunner().invoke(predictor_app, ["eval", "--data", str(clustered), "--window", "100"])
+    assert odd.exit_code != 0

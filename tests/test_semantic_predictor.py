@@ -86,7 +86,7 @@ def test_long_prompts_keep_head_and_tail() -> None:
     text = "Summarise the following. " + "filler words go here. " * 400 + "Answer in one word."
     fitted = emb.fit_text(text)
     assert fitted.startswith("Summarise the following.") and fitted.endswith("Answer in one word.")
-    assert len(emb._model.tokenizer(fitted)["input_ids"]) <= 256
+    assert len(emb.tokenizer(fitted)["input_ids"]) <= emb.window.max_tokens
 
 
 def test_micro_batching_matches_direct_embedding() -> None:

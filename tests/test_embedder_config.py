@@ -1,0 +1,131 @@
+"""The embedder's configurations on the real MiniLM model: the fast default (64-piece window, int8)
+against the first one (256 pieces, float32), which must stay reachable and give sentence-transformers'
+vectors; int8 vectors independent of batch companions; one Redis history per embedding version."""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+import uuid
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from gateway.predict import build_predictor
+from predictor.embedder import (
+    DEFAULT_QUANTIZE,
+    DEFAULT_WINDOW,
+    EMBED_VERSION,
+    WINDOWS,
+    MiniLMEmbedder,
+    embed_version,
+)
+from predictor.history import WindowBounds
+from predictor.semantic import SemanticConfig, SemanticPredictor, make_semantic
+from tests.semantic_support import real_embedder, redis_available
+
+FIRST_VERSION = "minilm-l6-v2/head128-tail122/v1"  # histories built before the fast default
+MAIN_URL = "redis://127.0.0.1:6379/0"
+LONG = "Summarise the following. " + "filler words go here. " * 400 + "Answer in one word."
+TEXTS = ["Translate into French: cat", "Write an essay on the history of the railways.", LONG]
+
+
+@functools.lru_cache(maxsize=1)
+def legacy() -> MiniLMEmbedder:
+    return MiniLMEmbedder(window=256, quantize=False).load()
+
+
+def test_default_is_a_new_version_and_the_first_stays_reachable() -> None:
+    assert real_embedder().version == EMBED_VERSION == embed_version(DEFAULT_WINDOW, DEFAULT_QUANTIZE)
+    assert EMBED_VERSION != FIRST_VERSION
+    assert MiniLMEmbedder(window=256, quantize=False).version == FIRST_VERSION
+    versions = {embed_version(w, q) for w in WINDOWS for q in (False, True)}
+    assert len(versions) == 2 * len(WINDOWS)
+    with pytest.raises(ValueError):
+        MiniLMEmbedder(window=100)
+
+
+def test_first_configuration_gives_sentence_transformers_vectors() -> None:
+    st = pytest.importorskip("sentence_transformers")
+    from predictor.embedder import model_dir
+
+    reference = st.SentenceTransformer(model_dir(), device="cpu", local_files_only=True)
+    reference.max_seq_length = 256
+    emb = legacy()
+    fitted = [emb.fit_text(t) for t in TEXTS]
+    want = reference.encode(fitted, normalize_embeddings=True, convert_to_numpy=True)
+    assert np.allclose(emb.embed(TEXTS), want, atol=1e-5)  # a batch (eager, padded)
+    alone = np.stack([emb.embed([t])[0] for t in TEXTS])  # one at a time (traced)
+    assert np.allclose(alone, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", sorted(WINDOWS))
+def test_long_prompts_fit_each_window_with_head_and_tail(window: int) -> None:
+    emb = MiniLMEmbedder(window=window)
+    fitted = emb.fit_text(LONG)
+    assert fitted.startswith("Summarise the following.") and fitted.endswith("Answer in one word.")
+    assert len(emb.tokenizer(fitted)["input_ids"]) <= WINDOWS[window].max_tokens
+    assert emb.fit_text(TEXTS[0]) == TEXTS[0]
+
+
+def test_int8_vectors_do_not_depend_on_batch_companions() -> None:
+    emb = real_embedder()
+    assert emb.quantize  # the default; a padded int8 batch would shift the short prompt's vector
+    together = emb.embed(TEXTS)
+    alone = np.stack([emb.embed([t])[0] for t in TEXTS])
+    assert np.array_equal(together, alone)
+    assert np.allclose(np.linalg.norm(together, axis=1), 1.0, atol=1e-5)
+
+
+def test_fast_default_stays_close_to_the_first_configuration() -> None:
+    short = TEXTS[:2]  # both fit every window: only int8 separates the two
+    cos = np.sum(real_embedder().embed(short) * legacy().embed(short), axis=1)
+    assert np.all(cos > 0.9) and np.all(cos < 1.0 - 1e-6)
+
+
+def test_gateway_options_choose_the_embedder() -> None:
+    fast = build_predictor("semantic")
+    first = build_predictor("semantic", options={"embed_window": "256", "embed_quantize": "false"})
+    try:
+        assert fast.inner.embedder.version == EMBED_VERSION
+        assert first.inner.embedder.version == FIRST_VERSION
+    finally:
+        fast.inner.close()
+        first.inner.close()
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    if not redis_available():
+        pytest.skip("no Redis at 127.0.0.1:6379")
+    import redis
+
+    name = f"sagegate-test:{uuid.uuid4().hex[:8]}"
+    yield name
+    client = redis.Redis.from_url(MAIN_URL)
+    for key in client.scan_iter(f"{name}*"):
+        client.delete(key)
+
+
+def test_redis_history_is_kept_per_embedding_version(prefix: str) -> None:
+    cfg = SemanticConfig(bounds=WindowBounds(1000, math.inf))
+
+    def replica(emb: MiniLMEmbedder) -> SemanticPredictor:
+        return make_semantic(redis_url=MAIN_URL, redis_prefix=prefix, embedder=emb, config=cfg).start()
+
+    live = [replica(real_embedder()), replica(real_embedder()), replica(legacy())]
+    writer, same, other = live
+    try:
+        writer.record_features(writer.features(TEXTS[1]), 12, 300)
+        deadline = time.monotonic() + 10
+        while same.size() < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert same.size() == 1
+        assert other.size() == 0  # another version's vectors never reach this index
+        live += [replica(real_embedder()), replica(legacy())]  # rebuilt from the stream at start
+        assert live[3].size() == 1 and live[4].size() == 0
+    finally:
+        for p in live:
+            p.close()
