@@ -40,7 +40,9 @@ def main() -> None:
 
     def setup() -> SimSetup:
         pred = make_predictor("noisy-oracle", relative_error=0.2, seed=0)
-        return SimSetup(perf, EngineConfig(), level=args.level, policy=parse_policy(args.policy), predictor=pred)
+        return SimSetup(
+            perf, EngineConfig(), level=args.level, policy=parse_policy(args.policy), predictor=pred
+        )
 
     for scale in (1.0, 4.0):
         work = scale_rate(trace, scale)
@@ -48,8 +50,10 @@ def main() -> None:
         for _ in range(args.repeat):
             res = simulate(work, setup())
             rates.append(len(work) / res.wall_s)
-        print(f"(a) azure conv hour, rate scale {scale}: {statistics.median(rates):,.0f} req/s "
-              f"(wall {len(work) / statistics.median(rates):.2f} s, preemptions {res.summary['preemptions']:.0f})")
+        print(
+            f"(a) azure conv hour, rate scale {scale}: {statistics.median(rates):,.0f} req/s "
+            f"(wall {len(work) / statistics.median(rates):.2f} s, preemptions {res.summary['preemptions']:.0f})"
+        )
     rates = []
     step = len(trace) // args.windows
     for w in range(args.windows):
@@ -59,8 +63,10 @@ def main() -> None:
             res = simulate(window, setup())
             best = max(best, 200 / res.wall_s)
         rates.append(best)
-    print(f"(b) 200-request windows near saturation (x3.5), {args.policy}@{args.level}: median "
-          f"{statistics.median(rates):,.0f} req/s, min {min(rates):,.0f}")
+    print(
+        f"(b) 200-request windows near saturation (x3.5), {args.policy}@{args.level}: median "
+        f"{statistics.median(rates):,.0f} req/s, min {min(rates):,.0f}"
+    )
 
 
 if __name__ == "__main__":

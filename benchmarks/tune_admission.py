@@ -22,7 +22,13 @@ from predictor.baselines import make_predictor
 from sim.config import EngineConfig
 from sim.des import SimSetup, simulate
 
-GRID = [(0.5, 1.5, 1, 10**9), (0.5, 1.5, 256, 2048), (0.5, 1.2, 256, 2048), (0.5, 2.0, 256, 2048), (0.5, 1.5, 256, 4096)]
+GRID = [
+    (0.5, 1.5, 1, 10**9),
+    (0.5, 1.5, 256, 2048),
+    (0.5, 1.2, 256, 2048),
+    (0.5, 2.0, 256, 2048),
+    (0.5, 1.5, 256, 4096),
+]
 DEFAULT = (0.5, 1.5, 256, 2048)
 
 

@@ -16,8 +16,6 @@ from loadgen.data import data_root
 REPO = Path(__file__).resolve().parents[1]
 
 
-
-
 def data_path(*parts: str) -> Path:
     """The path of ``parts`` under the shared data folder; skips the calling test if it is absent."""
     path = data_root().joinpath(*parts)
