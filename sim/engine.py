@@ -14,7 +14,7 @@ admit), ``plan`` may fold ``k`` identical decode steps into one macro step, time
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,24 @@ WAITING, RUNNING, FINISHED, ABORTED = 0, 1, 2, 3
 
 _Batch = tuple[list[tuple[int, int]], list["EngineRequest"], int, int]
 """A step's batch for timing: prefill chunks ``(c, p)``, their requests, decodes, decode context."""
+
+
+def _split_batch(
+    items: Iterable[tuple[EngineRequest, int]],
+    prefill: list[tuple[int, int]],
+    chunked: list[EngineRequest],
+) -> tuple[int, int]:
+    """Sort scheduled ``(request, tokens)`` pairs into decodes and prefill chunks: chunks are appended
+    to ``prefill`` (as ``(tokens, computed)``) and ``chunked``; returns the decodes' count and context."""
+    n_dec = ctx = 0
+    for req, n in items:
+        if n == 1 and req.generated and req.num_computed + 1 == req.prompt_tokens + req.generated:
+            n_dec += 1
+            ctx += req.num_computed
+        else:
+            prefill.append((n, req.num_computed))
+            chunked.append(req)
+    return n_dec, ctx
 
 
 def _first(pair: tuple[Any, Any]) -> Any:
@@ -272,14 +290,8 @@ class Engine:
         if not step.preempted:
             before = len(sched)
             self._admit(now, step, budget)
-            for req, n in itertools.islice(sched.items(), before, None):
-                if n == 1 and req.generated and req.num_computed + 1 == req.prompt_tokens + req.generated:
-                    n_dec += 1
-                    ctx += req.num_computed
-                else:
-                    prefill.append((n, req.num_computed))
-                    chunked.append(req)
-            batch = (prefill, chunked, n_dec, ctx)
+            d, c = _split_batch(itertools.islice(sched.items(), before, None), prefill, chunked)
+            batch = (prefill, chunked, n_dec + d, ctx + c)
         step.preempted += displaced
         return step, batch
 
@@ -430,15 +442,7 @@ class Engine:
         else:
             prefill = []
             chunked = step.chunked = []
-            n_dec = 0
-            ctx = 0
-            for req, n in step.scheduled.items():
-                if n == 1 and req.generated and req.num_computed + 1 == req.prompt_tokens + req.generated:
-                    n_dec += 1
-                    ctx += req.num_computed
-                else:
-                    prefill.append((n, req.num_computed))
-                    chunked.append(req)
+            n_dec, ctx = _split_batch(step.scheduled.items(), prefill, chunked)
         if prefill or not self._can_fold(step):
             step.duration = perf.step_time(prefill, n_dec, ctx)
             return
