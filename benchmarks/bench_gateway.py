@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/bench_gateway.py capacity   [--duration 4] [--no-litellm]
     .venv/bin/python benchmarks/bench_gateway.py compare    # overhead + capacity + one summary table
     .venv/bin/python benchmarks/bench_gateway.py dispatch   [--queued 10000 --backends 64]
-    .venv/bin/python benchmarks/bench_gateway.py admission  [--requests 600]
+    .venv/bin/python benchmarks/bench_gateway.py admission  [--requests 500] [--rules peak,sum]
     .venv/bin/python benchmarks/bench_gateway.py all
 
 Every server is a real process on loopback (``sagegate backend`` and ``python -m sagegate.cmd_serve``);
@@ -540,7 +540,7 @@ def print_summary(added: dict[str, float], cap: dict[str, Capacity]) -> None:
 
 
 # --- dispatch cost --------------------------------------------------------------------------------
-def bench_dispatch(queued: int, n_backends: int, policy_name: str, cycles: int) -> None:
+def bench_dispatch(queued: int, n_backends: int, policy_name: str, cycles: int, rule: str = "peak") -> None:
     from gateway.backends import BackendPool
     from gateway.dispatcher import Dispatcher
     from gateway.queue import BoundedQueue, GatewayRequest
@@ -555,16 +555,18 @@ def bench_dispatch(queued: int, n_backends: int, policy_name: str, cycles: int) 
         for _ in range(64)
     ]
 
-    async def run() -> tuple[list[float], list[float], int]:
+    async def run() -> tuple[list[float], list[float], int, float]:
         s = GatewaySettings.model_validate({"backends": [f"http://b{i}" for i in range(n_backends)]})
         pool = BackendPool(s, httpx.AsyncClient())
-        cfg = AdmissionConfig()
+        cfg = AdmissionConfig(rule=rule)  # type: ignore[arg-type]
         for b in pool.backends:
-            b.load.capacity_tokens = 500_000
+            b.load.capacity_tokens = 32_768  # ~10 requests each: the in-flight a process can stream
             b.load.healthy = True
         policy = parse_policy(policy_name)
         d = Dispatcher(policy, pool, cfg, BoundedQueue(policy, 10**9, 10**12), clock=time.perf_counter)
+        d.kick = lambda: None  # type: ignore[method-assign]  # the loop never runs here: one pass per cycle
         rid = 0
+        running: list[list[GatewayRequest]] = [[] for _ in pool.backends]
 
         def make() -> GatewayRequest:
             nonlocal rid
@@ -574,48 +576,65 @@ def bench_dispatch(queued: int, n_backends: int, policy_name: str, cycles: int) 
                 prediction=rng.choice(dists),
             )  # fmt: skip
 
-        for b in pool.backends:  # every backend full: the head is held
-            b.load.charged_tokens = cfg.target * b.load.capacity_tokens
-        for _ in range(queued):
-            d.submit(make())
-        d.dispatch()
+        def submit() -> None:
+            r = make()
+            d.submit(r).add_done_callback(lambda f, r=r: started.append(r) if not f.exception() else None)
+
+        async def settle() -> None:
+            """What was sent started (its first byte): it runs there and no longer counts as waiting."""
+            await asyncio.sleep(0)  # the futures' callbacks
+            for r in started:
+                assert r.backend is not None
+                pool.backends[r.backend].started(r.rid)
+                running[r.backend].append(r)
+            started.clear()
+
+        started: list[GatewayRequest] = []
+        for _ in range(queued):  # the fleet fills until the rule refuses the head; the rest queue
+            submit()
+            await settle()
+        while d.dispatch():  # a policy that dispatches from the loop (kick) fills here
+            await settle()
+        await settle()
         push_t, decide_t = [], []
         sent = 0
         for _ in range(cycles):
-            b = pool.backends[rng.randrange(n_backends)]
-            b.load.charged_tokens -= 5_000  # a request finished there: room for about one more
-            b.load.waiting = 0
+            i = rng.randrange(n_backends)
+            for r in running[i]:  # the backend's requests streamed a few tokens each...
+                d.progress(r, r.generated + rng.randint(1, 8))
+            if running[i]:  # ...and one finished: room for about one more
+                d.release(running[i].pop(rng.randrange(len(running[i]))))
             t0 = time.perf_counter()
             sent += d.dispatch()
             t1 = time.perf_counter()
-            d.submit(make())
+            submit()
             t2 = time.perf_counter()
+            await settle()
             decide_t.append(t1 - t0)
             push_t.append(t2 - t1)
-            d._scheduled = True  # the loop never runs here: keep kick() from queueing callbacks
-        return push_t, decide_t, sent
+        inflight = sum(len(x) for x in running) / n_backends
+        return push_t, decide_t, sent, inflight
 
-    push_t, decide_t, sent = asyncio.run(run())
+    push_t, decide_t, sent, inflight = asyncio.run(run())
     print(
-        f"{policy_name:>14} {queued:>7} {n_backends:>4} {statistics.median(decide_t) * 1e6:>12.1f} "
-        f"{_pct_ms(decide_t, 0.99) * 1000:>11.1f} {statistics.median(push_t) * 1e6:>11.1f} {sent / cycles:>10.2f}"
+        f"{policy_name:>14} {rule:>5} {queued:>7} {n_backends:>4} {inflight:>9.1f} "
+        f"{statistics.median(decide_t) * 1e6:>12.1f} {_pct_ms(decide_t, 0.99) * 1000:>11.1f} "
+        f"{statistics.median(push_t) * 1e6:>11.1f} {sent / cycles:>10.2f}"
     )
 
 
 def bench_dispatch_all(queued: int, n_backends: int, cycles: int) -> None:
     print(f"\n## Dispatch cost: {queued} queued, {n_backends} backends (microseconds)")
-    print("   pass = one dispatch call: dispatch the head, then find the next head held (two decisions);")
-    print("   enqueue = an arrival, including its rank (Gittins table for sagesched) and KV charge")
+    print("   pass = one dispatch call after a backend's requests streamed and one finished: dispatch")
+    print("   the head, then find the next head held (two decisions); enqueue = an arrival, including")
+    print("   its rank (Gittins table for sagesched) and KV charge; in-flight = requests per backend")
     print(
-        f"{'policy':>14} {'queued':>7} {'bk':>4} {'pass med us':>12} {'pass p99 us':>11} {'enqueue us':>11} "
-        f"{'sent/pass':>10}"
+        f"{'policy':>14} {'rule':>5} {'queued':>7} {'bk':>4} {'in-flight':>9} {'pass med us':>12} "
+        f"{'pass p99 us':>11} {'enqueue us':>11} {'sent/pass':>10}"
     )
-    from policies.registry import registry
-
-    reg = registry()
     for name in ("sagesched", "fcfs", "edf", "kv-constrained"):
-        dynamic = reg[name].cls.dynamic  # keys move with time: the queue rescans (O(n)) every decision
-        bench_dispatch(queued, n_backends, name, min(cycles, 30) if dynamic else cycles)
+        for rule in ("peak", "sum"):
+            bench_dispatch(queued, n_backends, name, cycles, rule)
 
 
 # --- admission at 2x overload ---------------------------------------------------------------------
@@ -650,7 +669,7 @@ async def _replay_split(requests: list[Any], urls: Sequence[str], time_scale: fl
     return [rec for res in results for rec in res.records]
 
 
-def bench_admission(n: int, overload: float, time_scale: float, blocks: int) -> None:
+def bench_admission(n: int, overload: float, time_scale: float, blocks: int, rules: Sequence[str]) -> None:
     from loadgen.prompts import filler_text
     from loadgen.results import summarize
     from loadgen.synthetic import synthetic_workload
@@ -676,26 +695,25 @@ def bench_admission(n: int, overload: float, time_scale: float, blocks: int) -> 
     print(f"   two simulated H100 backends, {blocks} KV blocks of 16 each, time scale {time_scale:g}; ")
     print(f"   saturated capacity (simulator, vLLM alone): {cap:.2f} req/s; times below are engine seconds")
     print(
-        f"{'setup':>26} {'preemptions':>12} {'req/s':>7} {'tok/s':>8} {'mean TTFT':>10} {'mean TTLT':>10} "
+        f"{'setup':>28} {'preemptions':>12} {'req/s':>7} {'tok/s':>8} {'mean TTFT':>10} {'mean TTLT':>10} "
         f"{'p99 TTLT':>9} {'errors':>7}"
     )
-    setups: list[tuple[str, dict[str, Any] | None]] = [
-        ("vLLM alone (round robin)", None),
-        ("gateway fcfs + admission", {"policy": "fcfs", "predictor": "global"}),
-        ("gateway sagesched", {"policy": "sagesched", "predictor": "global"}),
-    ]
-    pending = {"admission": {"pending_s": 0.03 / time_scale}}  # about one engine step, in wall time
+    setups: list[tuple[str, dict[str, Any] | None]] = [("vLLM alone (round robin)", None)]
+    for rule in rules:
+        for policy in ("fcfs", "sagesched"):
+            admission = {"rule": rule, "pending_s": 0.03 / time_scale}  # pending: about one engine step
+            setups.append((f"gateway {policy}, {rule} rule", {"policy": policy, "admission": admission}))
     for label, gw_settings in setups:
         with backend(time_scale, *flags) as b1, backend(time_scale, *flags) as b2:
             if gw_settings is None:
                 records = asyncio.run(_replay_split(work, [b1, b2], time_scale))
             else:
-                with gateway([b1, b2], **gw_settings, **pending) as gw:
+                with gateway([b1, b2], predictor="global", **gw_settings) as gw:
                     records = asyncio.run(_replay_split(work, [gw], time_scale))
             pre = _preemptions([b1, b2])
         s = summarize(records)
         print(
-            f"{label:>26} {pre:>12} {s['throughput_req_s']:>7.2f} {s['throughput_tok_s']:>8.0f} "
+            f"{label:>28} {pre:>12} {s['throughput_req_s']:>7.2f} {s['throughput_tok_s']:>8.0f} "
             f"{s['ttft_mean_s']:>10.2f} {s['ttlt_mean_s']:>10.2f} "
             f"{s['ttlt_p99_s']:>9.2f} {s['errors'] + s['rejected']:>7.0f}"
         )
@@ -721,6 +739,7 @@ def main() -> None:
     ap.add_argument("--overload", type=float, default=2.0)
     ap.add_argument("--time-scale", type=float, default=4.0, help="admission: backends' time scale")
     ap.add_argument("--blocks", type=int, default=1024, help="admission: KV blocks per backend")
+    ap.add_argument("--rules", default="peak", help="admission: the gateway's rules to run (peak,sum)")
     args = ap.parse_args()
     floats = lambda s: [float(x) for x in s.split(",")]  # noqa: E731
     predictors = [p for p in args.predictors.split(",") if p]
@@ -740,7 +759,7 @@ def main() -> None:
     if proxies:
         print_summary(added, cap)
     if args.what in ("admission", "all"):
-        bench_admission(args.requests, args.overload, args.time_scale, args.blocks)
+        bench_admission(args.requests, args.overload, args.time_scale, args.blocks, args.rules.split(","))
     print(json.dumps({"python": sys.version.split()[0], "cpus": os.cpu_count(), "loadavg": os.getloadavg()}))
 
 

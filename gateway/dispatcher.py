@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from gateway.backends import BackendPool
 from gateway.metrics import GatewayMetrics
 from gateway.queue import BoundedQueue, Dispatched, GatewayRequest
-from policies.admission import AdmissionConfig, BackendLoad, Charge, choose_backend
+from policies.admission import AdmissionConfig, Charge, choose_backend, usage_after
 from policies.base import ADMIT, LoadView, Policy, Verdict
 from policies.prompt_share import charged_prompt
 
@@ -111,10 +111,10 @@ class Dispatcher:
             assert req is not None
             charge = self._charge(req)
             self.decisions += 1
-            idx = choose_backend(charge.value, self._eligible(req, loads), cfg, req.prompt_tokens)
+            idx = choose_backend(charge, loads, cfg, req.prompt_tokens, self._allowed(req))
             if self._screens:
                 view = LoadView(
-                    kv_usage=_usage_after(charge.value, idx, loads),
+                    kv_usage=usage_after(charge.value, idx, loads),
                     queue_len=len(queue),
                     capacity_requests=self.capacity_requests,
                 )
@@ -130,7 +130,7 @@ class Dispatcher:
             queue.remove(req)
             self.policy.on_dispatch(req, now)
             b = self.pool.backends[idx]
-            loads[idx].charged_tokens += charge.value
+            loads[idx].charge(charge)
             req.backend = idx
             b.sent(req.rid, req.prompt_tokens)
             req.t_dispatch = now
@@ -152,19 +152,12 @@ class Dispatcher:
             req.charged_prompt = prompt
         return charge
 
-    def _eligible(self, req: GatewayRequest, loads: list[BackendLoad]) -> Sequence[BackendLoad]:
-        """The loads ``choose_backend`` sees: backends this request may not use appear unhealthy."""
+    def _allowed(self, req: GatewayRequest) -> Sequence[bool] | None:
+        """Which backends ``req`` may use (None: all): those it has not failed on that serve its model."""
         backends = self.pool.backends
         if not req.excluded and all(b.serves(req.model) for b in backends):
-            return loads
-        return [
-            ld
-            if i not in req.excluded and backends[i].serves(req.model)
-            else BackendLoad(
-                ld.capacity_tokens, ld.charged_tokens, ld.waiting, ld.running, False, ld.waiting_tokens
-            )
-            for i, ld in enumerate(loads)
-        ]
+            return None
+        return [i not in req.excluded and b.serves(req.model) for i, b in enumerate(backends)]
 
     # --- life of a dispatched request ---------------------------------------------------------
     def first_byte(self, req: GatewayRequest) -> None:
@@ -187,7 +180,7 @@ class Dispatcher:
         req.generated = generated
         b = self.pool.backends[req.backend]
         b.progressed(new)
-        b.load.charged_tokens += req.charge.update(generated)
+        b.load.progress(req.charge, generated)
         self.policy.on_progress(req, new, self.clock())
 
     def release(self, req: GatewayRequest, *, final: bool = True) -> None:
@@ -201,22 +194,11 @@ class Dispatcher:
         b = self.pool.backends[idx]
         b.left(req.rid, req.prompt_tokens, req.generated)
         if req.charge is not None:
-            b.load.charged_tokens -= req.charge.value
-            if b.inflight == 0:
-                b.load.charged_tokens = 0.0  # no float drift on an idle backend
+            b.load.release(req.charge)
         req.backend = None
         if final:
             self.policy.on_finish(req, self.clock())
         self.kick()
-
-
-def _usage_after(charge: float, idx: int | None, loads: list[BackendLoad]) -> float:
-    if not loads:
-        return 1.0
-    if idx is None:
-        idx = min(range(len(loads)), key=lambda i: loads[i].charged_tokens / loads[i].capacity_tokens)
-    b = loads[idx]
-    return (b.charged_tokens + charge) / b.capacity_tokens
 
 
 def _resolve_error(req: GatewayRequest, reason: str) -> None:

@@ -18,7 +18,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from policies.admission import AdmissionConfig
+from policies.admission import AdmissionConfig, Rule
 
 PREDICTORS = ("none", "global", "length-bucket", "semantic")
 
@@ -53,6 +53,9 @@ class AdmissionSettings(BaseModel):
     target: float = Field(default=_ADMISSION.target, gt=0.0)
     max_waiting: int = Field(default=_ADMISSION.max_waiting, ge=1)
     unknown_output: int = Field(default=_ADMISSION.unknown_output, ge=1)
+    rule: Rule = _ADMISSION.rule
+    """"sum" or "peak" (see ``policies.admission.AdmissionConfig.rule``)."""
+    peak_target: float = Field(default=_ADMISSION.peak_target, gt=0.0)
     max_waiting_tokens: int = Field(default=LIVE_MAX_WAITING_TOKENS, ge=1)
     """Live, a request counts as waiting until its first byte, prefill included, so the gateway's
     estimate of a backend's waiting tokens runs above the engine's own; a deeper backlog than the
@@ -76,6 +79,8 @@ class AdmissionSettings(BaseModel):
             max_waiting=self.max_waiting,
             unknown_output=self.unknown_output,
             max_waiting_tokens=self.max_waiting_tokens,
+            rule=self.rule,
+            peak_target=self.peak_target,
         )
 
 

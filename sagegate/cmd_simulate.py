@@ -30,6 +30,9 @@ def simulate(
     predictor: Annotated[str | None, typer.Option(help="Output-length predictor for the policy.")] = None,
     prediction_error: Annotated[float, typer.Option(help="Relative error of noisy-oracle.")] = 0.2,
     engines: Annotated[int, typer.Option(help="Number of engines (backends).")] = 1,
+    admission_rule: Annotated[
+        str, typer.Option(help="Gateway admission: peak (projected peak KV) or sum (summed charges).")
+    ] = "peak",
     rate_scale: Annotated[float, typer.Option(help="2 = arrivals twice as dense.")] = 1.0,
     limit: Annotated[int | None, typer.Option(help="Use the first N requests.")] = None,
     duration: Annotated[float | None, typer.Option(help="Keep arrivals before this many seconds.")] = None,
@@ -68,6 +71,7 @@ def simulate(
     """Replay a workload through the gateway queue and N simulated engines; print the summary."""
     params = dict(locals())  # the options by name, before any local of the body
     from loadgen.results import Slo, mark_warmup, summarize, write_results
+    from policies.admission import AdmissionConfig
     from sagegate.workload_flags import WorkloadFlags
     from sim.des import SimSetup, client_view
     from sim.des import simulate as run
@@ -83,6 +87,7 @@ def simulate(
             level=level,
             policy=make_policy(policy, seed),
             predictor=make_predictor(predictor, policy, level, prediction_error, seed),
+            admission=AdmissionConfig(rule=admission_rule),  # type: ignore[arg-type]  # checked inside
         )
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -21,7 +21,7 @@ from typing import Protocol
 
 from loadgen.records import TraceRequest
 from loadgen.results import RequestRecord, summarize
-from policies.admission import AdmissionConfig, BackendLoad, Charge, choose_backend
+from policies.admission import AdmissionConfig, BackendLoad, Charge, choose_backend, usage_after
 from policies.base import ENGINE, GATEWAY, LoadView, Policy, Verdict
 from policies.fifo import FCFS
 from policies.queue import PolicyQueue
@@ -112,6 +112,7 @@ class Simulation:
         self.capacity_requests = setup.engine.max_num_seqs * setup.engines
         self.progress_hook = type(setup.policy).on_progress is not Policy.on_progress
         self.head_charges: dict[EngineRequest, Charge] = {}  # queued requests' charges, built once
+        self.peak_rule = gateway and setup.admission.rule == "peak"
 
     # --- the loop -----------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -214,9 +215,9 @@ class Simulation:
             charge = self.head_charges.get(req)
             if charge is None:  # a fresh charge depends only on the request: build it once
                 charge = self.head_charges[req] = Charge(req.prompt_tokens, req.prediction, cfg)
-            idx = choose_backend(charge.value, loads, cfg, req.prompt_tokens)
+            idx = choose_backend(charge, loads, cfg, req.prompt_tokens)
             view = LoadView(
-                kv_usage=self._usage_after(charge.value, idx),
+                kv_usage=usage_after(charge.value, idx, loads),
                 queue_len=len(queue),
                 capacity_requests=self.capacity_requests,
             )
@@ -232,17 +233,10 @@ class Simulation:
             del self.head_charges[req]
             self.policy.on_dispatch(req, now)
             self.flights[req] = req.user = _Flight(idx, charge)
-            loads[idx].charged_tokens += charge.value
+            loads[idx].charge(charge)
             loads[idx].waiting += 1
             loads[idx].waiting_tokens += req.prompt_tokens
             self._send(req, idx)
-
-    def _usage_after(self, charge: float, idx: int | None) -> float:
-        loads = self.loads
-        if idx is None:
-            idx = min(range(len(loads)), key=lambda i: loads[i].charged_tokens / loads[i].capacity_tokens)
-        b = loads[idx]
-        return (b.charged_tokens + charge) / b.capacity_tokens
 
     def _reject(self, req: EngineRequest, reason: str) -> None:
         rec = self.records[req.rid]
@@ -261,6 +255,9 @@ class Simulation:
         horizon = (
             self.trace[self.next_arrival].arrival_s if self.next_arrival < len(self.trace) else float("inf")
         )
+        if self.peak_rule and self.queue:
+            # A projected peak falls as requests progress, so the head may fit after any step.
+            horizon = self.now
         step = eng.plan(self.now, horizon)
         if not step.scheduled:
             raise AssertionError(f"{eng.name} has work but scheduled nothing")
@@ -281,7 +278,7 @@ class Simulation:
             loads = self.loads
             for req in out.emitted:
                 flight: _Flight = req.user  # set at dispatch
-                loads[flight.backend].charged_tokens += flight.charge.update(req.generated)
+                loads[flight.backend].progress(flight.charge, req.generated)
             if self.progress_hook:
                 on_progress, k = self.policy.on_progress, step.k
                 for req in out.emitted:
@@ -304,7 +301,7 @@ class Simulation:
             self.setup.predictor.observe(self.by_req[req], req.generated)
         if self.gateway:
             flight = self.flights.pop(req)
-            self.loads[flight.backend].charged_tokens -= flight.charge.value
+            self.loads[flight.backend].release(flight.charge)
             self.policy.on_finish(req, self.now)
 
 

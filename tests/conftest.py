@@ -7,6 +7,8 @@ that need a file skip with a message saying what is missing and how to provide i
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,3 +33,23 @@ def data_path(*parts: str) -> Path:
 def shared_data() -> Path:
     """The shared data folder (the test skips if it is absent); prefer ``data_path`` for one file."""
     return data_path()
+
+
+MAIN_REDIS_URL = "redis://127.0.0.1:6379/0"
+"""The machine's Redis server (tests that need faults start their own)."""
+
+
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    """A fresh key prefix on the machine's Redis (the test skips if none answers); its keys go after."""
+    redis = pytest.importorskip("redis")
+    client = redis.Redis.from_url(MAIN_REDIS_URL, socket_timeout=1)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        pytest.skip(f"no Redis at {MAIN_REDIS_URL}: {exc}")
+    prefix = f"sagegate-test:{uuid.uuid4().hex[:8]}"
+    yield prefix
+    for key in client.scan_iter(f"{prefix}*"):
+        client.delete(key)
+    client.close()

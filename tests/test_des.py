@@ -138,3 +138,14 @@ def test_cli_unknown_policy_lists_valid_ones():
     out = _cli("simulate", "--policy", "nope", "--json")
     assert out.returncode == 2
     assert "fcfs" in out.stderr
+
+
+def test_cli_admission_rule_is_chosen_and_checked():
+    base = ("simulate", "--level", "gateway", "--policy", "sagesched", "--num-gpu-blocks-override", "600")
+    base += ("--requests", "300", "--rate", "20", "--json")
+    peak = json.loads(_cli(*base).stdout)
+    summed = json.loads(_cli(*base, "--admission-rule", "sum").stdout)
+    assert peak["completed"] == summed["completed"] == 300
+    assert peak["preemptions"] < summed["preemptions"]  # the projected peak leaves room to grow
+    out = _cli(*base, "--admission-rule", "bogus")
+    assert out.returncode == 2 and "sum, peak" in out.stderr and "Traceback" not in out.stderr

@@ -7,11 +7,10 @@ from __future__ import annotations
 import functools
 import math
 import time
-import uuid
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from conftest import MAIN_REDIS_URL
 
 from gateway.predict import build_predictor
 from predictor.embedder import (
@@ -24,10 +23,9 @@ from predictor.embedder import (
 )
 from predictor.history import WindowBounds
 from predictor.semantic import SemanticConfig, SemanticPredictor, make_semantic
-from tests.semantic_support import real_embedder, redis_available
+from tests.semantic_support import real_embedder
 
 FIRST_VERSION = "minilm-l6-v2/head128-tail122/v1"  # histories built before the fast default
-MAIN_URL = "redis://127.0.0.1:6379/0"
 LONG = "Summarise the following. " + "filler words go here. " * 400 + "Answer in one word."
 TEXTS = ["Translate into French: cat", "Write an essay on the history of the railways.", LONG]
 
@@ -96,24 +94,13 @@ def test_gateway_options_choose_the_embedder() -> None:
         first.inner.close()
 
 
-@pytest.fixture
-def prefix() -> Iterator[str]:
-    if not redis_available():
-        pytest.skip("no Redis at 127.0.0.1:6379")
-    import redis
-
-    name = f"sagegate-test:{uuid.uuid4().hex[:8]}"
-    yield name
-    client = redis.Redis.from_url(MAIN_URL)
-    for key in client.scan_iter(f"{name}*"):
-        client.delete(key)
-
-
-def test_redis_history_is_kept_per_embedding_version(prefix: str) -> None:
+def test_redis_history_is_kept_per_embedding_version(redis_prefix: str) -> None:
     cfg = SemanticConfig(bounds=WindowBounds(1000, math.inf))
 
     def replica(emb: MiniLMEmbedder) -> SemanticPredictor:
-        return make_semantic(redis_url=MAIN_URL, redis_prefix=prefix, embedder=emb, config=cfg).start()
+        return make_semantic(
+            redis_url=MAIN_REDIS_URL, redis_prefix=redis_prefix, embedder=emb, config=cfg
+        ).start()
 
     live = [replica(real_embedder()), replica(real_embedder()), replica(legacy())]
     writer, same, other = live

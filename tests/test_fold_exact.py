@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from loadgen.records import TraceRequest
+from policies.admission import AdmissionConfig, Rule
 from policies.registry import parse_policy
 from predictor.baselines import make_predictor
 from sim.config import EngineConfig
@@ -45,17 +46,19 @@ def workload(n: int = 80, seed: int = 5) -> list[TraceRequest]:
 
 
 @pytest.mark.parametrize(
-    ("policy", "level", "engines"),
+    ("policy", "level", "engines", "rule"),
     [
-        ("sagesched", "engine", 1),
-        ("fastserve", "engine", 1),
-        ("trail", "engine", 2),
-        ("slai", "engine", 1),
-        ("srpt-oracle", "engine", 1),
-        ("sagesched", "gateway", 1),
+        ("sagesched", "engine", 1, "peak"),
+        ("fastserve", "engine", 1, "peak"),
+        ("trail", "engine", 2, "peak"),
+        ("slai", "engine", 1, "peak"),
+        ("srpt-oracle", "engine", 1, "peak"),
+        ("sagesched", "gateway", 1, "peak"),
+        ("fcfs", "gateway", 2, "peak"),
+        ("sagesched", "gateway", 1, "sum"),
     ],
 )
-def test_fold_changes_nothing_but_speed(policy: str, level: str, engines: int) -> None:
+def test_fold_changes_nothing_but_speed(policy: str, level: str, engines: int, rule: Rule) -> None:
     work = workload()
     cfg = EngineConfig(num_gpu_blocks_override=600)
 
@@ -68,6 +71,7 @@ def test_fold_changes_nothing_but_speed(policy: str, level: str, engines: int) -
             level=level,
             policy=parse_policy(policy),
             predictor=pred,
+            admission=AdmissionConfig(rule=rule),
             fold_decode=fold,
         )
         return simulate(work, setup)

@@ -8,19 +8,17 @@ replicas, not about MiniLM); everything else — gateways, backends, Redis — i
 from __future__ import annotations
 
 import re
-import uuid
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import httpx
 import numpy as np
-import pytest
+from conftest import MAIN_REDIS_URL
 
 from gateway.app import create_app
 from gateway.predict import SemanticAdapter
 from tests.gateway_support import FakeBackend, ServerThread, settings_for, wait_until
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 DIM = 384  # the history index is built for MiniLM-sized vectors
 
 
@@ -36,25 +34,11 @@ class BagOfWordsEmbedder:
         return out / np.maximum(norms, 1e-9)
 
 
-@pytest.fixture
-def redis_prefix() -> Iterator[str]:
-    redis = pytest.importorskip("redis")
-    client = redis.Redis.from_url(REDIS_URL, socket_timeout=1)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        pytest.skip(f"no Redis at {REDIS_URL}: {exc}")
-    prefix = f"sagegate-test:{uuid.uuid4().hex[:8]}"
-    yield prefix
-    for key in client.scan_iter(f"{prefix}*"):
-        client.delete(key)
-
-
 def _replica(backend: str, prefix: str) -> ServerThread:
     from predictor.semantic import make_semantic
 
-    inner = make_semantic(redis_url=REDIS_URL, redis_prefix=prefix, embedder=BagOfWordsEmbedder())
-    settings = settings_for([backend], predictor="semantic", redis_url=REDIS_URL)
+    inner = make_semantic(redis_url=MAIN_REDIS_URL, redis_prefix=prefix, embedder=BagOfWordsEmbedder())
+    settings = settings_for([backend], predictor="semantic", redis_url=MAIN_REDIS_URL)
     return ServerThread(create_app(settings, predictor=SemanticAdapter(inner)))
 
 

@@ -22,7 +22,7 @@ from gateway.scrape import EngineMetrics, parse_metrics
 from gateway.settings import BackendSettings, GatewaySettings, HealthSettings, load_settings
 from gateway.sse import SseScanner
 from gateway.tenants import identify, match_key
-from policies.admission import AdmissionConfig
+from policies.admission import RULES, AdmissionConfig, Rule
 from policies.prompt_share import SHARE_FLOOR, PromptShare, share_sample
 from policies.registry import parse_policy
 from predictor.distribution import LengthDistribution
@@ -34,7 +34,7 @@ def test_settings_yaml_env_and_overrides(tmp_path: Path, monkeypatch: pytest.Mon
     cfg = tmp_path / "gw.yaml"
     cfg.write_text(
         "backends:\n  - url: http://a:8000\n    capacity_tokens: 1000\n  - http://b:8000/\n"
-        "policy: edf\nport: 9000\nadmission:\n  target: 0.8\n  max_waiting: 2\n"
+        "policy: edf\nport: 9000\nadmission:\n  target: 0.8\n  max_waiting: 2\n  rule: sum\n"
     )
     monkeypatch.setenv("SAGEGATE_PORT", "9100")
     monkeypatch.setenv("SAGEGATE_ADMISSION__MAX_WAITING", "3")
@@ -45,12 +45,20 @@ def test_settings_yaml_env_and_overrides(tmp_path: Path, monkeypatch: pytest.Mon
     assert s.port == 9100  # env beats the file
     assert s.policy == "fcfs"  # an explicit override beats both
     assert s.admission.target == 0.8 and s.admission.max_waiting == 3
+    assert s.admission.config().rule == "sum" and GatewaySettings().admission.config().rule == "peak"
     assert s.predictor == "semantic" and GatewaySettings().policy == "sagesched"  # the product defaults
 
 
 @pytest.mark.parametrize(
     "bad",
-    [{"predictor": "psychic"}, {"backends": ["ftp://x"]}, {"admission": {"target": 0}}, {"surprise": 1}],
+    [
+        {"predictor": "psychic"},
+        {"backends": ["ftp://x"]},
+        {"admission": {"target": 0}},
+        {"admission": {"rule": "max"}},
+        {"admission": {"peak_target": -1}},
+        {"surprise": 1},
+    ],
 )
 def test_settings_reject_bad_values(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
@@ -184,7 +192,11 @@ def _req(prompt: int, prediction: int | None = None, arrival: float = 0.0) -> Ga
 
 
 def _dispatcher(
-    capacities: list[int], policy: str = "fcfs", waiting: list[int] | None = None, **queue: int
+    capacities: list[int],
+    policy: str = "fcfs",
+    waiting: list[int] | None = None,
+    rule: Rule = "peak",
+    **queue: int,
 ) -> Dispatcher:
     s = GatewaySettings.model_validate({"backends": [f"http://b{i}" for i in range(len(capacities))]})
     pool = BackendPool(s, httpx.AsyncClient())
@@ -195,19 +207,20 @@ def _dispatcher(
         b.load.waiting = w
     pol = parse_policy(policy)
     q = BoundedQueue(pol, queue.get("max_requests", 1000), queue.get("max_tokens", 10**9))
-    return Dispatcher(pol, pool, AdmissionConfig(max_waiting=100), q, clock=lambda: 0.0)
+    return Dispatcher(pol, pool, AdmissionConfig(max_waiting=100, rule=rule), q, clock=lambda: 0.0)
 
 
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(st.integers(1, 300), min_size=2, max_size=4),
     st.lists(st.tuples(st.integers(1, 200), st.integers(1, 200)), min_size=1, max_size=40),
+    st.sampled_from(RULES),
 )
 def test_dispatch_never_overfills_and_keeps_rank_order(
-    capacities: list[int], reqs: list[tuple[int, int]]
+    capacities: list[int], reqs: list[tuple[int, int]], rule: Rule
 ) -> None:
     async def go() -> None:
-        d = _dispatcher(capacities, "sjf-oracle")
+        d = _dispatcher(capacities, "sjf-oracle", rule=rule)
         for ld in d.pool.loads:  # hold everything while the queue fills, then one pass
             ld.healthy = False
         made = []
@@ -221,7 +234,13 @@ def test_dispatch_never_overfills_and_keeps_rank_order(
         d.dispatch()
         loads = d.pool.loads
         for b in d.pool.backends:  # an idle backend may take one oversized request; else never past target
-            assert b.load.charged_tokens <= d.cfg.target * b.load.capacity_tokens or b.inflight == 1
+            ld, cfg = b.load, d.cfg
+            within = (
+                ld.charged_tokens <= cfg.target * ld.capacity_tokens
+                if rule == "sum"
+                else ld.holdings.peak() <= cfg.peak_target * ld.capacity_tokens
+            )
+            assert within or b.inflight == 1
         sent = [r for r in made if r.backend is not None]
         held = [r for r in made if r.backend is None]
         assert len(sent) + len(d.queue) == len(made)

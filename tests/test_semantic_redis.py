@@ -9,13 +9,13 @@ from __future__ import annotations
 import math
 import subprocess
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pytest
+from conftest import MAIN_REDIS_URL
 
 from predictor.history import Completion, WindowBounds
 from predictor.index import IndexConfig
@@ -31,8 +31,6 @@ from tests.semantic_support import (
     redis_available,
     redis_server_binary,
 )
-
-MAIN_URL = "redis://127.0.0.1:6379/0"
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
@@ -70,23 +68,10 @@ def stream_ids(url: str, prefix: str) -> set[str]:
         r.close()
 
 
-@pytest.fixture
-def main_prefix() -> Iterator[str]:
-    if not redis_available():
-        pytest.skip("no Redis server at 127.0.0.1:6379")
-    prefix = f"sagegate-test:{uuid.uuid4().hex}"
-    yield prefix
-    import redis
-
-    r = redis.Redis.from_url(MAIN_URL)
-    r.delete(f"{prefix}:stream", f"{prefix}:epoch")
-    r.close()
-
-
 def test_two_replicas_share_history_and_a_third_rebuilds_from_redis(
-    main_prefix: str, feats: list[PromptFeatures]
+    redis_prefix: str, feats: list[PromptFeatures]
 ) -> None:
-    a, b = replica(MAIN_URL, main_prefix), replica(MAIN_URL, main_prefix)
+    a, b = replica(MAIN_REDIS_URL, redis_prefix), replica(MAIN_REDIS_URL, redis_prefix)
     try:
         half = len(feats) // 2
         for f in feats[:half]:
@@ -100,7 +85,7 @@ def test_two_replicas_share_history_and_a_third_rebuilds_from_redis(
         assert pa.path == "semantic" and pa.mean > 450
         pb = b.predict_features(feats[0], 15)
         assert pb.path == "semantic" and pb.mean < 450
-        c = replica(MAIN_URL, main_prefix)
+        c = replica(MAIN_REDIS_URL, redis_prefix)
         try:
             assert c.size() == len(feats)  # rebuilt at start, before any stream read
         finally:
@@ -110,8 +95,8 @@ def test_two_replicas_share_history_and_a_third_rebuilds_from_redis(
         b.close()
 
 
-def test_window_and_models_hold_across_replicas(main_prefix: str, feats: list[PromptFeatures]) -> None:
-    a, b = replica(MAIN_URL, main_prefix), replica(MAIN_URL, main_prefix)
+def test_window_and_models_hold_across_replicas(redis_prefix: str, feats: list[PromptFeatures]) -> None:
+    a, b = replica(MAIN_REDIS_URL, redis_prefix), replica(MAIN_REDIS_URL, redis_prefix)
     try:
         for f in feats:
             a.record_features(f, 20, 700, model="big")
@@ -227,16 +212,16 @@ def test_redis_down_at_start_then_back(feats: list[PromptFeatures]) -> None:
         server.kill()
 
 
-def test_malformed_stream_entries_are_skipped(main_prefix: str) -> None:
+def test_malformed_stream_entries_are_skipped(redis_prefix: str) -> None:
     import redis
 
-    r = redis.Redis.from_url(MAIN_URL)
-    r.xadd(f"{main_prefix}:stream", {"id": "x", "emb": b"short"})
+    r = redis.Redis.from_url(MAIN_REDIS_URL)
+    r.xadd(f"{redis_prefix}:stream", {"id": "x", "emb": b"short"})
     good = Completion("ok", "default", np.ones(384, dtype=np.float32) / math.sqrt(384), 5, 7, time.time())
     fields: Any = good.to_fields()
-    r.xadd(f"{main_prefix}:stream", fields)
+    r.xadd(f"{redis_prefix}:stream", fields)
     r.close()
-    p = replica(MAIN_URL, main_prefix)
+    p = replica(MAIN_REDIS_URL, redis_prefix)
     try:
         assert p.size() == 1
     finally:
