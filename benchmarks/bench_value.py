@@ -45,7 +45,13 @@ class Setup:
     policy: str | None  # None: no gateway, round robin straight to the backends
 
 
-SETUPS = (Setup(ALONE, None), Setup("gateway fcfs", "fcfs"), Setup("gateway sagesched", "sagesched"))
+ALONE_SETUP = Setup(ALONE, None)
+
+
+def setups(policies: str) -> list[Setup]:
+    """vLLM alone, then the gateway with each of ``policies`` (specs separated by semicolons)."""
+    return [ALONE_SETUP, *(Setup(f"gateway {p}", p) for p in policies.split(";") if p)]
+
 
 ROWS = (
     "requests",
@@ -109,7 +115,7 @@ def capacity(work: Sequence[TraceRequest], args: argparse.Namespace) -> dict[str
     """vLLM alone's saturated throughput on this request mix: every request arrives within a second."""
     span = max(work[-1].arrival_s, 1e-9)
     burst = scale_rate(list(work), span)
-    s = simulate_setup(burst, SETUPS[0], args).summary
+    s = simulate_setup(burst, ALONE_SETUP, args).summary
     return {"req_s": s["throughput_req_s"], "tok_s": s["throughput_tok_s"]}
 
 
@@ -264,7 +270,7 @@ def run_load(label: str, scale: float, args: argparse.Namespace) -> dict[str, An
         "live": {},
     }
     sim_records: dict[str, list[RequestRecord]] = {}
-    for setup in SETUPS:
+    for setup in setups(args.policies):
         t = time.perf_counter()
         res = simulate_setup(work, setup, args)
         sim_records[setup.name] = res.records
@@ -280,7 +286,7 @@ def run_load(label: str, scale: float, args: argparse.Namespace) -> dict[str, An
     if args.sim_only:
         return out
     live_records: dict[str, list[RequestRecord]] = {}
-    for setup in SETUPS:
+    for setup in setups(args.policies):
         print(f"  live {setup.name} (fresh backends, time scale {args.time_scale:g})…", flush=True)
         run = run_live(work, setup, args)
         recs = run["records"]
@@ -321,6 +327,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--high-time-scale", type=float, default=None, help="time scale at high load (default --time-scale)"
     )
     ap.add_argument("--predictor", default="length-bucket", help="the gateway's predictor")
+    ap.add_argument(
+        "--policies", default="fcfs;sagesched", help="the gateway's policies, specs separated by ;"
+    )
     ap.add_argument("--model", default="qwen3-32b")
     ap.add_argument("--gpu", default="h100")
     ap.add_argument("--seed", type=int, default=0)

@@ -10,9 +10,10 @@ buckets ``b, 2b, 4b, …``) and keep it in ``req.pstate``, so :meth:`key` is a f
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from typing import Any
 
-from policies.base import ENGINE, GATEWAY, Policy, SchedRequest, fcfs_tiebreak
+from policies.base import ENGINE, GATEWAY, Placement, Policy, SchedRequest, fcfs_tiebreak
 from policies.cost import service_cost
 from policies.gittins import GittinsTable, GittinsTracker
 from policies.prediction import prior_of
@@ -86,7 +87,43 @@ class SageSched(_GittinsPolicy):
     at engine level a better-ranked waiting request may displace the worst-ranked running one
     (SageSched ran at engine level with preemption). At gateway level a queued request has
     generated nothing, so its key is the rank at attained cost 0.
+
+    ``max_wait_s`` (off by default, as published): a request that arrived that long ago goes ahead of
+    every one that did not, oldest first. Serving the cheapest expected work first leaves long requests
+    behind for as long as cheaper ones keep arriving; this bounds their wait under sustained overload,
+    at the price of some mean latency. It makes the key time-dependent (``dynamic``, kept in lanes).
     """
+
+    def __init__(
+        self, buckets: int = 16, max_points: int = 64, preempt: bool = True, max_wait_s: float | None = None
+    ) -> None:
+        super().__init__(buckets, max_points, preempt)
+        if max_wait_s is not None and not max_wait_s > 0:
+            raise ValueError(f"max_wait_s must be positive, got {max_wait_s!r}")
+        self.max_wait_s = max_wait_s
+        if max_wait_s is not None:  # per-instance overrides of the class defaults
+            self.dynamic = True  # type: ignore[misc]
+            self.lanes = True  # type: ignore[misc]
+
+    def key(self, req: SchedRequest, now: float) -> Any:
+        if self.max_wait_s is None:
+            return (self.rank(req), *fcfs_tiebreak(req))
+        if now - req.arrival_s >= self.max_wait_s:
+            return (0, req.arrival_s, *fcfs_tiebreak(req))
+        return (1, self.rank(req), *fcfs_tiebreak(req))
+
+    # lanes (only with max_wait_s): "waiting" by rank until max_wait_s after arrival, then "aged"
+    def place(self, req: SchedRequest, now: float) -> Placement:
+        return Placement("waiting", self.rank(req), req.arrival_s)
+
+    def primary(self, lane: Hashable, rank: Any, now: float) -> tuple[Any, ...]:
+        return (0 if lane == "aged" else 1, rank)
+
+    def flipped(self, flip: float, now: float) -> bool:
+        return self.max_wait_s is not None and now - flip >= self.max_wait_s
+
+    def after_flip(self, placed: Placement) -> Placement:
+        return Placement("aged", placed.flip)  # by arrival
 
 
 @register("gittins-length")

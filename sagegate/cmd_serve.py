@@ -71,6 +71,10 @@ def run(settings: Any) -> None:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if settings.log_level.upper() != "DEBUG":
+        # httpx logs every request at INFO: each upstream call and each /metrics scrape (10 a second
+        # per backend) would flood the log and cost CPU on the request path.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         app = create_app(settings)
     except (PolicySpecError, ValueError, ImportError) as exc:

@@ -21,9 +21,11 @@ CLEAN_EXIT = (0, -signal.SIGTERM)
 
 
 @contextmanager
-def serve_process(backend: str, drain_s: float) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+def serve_process(
+    backend: str, drain_s: float, log_level: str = "warning"
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     port = free_port()
-    env = {**os.environ, "SAGEGATE_DRAIN_TIMEOUT_S": str(drain_s), "SAGEGATE_LOG_LEVEL": "warning"}
+    env = {**os.environ, "SAGEGATE_DRAIN_TIMEOUT_S": str(drain_s), "SAGEGATE_LOG_LEVEL": log_level}
     cmd = [sys.executable, "-m", "sagegate.cmd_serve", "--backend", backend, "--port", str(port)]
     cmd += ["--policy", "fcfs", "--predictor", "none"]
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -97,3 +99,23 @@ def _accepts(url: str) -> bool:
         return False
     except httpx.HTTPError:
         return True
+
+
+def test_info_log_has_no_line_per_upstream_request() -> None:
+    """httpx logs every request at INFO; the gateway's own INFO log must not carry them (an upstream
+    call per request, a /metrics scrape ten times a second per backend)."""
+    fake = FakeBackend(tokens=3, delay_s=0.0)
+    with (
+        ServerThread(fake.app) as backend,
+        serve_process(backend.url, drain_s=1, log_level="info") as (proc, url),
+    ):
+        for _ in range(3):
+            r = httpx.post(url + "/v1/chat/completions", json=chat_body(max_tokens=3), timeout=10)
+            assert r.status_code == 200
+        time.sleep(0.5)  # a few scrapes
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(15)
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode()
+    assert "is now healthy" in err  # INFO lines are written
+    assert "HTTP Request" not in err, err[-500:]

@@ -314,6 +314,20 @@ def test_sagesched_without_prediction_uses_the_cold_start_prior():
     assert p.key(r, 0.0)[0] == pytest.approx(service_cost(300, UNKNOWN_OUTPUT))
 
 
+def test_sagesched_max_wait_puts_an_old_request_ahead_oldest_first():
+    def queue():  # a long request that arrived first, then short ones
+        return [req(0, 0.0, pred=2000), req(1, 5.0, pred=10), req(2, 25.0, pred=10), req(3, 10.0, pred=3000)]
+
+    plain, aging = SageSched(), parse_policy("sagesched:max_wait_s=30")
+    assert not plain.dynamic and aging.dynamic and aging.lanes
+    assert order(plain, queue(), now=100.0) == [1, 2, 0, 3]  # as published: the long one waits on
+    assert order(aging, queue(), now=20.0) == [1, 2, 0, 3]  # nobody has waited 30 s: the same order
+    assert order(aging, queue(), now=32.0) == [0, 1, 2, 3]  # request 0 has: it goes first
+    assert order(aging, queue(), now=40.0) == [0, 1, 3, 2]  # 0, 1 and 3 have: by arrival; then 2 by rank
+    with pytest.raises(ValueError, match="max_wait_s"):
+        parse_policy("sagesched:max_wait_s=0")
+
+
 def test_mean_cost_orders_by_expected_cost():
     p = MeanCost()
     d1 = LengthDistribution((10, 1000), (0.9, 0.1))  # E[C] dominated by the rare long outcome

@@ -15,7 +15,7 @@ from functools import cache
 import pytest
 
 from loadgen.records import TraceRequest
-from policies.base import GATEWAY, Policy
+from policies.base import ENGINE, GATEWAY, Policy
 from policies.registry import parse_policy, registry
 from predictor.baselines import make_predictor
 from sim.config import EngineConfig
@@ -28,8 +28,12 @@ ENGINE_CFG = EngineConfig(max_num_seqs=32, num_gpu_blocks_override=800)  # 12,80
 ENGINES = 2
 SIM_REASONS = frozenset({"context_too_long"})  # rejections by the simulator itself, not a policy
 
-# Specs beyond the defaults that exercise a policy's reject path.
-EXTRA_SPECS = [("admission-control:min_laxity_s=10.0", GATEWAY)]
+# Specs beyond the defaults: a policy's reject path; a parameter that makes a policy time-dependent.
+EXTRA_SPECS = [
+    ("admission-control:min_laxity_s=10.0", GATEWAY),
+    ("sagesched:max_wait_s=2.0", GATEWAY),
+    ("sagesched:max_wait_s=2.0", ENGINE),
+]
 
 
 def mixed_workload(n: int = 300, rate: float = 20.0, seed: int = 7) -> list[TraceRequest]:

@@ -29,6 +29,7 @@ SPECS = {
     "ssjf": "ssjf:starvation_s=2.0",
     "scorpio-guard": "scorpio-guard:slack_floor_s=0.2",
 }
+CASES = [SPECS.get(n, n) for n in DYNAMIC] + ["sagesched:max_wait_s=2.0"]  # a parameter can make one dynamic
 PREDS: list[LengthDistribution | None] = [
     None,
     LengthDistribution.point(10),
@@ -188,14 +189,14 @@ CLOCK_BACK: list[Op] = [
 ]
 
 
-@pytest.mark.parametrize("name", DYNAMIC)
+@pytest.mark.parametrize("spec", CASES)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(program=ops)
 @example(program=TIED_RANKS)
 @example(program=COLLAPSED_LAXITY)
 @example(program=CLOCK_BACK)
-def test_indexed_queue_picks_what_the_scan_picks(name: str, program: list[Op]) -> None:
-    drive(SPECS.get(name, name), program)
+def test_indexed_queue_picks_what_the_scan_picks(spec: str, program: list[Op]) -> None:
+    drive(spec, program)
 
 
 def _long_program(seed: int, n: int) -> list[Op]:
@@ -226,15 +227,15 @@ def _long_program(seed: int, n: int) -> list[Op]:
     return program
 
 
-@pytest.mark.parametrize("name", DYNAMIC)
-def test_indexed_queue_agrees_on_a_long_run(name: str) -> None:
-    assert drive(SPECS.get(name, name), _long_program(11, 4000)) > 500
+@pytest.mark.parametrize("spec", CASES)
+def test_indexed_queue_agrees_on_a_long_run(spec: str) -> None:
+    assert drive(spec, _long_program(11, 4000)) > 500
 
 
-@pytest.mark.parametrize("name", [n for n in DYNAMIC if registry()[n].cls.lanes])
-def test_a_pick_reads_few_keys_however_long_the_queue(name: str) -> None:
+@pytest.mark.parametrize("spec", [spec for spec in CASES if parse_policy(spec).lanes])
+def test_a_pick_reads_few_keys_however_long_the_queue(spec: str) -> None:
     """Sublinear: a pick evaluates a handful of primaries (lane heads), not the keys of all 2,000."""
-    policy = parse_policy(name)
+    policy = parse_policy(spec)
     queue: PolicyQueue[SchedRequest] = PolicyQueue(policy)
     rng = random.Random(5)
     for i in range(2000):
