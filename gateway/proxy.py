@@ -283,13 +283,20 @@ class SseResponse(Response):
         self.settled = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        reader = asyncio.get_running_loop().create_task(self._read())
+        reader: asyncio.Task[None] | None = None
         try:
             async with DisconnectGuard(receive) as guard:
                 headers = SSE_HEADERS + [
                     (k.encode(), v.encode()) for k, v in _info(self.req, self.backend).items()
                 ]
                 await send({"type": "http.response.start", "status": 200, "headers": headers})
+                # The first chunk goes out from here, before the reader task exists: two fewer
+                # loop iterations between the backend's first byte and the client's.
+                first = self.scanner.feed(self.first)
+                if first:
+                    self.fwd.dispatcher.progress(self.req, self.scanner.events)
+                    await send({"type": "http.response.body", "body": first, "more_body": True})
+                reader = asyncio.get_running_loop().create_task(self._read())
                 outbox = self.outbox
                 while (data := await outbox.get()) is not None:
                     await send({"type": "http.response.body", "body": data, "more_body": True})
@@ -298,7 +305,9 @@ class SseResponse(Response):
             if guard.disconnected:
                 self.fwd.metrics.cancellations.labels("streaming").inc()
         finally:
-            if not reader.done():
+            if reader is None:
+                await self.upstream.aclose()  # the reader never took the stream over
+            elif not reader.done():
                 reader.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await reader
@@ -308,7 +317,6 @@ class SseResponse(Response):
         scanner = self.scanner
         outcome = "cancelled"
         try:
-            self._put(scanner.feed(self.first))
             async for chunk in self.chunks:
                 self._put(scanner.feed(chunk))
             self._put(scanner.flush())
