@@ -88,9 +88,11 @@ class PolicyQueue(Generic[R]):
         return req
 
     def ordered(self, now: float, limit: int | None = None) -> list[R]:
-        """The first ``limit`` requests in order, without removing them."""
+        """The first ``limit`` requests in order, without removing them (for the admin snapshot: a
+        dynamic policy's keys are all computed once, O(n log limit))."""
         if self.policy.dynamic:
-            items = sorted(self._members.values(), key=lambda r: self._rekey(r, now))
+            members, key = self._members.values(), lambda r: self._rekey(r, now)
+            items = heapq.nsmallest(limit, members, key=key) if limit else sorted(members, key=key)
         else:
             live = [e for e in self._heap if id(e[2]) in self._members]
             items = [e[2] for e in (heapq.nsmallest(limit, live) if limit else sorted(live))]

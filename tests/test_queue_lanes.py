@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from policies.base import SchedRequest
+from policies.base import Policy, SchedRequest
 from policies.queue import PolicyQueue
 from policies.registry import parse_policy, registry
 from predictor.distribution import LengthDistribution
@@ -232,24 +232,30 @@ def test_indexed_queue_agrees_on_a_long_run(spec: str) -> None:
     assert drive(spec, _long_program(11, 4000)) > 500
 
 
-@pytest.mark.parametrize("spec", [spec for spec in CASES if parse_policy(spec).lanes])
-def test_a_pick_reads_few_keys_however_long_the_queue(spec: str) -> None:
-    """Sublinear: a pick evaluates a handful of primaries (lane heads), not the keys of all 2,000."""
+def filled(spec: str, n: int, gap: float, seed: int) -> tuple[Policy, PolicyQueue[SchedRequest]]:
+    """``spec``'s policy and a queue of ``n`` varied requests arriving ``gap`` apart."""
     policy = parse_policy(spec)
     queue: PolicyQueue[SchedRequest] = PolicyQueue(policy)
-    rng = random.Random(5)
-    for i in range(2000):
+    rng = random.Random(seed)
+    for i in range(n):
         r = SchedRequest(
             i,
-            i * 0.001,
+            i * gap,
             rng.randint(10, 4000),
             tenant=rng.choice("abc"),
             priority=rng.choice([1, 2]),
             deadline_s=rng.uniform(1, 100),
             prediction=LengthDistribution.point(rng.randint(5, 500)),
         )
-        policy.on_arrival(r, i * 0.001)
-        queue.push(r, i * 0.001)
+        policy.on_arrival(r, i * gap)
+        queue.push(r, i * gap)
+    return policy, queue
+
+
+@pytest.mark.parametrize("spec", [spec for spec in CASES if parse_policy(spec).lanes])
+def test_a_pick_reads_few_keys_however_long_the_queue(spec: str) -> None:
+    """Sublinear: a pick evaluates a handful of primaries (lane heads), not the keys of all 2,000."""
+    policy, queue = filled(spec, 2000, 0.001, seed=5)
     calls = 0
     key, primary = policy.key, policy.primary
 
@@ -271,3 +277,13 @@ def test_a_pick_reads_few_keys_however_long_the_queue(spec: str) -> None:
         assert req is not None
         policy.on_dispatch(req, now)
     assert calls <= 50 * 30, calls
+
+
+@pytest.mark.parametrize("spec", ["fcfs", "sagesched", "edf", *CASES])
+def test_ordered_snapshot_lists_what_successive_pops_return(spec: str) -> None:
+    _, queue = filled(spec, 300, 0.01, seed=3)
+    now = 4.0  # some have aged or grown urgent by now
+    first = [r.rid for r in queue.ordered(now, 25)]
+    everything = [r.rid for r in queue.ordered(now)]
+    popped = [queue.pop(now).rid for _ in range(25)]  # type: ignore[union-attr]
+    assert first == popped == everything[:25] and len(everything) == 300
