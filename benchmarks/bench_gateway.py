@@ -74,14 +74,11 @@ def _wait(url: str, path: str, proc: subprocess.Popen[bytes], timeout: float = 6
 
 
 def _stop(proc: subprocess.Popen[bytes], grace: float = 30) -> None:
-    """SIGTERM, then SIGKILL if the process has not exited within ``grace`` seconds."""
-    proc.terminate()
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
+    """``sagegate.procs.stop``, saying so when the process had to be killed."""
+    from sagegate.procs import stop
+
+    if stop(proc, grace):
         print(f"(note: pid {proc.pid} ignored SIGTERM for {grace:g} s: killed)", file=sys.stderr)
-        proc.kill()
-        proc.wait(10)
 
 
 @contextlib.contextmanager

@@ -101,7 +101,7 @@ class Charge:
     that folds many decode steps into one event charges exactly what a token-by-token stream does.
     """
 
-    __slots__ = ("_cfg", "_next", "_pred", "_prompt", "_total", "generated", "held", "remaining", "value")
+    __slots__ = ("_cfg", "_next", "_pred", "_prompt", "_total", "held", "remaining", "value")
 
     def __init__(self, prompt_tokens: int, pred: LengthDistribution | None, cfg: AdmissionConfig) -> None:
         self._prompt = prompt_tokens
@@ -109,7 +109,6 @@ class Charge:
         self._cfg = cfg
         self._next = 0
         self._total = 0
-        self.generated = 0
         self.held = prompt_tokens
         """KV it holds now: its prompt and what it has generated."""
         self.remaining = 0
@@ -133,7 +132,6 @@ class Charge:
 
     def _set(self, generated: int) -> None:
         total = self._total
-        self.generated = generated
         self.held = self._prompt + generated
         self.remaining = total - generated if total > generated else 0
         self.value = float(self._prompt + (total if total > generated else generated))

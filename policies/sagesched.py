@@ -107,7 +107,7 @@ class SageSched(_GittinsPolicy):
 
     def key(self, req: SchedRequest, now: float) -> Any:
         if self.max_wait_s is None:
-            return (self.rank(req), *fcfs_tiebreak(req))
+            return super().key(req, now)
         if now - req.arrival_s >= self.max_wait_s:
             return (0, req.arrival_s, *fcfs_tiebreak(req))
         return (1, self.rank(req), *fcfs_tiebreak(req))

@@ -11,7 +11,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository, so `python -m sagegate...` imports
 
@@ -44,12 +44,20 @@ def spawned(
             _wait_ready(proc, url + ready_path, log, startup_timeout_s)
             yield url
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc, 10)
+
+
+def stop(proc: subprocess.Popen[Any], grace: float) -> bool:
+    """SIGTERM, then SIGKILL if ``proc`` has not exited within ``grace`` seconds; returns whether it
+    had to be killed."""
+    proc.terminate()
+    try:
+        proc.wait(grace)
+        return False
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return True
 
 
 def _wait_ready(proc: subprocess.Popen[str], probe: str, log: IO[str], timeout_s: float) -> None:
