@@ -134,7 +134,7 @@ class Intake:
             tenant=who.tenant,
             priority=who.priority,
             deadline_s=who.deadline_s,
-            prediction=cap(dist, max_tokens),
+            prediction=cap(dist, max_tokens) if self.settings.cap_at_max_tokens else dist,
             path=path,
         )
         return req, inp

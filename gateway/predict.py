@@ -176,20 +176,7 @@ def _flag(value: Any) -> bool:
 
 def cap(dist: LengthDistribution | None, max_tokens: int | None) -> LengthDistribution | None:
     """The distribution given the client's ``max_tokens``: mass beyond it moves onto it."""
-    if dist is None or max_tokens is None or dist.support[-1] <= max_tokens:
-        return dist
-    support: list[int] = []
-    probs: list[float] = []
-    over = 0.0
-    for o, p in zip(dist.support, dist.probs, strict=True):
-        if o < max_tokens:
-            support.append(o)
-            probs.append(p)
-        else:
-            over += p
-    support.append(max_tokens)
-    probs.append(over)
-    return LengthDistribution(tuple(support), tuple(probs))
+    return None if dist is None else dist.capped(max_tokens)
 
 
 class Recorder:

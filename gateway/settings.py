@@ -156,6 +156,11 @@ class GatewaySettings(BaseSettings):
     """Shared prediction history for the semantic predictor (in-process when unset)."""
     predictor_options: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments for the predictor's constructor."""
+    cap_at_max_tokens: bool = True
+    """Cap each predicted distribution at the request's ``max_tokens`` (its mass beyond moves onto the
+    cap): a client that sets a tight cap gets the shorter rank it asked for. Off, the gateway ranks by
+    the prediction alone; turn it off to benchmark with a client that sends ``max_tokens`` = the true
+    output length (aiperf, guidellm, ``vllm bench serve``), which would otherwise hand it the answer."""
     tokenizer: str = "cl100k_base"
     """Encoding used to count prompt tokens (``bpe-openai``); ``chars`` = characters / 4."""
     default_capacity_tokens: int = Field(default=65_536, gt=0)

@@ -24,7 +24,7 @@ import httpx
 
 from loadgen.httppool import ClientPool
 from loadgen.progress import ProgressView
-from loadgen.records import TraceRequest
+from loadgen.records import FORCED_OUTPUT_FIELD, TraceRequest
 from loadgen.results import RequestRecord
 from loadgen.sse import DONE, ERROR, TOKEN, EventSplitter, classify
 
@@ -44,6 +44,15 @@ class ReplayConfig:
     api_key: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
     extra_body: dict[str, Any] = field(default_factory=dict)
+    max_tokens: int | None = None
+    """``max_tokens`` for a request that carries no client cap of its own (None: send none). Never the
+    request's true output length: see :func:`loadgen.records.with_client_cap`."""
+    force_output: bool = True
+    """Send each request's true output length in :data:`~loadgen.records.FORCED_OUTPUT_FIELD`, which
+    only a simulated backend honours (a real vLLM ignores it; its outputs are the model's own)."""
+    backend_metrics: list[str] = field(default_factory=list)
+    """``/metrics`` URLs whose ``vllm:num_preemptions`` counters are read before and after the run
+    (empty: the server's own ``/metrics``, which a vLLM has and a gateway does not)."""
     max_connections: int = 1000
     timeout_s: float = 600.0
     """Per request, wall seconds from send to the end of the stream."""
@@ -96,6 +105,11 @@ class ReplayResult:
     queue_metric: str | None = None
     queue_samples: list[tuple[float, float]] = field(default_factory=list)
     metrics_failures: int = 0
+    preemptions: float | None = None
+    """The backends' preemptions during the run (their counters' difference); None: not readable."""
+    forced_mismatch: int | None = None
+    """Completed requests whose output differs from the forced length (None: nothing was forced).
+    Zero: a simulated backend honoured the forcing; many: a real model chose its own lengths."""
 
     def meta(self) -> dict[str, Any]:
         """What a results file's ``.meta.json`` sidecar keeps besides the records."""
@@ -108,12 +122,26 @@ class ReplayResult:
             "queue_metric": self.queue_metric,
             "queue_samples": self.queue_samples,
             "metrics_failures": self.metrics_failures,
+            "preemptions": self.preemptions,
+            "forced_mismatch": self.forced_mismatch,
         }
+
+    def outputs_note(self) -> str:
+        """What the output lengths of this run are: forced (a simulated backend) or the model's own."""
+        ok = sum(r.status == "ok" for r in self.records)
+        if self.forced_mismatch is None:
+            return "outputs: the model's own (no forced lengths sent)"
+        if self.forced_mismatch == 0:
+            return f"outputs: the trace's lengths, forced on the backend (all {ok} completed requests)"
+        return (
+            f"outputs: the model's own: {self.forced_mismatch} of {ok} completed requests differ from "
+            "the trace's length (a real model ignores the forcing field)"
+        )
 
 
 def request_body(req: TraceRequest, cfg: ReplayConfig, model: str | None) -> bytes:
-    """The JSON body: the prompt, ``max_tokens`` = the trace's output with ``ignore_eos``, streamed,
-    with usage."""
+    """The JSON body: the prompt, the client's cap as ``max_tokens``, streamed with usage, and the true
+    output length only in :data:`FORCED_OUTPUT_FIELD` (never in a field a scheduler reads)."""
     if req.prompt is None:
         raise ValueError(f"request {req.rid} has no prompt text: prepare the workload with prompts")
     body: dict[str, Any] = {}
@@ -123,21 +151,27 @@ def request_body(req: TraceRequest, cfg: ReplayConfig, model: str | None) -> byt
         body["messages"] = [{"role": "user", "content": req.prompt}]
     else:
         body["prompt"] = req.prompt
-    body.update(
-        max_tokens=req.output_tokens,
-        ignore_eos=True,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
+    cap = req.max_tokens if req.max_tokens is not None else cfg.max_tokens
+    if cap is not None:
+        body["max_tokens"] = cap
+    if cfg.force_output:
+        body[FORCED_OUTPUT_FIELD] = forced_length(req, cfg)
+    body.update(stream=True, stream_options={"include_usage": True})
     body.update(cfg.extra_body)
     return json.dumps(body).encode()
 
 
+def forced_length(req: TraceRequest, cfg: ReplayConfig) -> int:
+    """The output a simulated backend is told to generate: the trace's, within the client's cap."""
+    cap = req.max_tokens if req.max_tokens is not None else cfg.max_tokens
+    return max(1, req.output_tokens if cap is None else min(req.output_tokens, cap))
+
+
 def request_headers(req: TraceRequest, cfg: ReplayConfig) -> dict[str, str]:
-    """Per-request headers carrying the trace's tenant, priority and relative deadline."""
+    """Per-request headers: the body's type, and the trace's tenant, priority and relative deadline."""
+    out = {"content-type": "application/json"}
     if not cfg.trace_headers:
-        return {}
-    out = {}
+        return out
     if req.tenant != "default":
         out["x-tenant"] = req.tenant
     if req.priority != 1:
@@ -160,9 +194,38 @@ async def prime(client: httpx.AsyncClient, cfg: ReplayConfig, model: str | None)
     warm = TraceRequest(0.0, 2, 1, prompt="warm up")
     body = json.loads(request_body(warm, cfg, model))
     body.pop("stream_options", None)
-    body["stream"] = False
+    body.update(stream=False, max_tokens=1)
     with contextlib.suppress(httpx.HTTPError):
         await client.post(cfg.endpoint, json=body, timeout=min(cfg.timeout_s, 60.0))
+
+
+def counter_total(text: str, name: str) -> float | None:
+    """The sum over label sets of counter ``name`` (its ``_total`` samples), None when absent."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = [
+        s.value
+        for fam in text_string_to_metric_families(text)
+        if fam.name == name
+        for s in fam.samples
+        if s.name == name + "_total"
+    ]
+    return float(sum(values)) if values else None
+
+
+async def read_preemptions(client: httpx.AsyncClient, urls: Sequence[str]) -> float | None:
+    """``vllm:num_preemptions`` summed over ``urls``; None when any of them does not say."""
+    total = 0.0
+    for url in urls:
+        try:
+            resp = await client.get(url, timeout=10.0)
+            value = counter_total(resp.text, "vllm:num_preemptions") if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            value = None
+        if value is None:
+            return None
+        total += value
+    return total
 
 
 async def discover_model(client: httpx.AsyncClient, base_url: str) -> str | None:
@@ -392,10 +455,13 @@ async def replay_async(requests: Sequence[TraceRequest], cfg: ReplayConfig) -> R
         model = cfg.model or await discover_model(clients.first, cfg.base_url)
         if cfg.prime:
             await prime(clients.first, cfg, model)
+        counters = cfg.backend_metrics or [cfg.base_url + "/metrics"]
+        before = await read_preemptions(clients.first, counters)
         run = _Replay(requests, cfg, clients)
         start = run.loop.time()
         await run.run(model)
         wall = run.loop.time() - start
+        after = await read_preemptions(clients.first, counters) if before is not None else None
     finally:
         await clients.aclose()
     if run.delayed:
@@ -416,6 +482,19 @@ async def replay_async(requests: Sequence[TraceRequest], cfg: ReplayConfig) -> R
         queue_metric=cfg.queue_metric,
         queue_samples=run.samples,
         metrics_failures=run.metrics_failures,
+        preemptions=None if before is None or after is None else after - before,
+        forced_mismatch=_forced_mismatch(run.requests, run.records, cfg),
+    )
+
+
+def _forced_mismatch(
+    requests: Sequence[TraceRequest], records: Sequence[RequestRecord], cfg: ReplayConfig
+) -> int | None:
+    if not cfg.force_output:
+        return None
+    return sum(
+        rec.status == "ok" and rec.output_tokens != forced_length(req, cfg)
+        for req, rec in zip(requests, records, strict=True)
     )
 
 

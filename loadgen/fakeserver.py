@@ -2,7 +2,8 @@
 
 It costs almost nothing per request, so what a replay against it measures is the client's own
 behaviour: does each request leave on time, are chunks timed and counted, are failures classified.
-It answers ``POST /v1/completions`` and ``/v1/chat/completions`` by streaming ``max_tokens`` chunks
+It answers ``POST /v1/completions`` and ``/v1/chat/completions`` by streaming the forced length
+(``sim_output_tokens``, within ``max_tokens``), else ``max_tokens``, chunks
 ``interval_s`` apart (chunked HTTP/1.1, keep-alive), then the usage and ``[DONE]``; ``GET /v1/models``;
 and ``GET /metrics`` with a ``sagegate_queue_depth`` gauge (requests in flight).
 
@@ -19,6 +20,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from loadgen.records import FORCED_OUTPUT_FIELD
 
 
 @dataclass
@@ -103,7 +106,9 @@ class FakeServer:
     async def _generate(self, path: str, body: dict[str, Any], writer: asyncio.StreamWriter) -> bool:
         chat = path.endswith("/chat/completions")
         prompt = body["messages"][-1]["content"] if chat else body.get("prompt", "")
-        n = int(body.get("max_tokens") or 16)
+        cap = body.get("max_tokens")
+        forced = body.get(FORCED_OUTPUT_FIELD)
+        n = int(forced or cap or 16) if cap is None else min(int(forced or cap), int(cap))
         if prompt.startswith("[reject]"):
             _respond(
                 writer,

@@ -8,8 +8,11 @@ Three sources, all deterministic for a seed:
 * **Mooncake blocks** — a request with ``hash_ids`` gets one 512-token filler block per id, drawn
   from the id alone, so equal ids give equal text and shared prefixes survive into the prompt;
 * **ShareGPT** — a real first-turn prompt whose length falls in the same length bucket as the
-  trace's prompt, so a semantic predictor has something meaningful to read. The request then carries
-  the real prompt's token count.
+  trace's prompt. The request then carries the real prompt's token count but keeps the trace's output
+  length, which has nothing to do with the text: a predictor reading the text cannot be judged on it;
+* **paired** — a real ShareGPT pair from the bucket of the trace's prompt, *with its response's
+  length* as the output, each pair used once: the text and the output it is judged against belong
+  together (the trace keeps only its arrival times). Use this to measure a text-reading predictor.
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ from loadgen.records import TraceRequest
 
 BLOCK_TOKENS = 512  # Mooncake: one hash id per 512 prompt tokens
 BUCKET_RATIO = 1.25  # ShareGPT buckets: prompt lengths within a factor 1.25
-PROMPT_MODES = ("auto", "filler", "sharegpt", "trace", "none")
+PROMPT_MODES = ("auto", "filler", "sharegpt", "paired", "trace", "none")
 """``auto``: the trace's text, else filler; ``filler``: always filler; ``sharegpt``: the trace's text,
-else Mooncake blocks for requests with ``hash_ids``, else a ShareGPT prompt; ``trace``: the trace's
-text, an error when a request has none; ``none``: leave the requests as they are."""
+else Mooncake blocks for requests with ``hash_ids``, else a ShareGPT prompt (the trace's output kept);
+``paired``: every request a ShareGPT pair, prompt and output length (see :func:`pair_requests`);
+``trace``: the trace's text, an error when a request has none; ``none``: leave the requests as they
+are."""
 
 _WORDS = (
     "the and for you not are but can all one out day get has him his how man new now old see two way "
@@ -135,6 +140,19 @@ class SharegptPool:
         queue.append(i)
         return self.prompts[i]
 
+    def take(self, tokens: int) -> tuple[str, int]:
+        """Like :meth:`draw`, but each prompt is handed out once: a spent bucket leaves the pool, so
+        the nearest one with prompts left answers. ``ValueError`` when the pool is spent."""
+        if not self._buckets:
+            raise ValueError("the ShareGPT pool is spent: every prompt was handed out once")
+        b = self.nearest_bucket(tokens)
+        queue = self._buckets[b]
+        i = queue.popleft()
+        if not queue:
+            del self._buckets[b]
+            self._keys = np.array(sorted(self._buckets), dtype=np.int64)
+        return self.prompts[i]
+
 
 @lru_cache(maxsize=2)
 def _load_pairs(path: str) -> tuple[tuple[str, int], ...]:
@@ -142,6 +160,49 @@ def _load_pairs(path: str) -> tuple[tuple[str, int], ...]:
 
     reqs = read_trace(path, "sharegpt", rate=1.0)
     return tuple((r.prompt or "", r.prompt_tokens) for r in reqs)
+
+
+@lru_cache(maxsize=2)
+def unique_pairs(path: str) -> tuple[TraceRequest, ...]:
+    """The pairs file's (prompt, response length) pairs, first occurrence of each prompt text only."""
+    from loadgen.readers import read_trace
+
+    seen: set[str] = set()
+    out = []
+    for r in read_trace(path, "sharegpt", rate=1.0):
+        text = r.prompt or ""
+        if text.strip() and text not in seen:
+            seen.add(text)
+            out.append(r)
+    return tuple(out)
+
+
+def pair_requests(
+    rows: Sequence[TraceRequest], pool: Sequence[TraceRequest], seed: int, *, repeat: bool = False
+) -> list[TraceRequest]:
+    """``rows`` (arrivals, tenants, ids kept) each carrying a pair from the bucket of its prompt length:
+    the pair's prompt text, prompt length *and response length*, so the output a prediction is judged
+    against is the one that answers that prompt.
+
+    Each bucket hands its pairs out in a seeded shuffle; when spent it starts over (``repeat``) or leaves
+    the pool, the nearest bucket answering (no pair recurs; ``ValueError`` when all are spent).
+    """
+    # the pool hands out keys (indices as text), so the pair's response length comes along
+    keys = SharegptPool([(str(i), p.prompt_tokens) for i, p in enumerate(pool)], seed=seed)
+    out = []
+    for r in rows:
+        key, _ = keys.draw(r.prompt_tokens) if repeat else keys.take(r.prompt_tokens)
+        p = pool[int(key)]
+        out.append(
+            replace(
+                r,
+                prompt=p.prompt,
+                prompt_tokens=p.prompt_tokens,
+                output_tokens=p.output_tokens,
+                extra={"sharegpt_id": p.extra.get("id"), "trace_prompt_tokens": r.prompt_tokens},
+            )
+        )
+    return out
 
 
 def default_sharegpt_path() -> Path:
@@ -168,6 +229,11 @@ def attach_prompts(
         raise ValueError(f"unknown prompt mode {mode!r}; expected one of {PROMPT_MODES}")
     if mode == "none":
         return list(requests)
+    if mode == "paired":
+        path = Path(sharegpt) if isinstance(sharegpt, str | Path) else default_sharegpt_path()
+        if not path.is_file():
+            raise FileNotFoundError(f"ShareGPT pairs not found: {path} (pass --sharegpt PATH)")
+        return pair_requests(requests, unique_pairs(str(path)), seed)
     pool: SharegptPool | None = None
     if mode == "sharegpt" and any(r.prompt is None and not r.hash_ids for r in requests):
         if isinstance(sharegpt, SharegptPool):

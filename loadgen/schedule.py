@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.readers import ReadStats, detect_format, read_trace_with_stats, retime
-from loadgen.records import TraceRequest, scale_rate
+from loadgen.records import TraceRequest, scale_rate, with_client_cap
 
 SYNTHETIC = "synthetic"
 SYNTHETIC_RATE = 10.0  # req/s when a synthetic workload is asked for without --rate
@@ -58,6 +58,7 @@ def prepare_workload(
     sharegpt: str | Path | None = None,
     requests: int = SYNTHETIC_REQUESTS,
     reader_opts: Mapping[str, Any] | None = None,
+    max_tokens: int | None = None,
 ) -> Workload:
     """Read ``trace`` (or generate ``"synthetic"``), time it, cut it, and attach prompts.
 
@@ -67,6 +68,8 @@ def prepare_workload(
     ``warmup`` seconds at the start are marked for exclusion. ``prompts`` is a
     :data:`loadgen.prompts.PROMPT_MODES` value (``none`` for the simulator, which needs none).
     ``reader_opts`` go to the reader (or to ``synthetic_workload``, e.g. ``prompt_mean``).
+    ``max_tokens`` is the client cap of requests whose trace records none (see
+    :func:`loadgen.records.with_client_cap`; outputs beyond it are cut, and a note says how many).
     """
     _check(limit=limit, duration=duration, rate_scale=rate_scale, rate=rate, warmup=warmup)
     if rate is not None and rate_scale != 1.0:
@@ -108,6 +111,11 @@ def prepare_workload(
         from loadgen.prompts import attach_prompts
 
         work = attach_prompts(work, prompts, seed=seed, sharegpt=sharegpt)
+    if max_tokens is not None:
+        cut = sum(r.max_tokens is None and r.output_tokens > max_tokens for r in work)
+        work = with_client_cap(work, max_tokens)
+        if cut:
+            notes.append(f"{cut} of {len(work)} outputs cut to the client cap max_tokens={max_tokens}")
     if warmup >= work[-1].arrival_s and warmup > 0:
         raise ValueError(f"warm-up {warmup}s covers the whole workload ({work[-1].arrival_s:.1f}s)")
     return Workload(requests=work, warmup_s=warmup, fmt=name, stats=stats, notes=notes)

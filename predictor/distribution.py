@@ -83,6 +83,23 @@ class LengthDistribution:
             "points": float(len(self.support)),
         }
 
+    def capped(self, max_tokens: int | None) -> LengthDistribution:
+        """The distribution given a client's ``max_tokens``: the mass beyond it moves onto it."""
+        if max_tokens is None or self.support[-1] <= max_tokens:
+            return self
+        support: list[int] = []
+        probs: list[float] = []
+        over = 0.0
+        for o, p in zip(self.support, self.probs, strict=True):
+            if o < max_tokens:
+                support.append(o)
+                probs.append(p)
+            else:
+                over += p
+        support.append(max_tokens)
+        probs.append(over)
+        return LengthDistribution(tuple(support), tuple(probs))
+
     def to_json(self) -> dict[str, list[float]]:
         return {"support": list(self.support), "probs": list(self.probs)}
 

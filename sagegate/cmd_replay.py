@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from loadgen.records import DEFAULT_CLIENT_MAX_TOKENS
 from sagegate.workload_flags import WorkloadFlags, parse_reader_opts
 
 __all__ = ["compare", "parse_headers", "parse_reader_opts", "plot", "replay", "replay_app"]
@@ -79,6 +80,22 @@ def replay(
     api_key: Annotated[str | None, typer.Option(envvar="SAGEGATE_API_KEY", help="Bearer token.")] = None,
     header: Annotated[list[str] | None, typer.Option(help="Extra header 'name: value' (repeatable).")] = None,
     extra_body: Annotated[str | None, typer.Option(help="JSON object merged into every body.")] = None,
+    max_tokens: Annotated[
+        int,
+        typer.Option(
+            help="max_tokens for requests whose trace records no cap (0: none); longer outputs are cut."
+        ),
+    ] = DEFAULT_CLIENT_MAX_TOKENS,
+    force_output: Annotated[
+        bool,
+        typer.Option(
+            help="Send each request's true length in sim_output_tokens (only a simulated backend honours it)."
+        ),
+    ] = True,
+    backend_metrics: Annotated[
+        list[str] | None,
+        typer.Option(help="Backend /metrics URL to read preemptions from (repeatable; default URL/metrics)."),
+    ] = None,
     max_connections: Annotated[int, typer.Option(help="Connection limit (delays are reported).")] = 1000,
     timeout: Annotated[float, typer.Option(help="Per-request timeout, seconds.")] = 600.0,
     time_scale: Annotated[
@@ -126,6 +143,8 @@ def replay(
             api_key=api_key,
             headers=parse_headers(header),
             extra_body=body,
+            force_output=force_output,
+            backend_metrics=list(backend_metrics or []),
             max_connections=max_connections,
             timeout_s=timeout,
             time_scale=time_scale,
@@ -144,6 +163,8 @@ def replay(
     result = run_replay(work.requests, cfg)
     mark_warmup(result.records, work.warmup_s)
     summary = summarize(result.records, slo)
+    # A client sees no preemptions: the backends' counters say, or nobody does.
+    summary["preemptions"] = math.nan if result.preemptions is None else result.preemptions
     errors = errors_by_kind(result.records)
     if out is not None:
         write_results(result.records, out)
@@ -161,9 +182,11 @@ def replay(
             f"the connection limit ({cfg.max_connections}) delayed {result.delayed_sends} sends, "
             f"by up to {result.max_send_delay_s * 1000:.0f} ms"
         )
+    failed_all = summary["completed"] == 0
     if as_json:
         payload = {
             "summary": _json_safe(summary),
+            "outputs": result.outputs_note(),
             "errors_by_kind": errors,
             "delayed_sends": result.delayed_sends,
             "max_send_delay_s": result.max_send_delay_s,
@@ -173,14 +196,19 @@ def replay(
             "plots": [str(p) for p in plot_paths],
         }
         typer.echo(json.dumps(payload))
-        return
-    _print_summary(summary, errors, f"replay of {trace} against {url} ({len(work.requests)} requests)")
-    if limit_note:
-        typer.echo(f"warning: {limit_note}", err=True)
-    if out is not None:
-        typer.echo(f"results: {out}")
-    for p in plot_paths:
-        typer.echo(f"plot: {p}")
+    else:
+        title = f"replay of {trace} against {url} ({len(work.requests)} requests)"
+        _print_summary(summary, errors, title)
+        typer.echo(result.outputs_note())
+        if limit_note:
+            typer.echo(f"warning: {limit_note}", err=True)
+        if out is not None:
+            typer.echo(f"results: {out}")
+        for p in plot_paths:
+            typer.echo(f"plot: {p}")
+    if failed_all:
+        typer.echo(f"error: none of the {len(work.requests)} requests completed", err=True)
+        raise typer.Exit(1)
 
 
 def _print_summary(summary: dict[str, float], errors: dict[str, int], title: str) -> None:
@@ -207,6 +235,8 @@ def _print_summary(summary: dict[str, float], errors: dict[str, int], title: str
     other.add_column("value", justify="right")
     for key in ("requests", "completed", "rejected", "errors", "throughput_req_s", "throughput_tok_s"):
         other.add_row(key, f"{summary[key]:,.2f}")
+    pre = summary.get("preemptions", math.nan)
+    other.add_row("preemptions (backends)", "unknown" if math.isnan(pre) else f"{pre:,.0f}")
     for key in (
         "slo_attainment",
         "goodput_req_s",

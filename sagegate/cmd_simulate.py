@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from loadgen.records import DEFAULT_CLIENT_MAX_TOKENS
 from sagegate import engine_flags as ef
 
 if TYPE_CHECKING:
@@ -49,6 +50,14 @@ def simulate(
     reader_opt: Annotated[
         list[str] | None, typer.Option("--reader-opt", help="Reader option name=value (repeatable).")
     ] = None,
+    max_tokens: Annotated[
+        int,
+        typer.Option(help="Client cap for requests whose trace records none (0: none), as replay sends it."),
+    ] = DEFAULT_CLIENT_MAX_TOKENS,
+    queue_limits: Annotated[
+        bool, typer.Option(help="Gateway level: the live gateway's queue bounds and timeout.")
+    ] = True,
+    max_wait_s: Annotated[float, typer.Option(help="Gateway level: queue timeout, engine seconds.")] = 60.0,
     slo_ttft_ms: Annotated[float | None, typer.Option(help="Goodput SLO on TTFT, ms.")] = None,
     slo_tpot_ms: Annotated[float | None, typer.Option(help="Goodput SLO on TPOT, ms.")] = None,
     slo_ttlt_ms: Annotated[float | None, typer.Option(help="Goodput SLO on TTLT, ms.")] = None,
@@ -73,7 +82,7 @@ def simulate(
     from loadgen.results import Slo, mark_warmup, summarize, write_results
     from policies.admission import AdmissionConfig
     from sagegate.workload_flags import WorkloadFlags
-    from sim.des import SimSetup, client_view
+    from sim.des import QueueLimits, SimSetup, client_view
     from sim.des import simulate as run
 
     try:
@@ -88,6 +97,7 @@ def simulate(
             policy=make_policy(policy, seed),
             predictor=make_predictor(predictor, policy, level, prediction_error, seed),
             admission=AdmissionConfig(rule=admission_rule),  # type: ignore[arg-type]  # checked inside
+            queue_limits=QueueLimits(max_wait_s=max_wait_s) if queue_limits else None,
         )
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)

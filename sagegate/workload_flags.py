@@ -47,6 +47,8 @@ class WorkloadFlags:
     reader_opt: list[str] | None
     requests: int | None = None
     sharegpt: Path | None = None
+    max_tokens: int | None = None
+    """The client cap (0: none); see ``loadgen.records.with_client_cap``."""
 
     @classmethod
     def pick(cls, params: Mapping[str, Any]) -> WorkloadFlags:
@@ -61,4 +63,5 @@ class WorkloadFlags:
         trace, fmt, reader_opt = opts.pop("trace"), opts.pop("fmt"), opts.pop("reader_opt")
         if opts["requests"] is None:
             del opts["requests"]
+        opts["max_tokens"] = opts["max_tokens"] or None
         return prepare_workload(trace, fmt, reader_opts=parse_reader_opts(reader_opt), **opts)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -29,6 +30,18 @@ from predictor.distribution import LengthDistribution
 from sim.config import EngineConfig
 from sim.engine import Engine, EngineRequest, Step
 from sim.perf import PerfModel
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """The live gateway's bounds on its queue (``gateway.settings.QueueSettings``), in engine time:
+    an arrival past ``max_requests`` or ``max_tokens`` queued prompt tokens is rejected
+    (``queue_full_requests`` / ``queue_full_tokens``), a request still queued after ``max_wait_s`` is
+    rejected (``queue_timeout``)."""
+
+    max_requests: int = 10_000
+    max_tokens: int = 50_000_000
+    max_wait_s: float = 60.0
 
 
 class Predictor(Protocol):
@@ -49,6 +62,11 @@ class SimSetup:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     fold_decode: bool = True
     """Fold runs of identical decode steps into one event (exact; off only to test that it is)."""
+    cap_at_max_tokens: bool = True
+    """Cap each prediction at the request's client cap (``TraceRequest.max_tokens``), as the live
+    gateway's ``cap_at_max_tokens`` does."""
+    queue_limits: QueueLimits | None = None
+    """The live gateway's queue bounds at gateway level (None: an unbounded queue, no timeout)."""
 
     def __post_init__(self) -> None:
         if self.level not in (ENGINE, GATEWAY):
@@ -113,6 +131,9 @@ class Simulation:
         self.progress_hook = type(setup.policy).on_progress is not Policy.on_progress
         self.head_charges: dict[EngineRequest, Charge] = {}  # queued requests' charges, built once
         self.peak_rule = gateway and setup.admission.rule == "peak"
+        self.limits = setup.queue_limits if gateway else None
+        self.expiry: deque[tuple[float, EngineRequest]] = deque()  # (timeout, request), in arrival order
+        self.queued_tokens = 0
 
     # --- the loop -----------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -157,6 +178,8 @@ class Simulation:
         now = self.now
         setup = self.setup
         pred = setup.predictor.predict(tr) if setup.predictor is not None else None
+        if pred is not None and setup.cap_at_max_tokens:
+            pred = pred.capped(tr.max_tokens)
         req = EngineRequest(
             tr.rid,
             tr.arrival_s,
@@ -181,13 +204,22 @@ class Simulation:
         )
         self.records[tr.rid] = rec
         self.by_req[req] = tr
-        if tr.prompt_tokens + tr.output_tokens > self.engines[0].capacity_tokens:
+        # A backend refuses prompt + the client's cap beyond its context, as vLLM does.
+        if tr.prompt_tokens + max(tr.output_tokens, tr.max_tokens or 0) > self.engines[0].capacity_tokens:
             rec.status, rec.reason = "rejected", "context_too_long"
             return
+        if self.limits is not None:
+            full = self._full_reason(req)
+            if full is not None:
+                rec.status, rec.reason = "rejected", full
+                return
         self.in_system += 1
         if self.gateway:
             self.policy.on_arrival(req, now)
             self.queue.push(req, now)
+            if self.limits is not None:
+                self.queued_tokens += req.prompt_tokens
+                self.expiry.append((now + self.limits.max_wait_s, req))
             self._dispatch()
         else:
             idx = self.rr
@@ -202,8 +234,35 @@ class Simulation:
         self._kick(idx)
 
     # --- the gateway --------------------------------------------------------------------------
+    def _full_reason(self, req: EngineRequest) -> str | None:
+        """Why the live gateway's bounded queue would refuse ``req`` (``gateway.queue.BoundedQueue``)."""
+        limits = self.limits
+        assert limits is not None
+        if len(self.queue) >= limits.max_requests:
+            return "queue_full_requests"
+        if self.queued_tokens + req.prompt_tokens > limits.max_tokens and len(self.queue) > 0:
+            return "queue_full_tokens"
+        return None
+
+    def _expire(self) -> None:
+        """Reject requests queued longer than ``max_wait_s`` (at the first event after their timeout:
+        nothing could have dispatched them in between)."""
+        expiry, now = self.expiry, self.now
+        while expiry and expiry[0][0] <= now:
+            _, req = expiry.popleft()
+            if self.queue.remove(req):
+                self._unqueue(req)
+                self._reject(req, "queue_timeout")
+
+    def _unqueue(self, req: EngineRequest) -> None:
+        self.head_charges.pop(req, None)
+        if self.limits is not None:
+            self.queued_tokens -= req.prompt_tokens
+
     def _dispatch(self) -> None:
         """Dispatch queued requests, best rank first, while a backend admits the head."""
+        if self.expiry:
+            self._expire()
         now, queue, loads, cfg = self.now, self.queue, self.loads, self.setup.admission
         for load, eng in zip(loads, self.engines, strict=True):
             load.waiting = eng.num_waiting
@@ -224,13 +283,13 @@ class Simulation:
             screening = self.policy.screen(req, now, view)
             if screening.verdict is Verdict.REJECT:
                 queue.remove(req)
-                self.head_charges.pop(req, None)
+                self._unqueue(req)
                 self._reject(req, screening.reason or "rejected_by_policy")
                 continue
             if screening.verdict is Verdict.HOLD or idx is None:
                 return
             queue.remove(req)
-            del self.head_charges[req]
+            self._unqueue(req)
             self.policy.on_dispatch(req, now)
             self.flights[req] = req.user = _Flight(idx, charge)
             loads[idx].charge(charge)

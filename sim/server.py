@@ -103,7 +103,9 @@ class Backend:
             raise ApiError(f"invalid JSON body: {exc}") from exc
 
     def check_common(self, body: GenerationBody) -> int:
-        """Checks shared by both generation routes; returns the output length."""
+        """Checks shared by both generation routes; returns the output length: the forced length
+        (``sim_output_tokens``) within ``max_tokens``, else ``max_tokens`` (no EOS in a simulated
+        model), else 16."""
         if body.model is not None and body.model != self.model_name:
             raise ApiError(f"The model `{body.model}` does not exist.", param="model")
         if body.n != 1:
@@ -114,14 +116,20 @@ class Backend:
             raise ApiError(
                 f"Got priority {body.priority} but priority scheduling is not enabled.", param="priority"
             )
-        max_tokens = body.max_tokens
-        if isinstance(body, ChatBody) and body.max_completion_tokens is not None:
-            max_tokens = body.max_completion_tokens
-        if max_tokens is None:
-            max_tokens = DEFAULT_MAX_TOKENS
-        if max_tokens < 1:
+        max_tokens = self.client_cap(body)
+        if max_tokens is not None and max_tokens < 1:
             raise ApiError(f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
-        return max_tokens
+        forced = body.sim_output_tokens
+        if forced is not None:  # the replay's true length, within the client's cap
+            return forced if max_tokens is None else min(forced, max_tokens)
+        return DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+
+    @staticmethod
+    def client_cap(body: GenerationBody) -> int | None:
+        """The client's ``max_tokens`` (``max_completion_tokens`` for chat), None when not sent."""
+        if isinstance(body, ChatBody) and body.max_completion_tokens is not None:
+            return body.max_completion_tokens
+        return body.max_tokens
 
     def prompt_of(self, prompt: Any) -> _Prompt:
         """A completion prompt: text, token ids, or a one-element list of either."""
@@ -157,10 +165,10 @@ class Backend:
 
     # --- running ---------------------------------------------------------------------------------
     async def generate(
-        self, request: Request, body: GenerationBody, prompt: _Prompt, max_tokens: int, chat: bool
+        self, request: Request, body: GenerationBody, prompt: _Prompt, output_tokens: int, chat: bool
     ) -> Any:
-        self.check_length(prompt, max_tokens)
-        stream = self.runner.submit(prompt.tokens, max_tokens, prompt.key, body.priority)
+        self.check_length(prompt, max(output_tokens, self.client_cap(body) or 0))  # vLLM checks the cap
+        stream = self.runner.submit(prompt.tokens, output_tokens, prompt.key, body.priority)
         shape = ResponseShape(self.model_name, chat, prompt.tokens)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
@@ -271,14 +279,14 @@ def create_app(settings: BackendSettings | None = None) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
         body: CompletionBody = parse(CompletionBody, await be.read_json(request))
-        max_tokens = be.check_common(body)
-        return await be.generate(request, body, be.prompt_of(body.prompt), max_tokens, chat=False)
+        output = be.check_common(body)
+        return await be.generate(request, body, be.prompt_of(body.prompt), output, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
         body: ChatBody = parse(ChatBody, await be.read_json(request))
-        max_tokens = be.check_common(body)
-        return await be.generate(request, body, be.chat_prompt_of(body.messages), max_tokens, chat=True)
+        output = be.check_common(body)
+        return await be.generate(request, body, be.chat_prompt_of(body.messages), output, chat=True)
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Any:

@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 FILLER = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed", "do")
 
@@ -63,6 +63,10 @@ class GenerationBody(BaseModel):
     ignore_eos: bool = False
     priority: int = 0
     n: int = 1
+    sim_output_tokens: int | None = Field(default=None, ge=1)
+    """Generate exactly this many tokens (within ``max_tokens``): the replay's forced length
+    (``loadgen.records.FORCED_OUTPUT_FIELD``). Without it the simulated model, which has no EOS, writes
+    ``max_tokens``."""
 
 
 class CompletionBody(GenerationBody):

@@ -15,10 +15,8 @@ has seen.
 
 from __future__ import annotations
 
-import functools
 import zlib
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,26 +31,13 @@ reader format, default ``auto``) and ``reserve`` (pairs held out for the history
 DEFAULT_RESERVE = 3000
 
 
-@functools.lru_cache(maxsize=2)
-def _unique_pairs(path: str) -> tuple[TraceRequest, ...]:
-    """The file's pairs, first occurrence of each prompt text only, in file order."""
-    from loadgen.readers import read_trace
-
-    seen: set[str] = set()
-    out = []
-    for r in read_trace(path, "sharegpt", rate=1.0):
-        text = r.prompt or ""
-        if text.strip() and text not in seen:
-            seen.add(text)
-            out.append(r)
-    return tuple(out)
-
-
 def split_pairs(
     path: str | Path, reserve: int, seed: int, name: str
 ) -> tuple[list[TraceRequest], list[TraceRequest]]:
     """(history pairs, pairing pool): a seeded, disjoint split of the file's unique pairs."""
-    pairs = _unique_pairs(str(path))
+    from loadgen.prompts import unique_pairs
+
+    pairs = unique_pairs(str(path))
     if not 0 <= reserve < len(pairs):
         raise ValueError(f"reserve must be in [0, {len(pairs)}), got {reserve}")
     order = np.random.default_rng([seed, zlib.crc32(name.encode()), 0x7E47]).permutation(len(pairs))
@@ -64,29 +49,12 @@ def split_pairs(
 def pair_requests(
     rows: Sequence[TraceRequest], pool: Sequence[TraceRequest], seed: int
 ) -> list[TraceRequest]:
-    """``rows`` (arrivals, tenants, ids kept) each carrying a pair from the bucket of its prompt length.
+    """``rows`` each carrying a pair from the bucket of its prompt length; a spent bucket starts over,
+    so a pair can recur in a long trace, never in the held-out history (see
+    :func:`loadgen.prompts.pair_requests`)."""
+    from loadgen.prompts import pair_requests as pair
 
-    Each bucket hands its pairs out in a seeded shuffle and starts over when spent, so a pair can
-    recur in a long trace, never in the held-out history.
-    """
-    from loadgen.prompts import SharegptPool
-
-    # the pool hands out keys (indices as text), so the pair's response length comes along
-    keys = SharegptPool([(str(i), p.prompt_tokens) for i, p in enumerate(pool)], seed=seed)
-    out = []
-    for r in rows:
-        key, _ = keys.draw(r.prompt_tokens)
-        p = pool[int(key)]
-        out.append(
-            replace(
-                r,
-                prompt=p.prompt,
-                prompt_tokens=p.prompt_tokens,
-                output_tokens=p.output_tokens,
-                extra={"sharegpt_id": p.extra.get("id"), "trace_prompt_tokens": r.prompt_tokens},
-            )
-        )
-    return out
+    return pair(rows, pool, seed, repeat=True)
 
 
 def _opts(options: dict[str, Any]) -> tuple[str, str, int]:

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from loadgen.fakeserver import FakeServer
 from loadgen.plots import read_queue_samples
+from loadgen.records import FORCED_OUTPUT_FIELD
 from loadgen.results import read_results
 from sagegate.cmd_replay import parse_headers, parse_reader_opts, replay_app
 
@@ -61,8 +62,8 @@ def test_replay_writes_results_meta_and_plots(app: typer.Typer, fake: FakeServer
     }
     posts = [x for x in fake.received if x.path == "/v1/completions" and x.body["prompt"] != "warm up"]
     assert len(posts) == 30 and all(x.headers["x-tenant"] == "team-a" for x in posts)
-    even = {x.body["prompt"][: 4 * 20] for x in posts if x.body["max_tokens"] == 3}  # hash id 0
-    odd = {x.body["prompt"][: 4 * 20] for x in posts if x.body["max_tokens"] == 4}  # hash id 1
+    even = {x.body["prompt"][: 4 * 20] for x in posts if x.body[FORCED_OUTPUT_FIELD] == 3}  # hash id 0
+    odd = {x.body["prompt"][: 4 * 20] for x in posts if x.body[FORCED_OUTPUT_FIELD] == 4}  # hash id 1
     assert len(even) == 1 and len(odd) == 1 and even != odd  # equal hash ids: identical prompt starts
 
 

@@ -17,7 +17,7 @@ import pytest
 from loadgen.client import ReplayConfig, replay
 from loadgen.fakeserver import FakeServer
 from loadgen.prompts import filler_text
-from loadgen.records import TraceRequest
+from loadgen.records import FORCED_OUTPUT_FIELD, TraceRequest, with_client_cap
 from loadgen.results import errors_by_kind, summarize
 from loadgen.schedule import prepare_workload
 
@@ -94,7 +94,11 @@ def test_streams_are_timed_and_counted(fake: FakeServer) -> None:
     sent = [x for x in fake.received if x.path == "/v1/completions"]
     asked = {q.prompt or "": q.output_tokens for q in reqs}
     assert sorted(x.body["prompt"] for x in sent) == sorted(asked)
-    assert all(x.body["max_tokens"] == asked[x.body["prompt"]] and x.body["ignore_eos"] is True for x in sent)
+    # the true length travels only in the forcing field; no cap was configured, so none is sent
+    assert all(x.body[FORCED_OUTPUT_FIELD] == asked[x.body["prompt"]] for x in sent)
+    assert not any("max_tokens" in x.body or "ignore_eos" in x.body for x in sent)
+    assert all(x.headers["content-type"] == "application/json" for x in sent)
+    assert result.forced_mismatch == 0 and "forced" in result.outputs_note()
     assert all(
         x.body["stream_options"] == {"include_usage": True} and x.body["model"] == "fake" for x in sent
     )
@@ -208,3 +212,25 @@ def test_progress_bar_does_not_disturb_the_replay(
     assert all(r.status == "ok" for r in result.records)
     err = capsys.readouterr().err
     assert "replay" in err and "tok/s" in err and "5/5" in err
+
+
+def test_max_tokens_is_the_client_cap_never_the_true_length(fake: FakeServer) -> None:
+    """A recording stub sees one ``max_tokens`` for every request, whatever the trace's output; the
+    true length is only in the forcing field, and an output beyond the cap is cut to it."""
+    outputs = [1, 7, 40, 300, 5000, 9000]
+    reqs = with_client_cap(
+        [TraceRequest(0.01 * i, 12, o, rid=i, prompt=f"prompt {i}") for i, o in enumerate(outputs)], 4096
+    )
+    result = replay(reqs, ReplayConfig(url=fake.url, model="m", queue_metric=None, prime=False))
+    sent = sorted(
+        (x for x in fake.received if x.path == "/v1/completions"), key=lambda x: int(x.body["prompt"][7:])
+    )
+    assert [x.body["max_tokens"] for x in sent] == [4096] * len(outputs)
+    assert [x.body[FORCED_OUTPUT_FIELD] for x in sent] == [min(o, 4096) for o in outputs]
+    assert [r.output_tokens for r in result.records] == [min(o, 4096) for o in outputs]
+
+
+def test_a_trace_that_records_a_cap_sends_its_own() -> None:
+    reqs = with_client_cap([TraceRequest(0.0, 5, 50, max_tokens=64), TraceRequest(0.0, 5, 80)], 1024)
+    assert [(r.max_tokens, r.output_tokens) for r in reqs] == [(64, 50), (1024, 80)]
+    assert with_client_cap(reqs, None) == reqs
