@@ -668,6 +668,7 @@ async def _replay_split(requests: list[Any], urls: Sequence[str], time_scale: fl
 
 def bench_admission(n: int, overload: float, time_scale: float, blocks: int, rules: Sequence[str]) -> None:
     from loadgen.prompts import filler_text
+    from loadgen.records import DEFAULT_CLIENT_MAX_TOKENS, with_client_cap
     from loadgen.results import summarize
     from loadgen.synthetic import synthetic_workload
 
@@ -677,12 +678,17 @@ def bench_admission(n: int, overload: float, time_scale: float, blocks: int, rul
     def workload(rate: float) -> list[Any]:
         # Distinct prompts (no shared prefix), so the engines' prefix caches hold each one in full
         # and the simulator's capacity is the live backends' capacity.
+        # A client's cap as max_tokens (never the true length, which goes only to the simulated
+        # backend: see loadgen.records.FORCED_OUTPUT_FIELD).
         reqs = synthetic_workload(n, rate=rate, prompt_mean=1024, output_mean=512, sigma=1.0, seed=3)
-        return [
-            replace(r, prompt=filler_text(r.prompt_tokens, seed=r.rid))
-            for r in reqs
-            if r.prompt_tokens + r.output_tokens < fits
-        ]
+        return with_client_cap(
+            [
+                replace(r, prompt=filler_text(r.prompt_tokens, seed=r.rid))
+                for r in reqs
+                if r.prompt_tokens + r.output_tokens < fits
+            ],
+            DEFAULT_CLIENT_MAX_TOKENS,
+        )
 
     cap = _capacity_rps(engine, 2, workload(1.0))
     rate = overload * cap

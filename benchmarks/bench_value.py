@@ -1,14 +1,15 @@
 """Scheduling value end to end (issue 5): what does the gateway buy on a real trace, at light and at high load?
 
-A slice of the Azure 2023 conversation trace (ShareGPT prompts paired by length) is replayed at two
-rate multipliers, each three ways against two simulated Qwen3-32B/H100 backends: straight to them
-(vLLM alone, round robin), through the gateway with ``fcfs``, and through the gateway with
+The Azure 2023 conversation trace's arrivals (each request a real ShareGPT prompt with its own response's
+length, the true length sent only in the field the simulated backend honours) are replayed at two
+loads stated as utilisation of vLLM alone's capacity on the mix, each three ways against two
+simulated Qwen3-32B/H100 backends: straight to them (vLLM alone, round robin), through the gateway with ``fcfs``, and through the gateway with
 ``sagesched``. Every run gets fresh backend processes, so no KV or prefix-cache state carries over.
 The same workloads go through the discrete-event simulator (engine level for vLLM alone, gateway
 level with the live gateway's admission settings for the others), which gives the capacity the load
 levels are quoted against and a live-versus-simulated check.
 
-    .venv/bin/python benchmarks/bench_value.py [--minutes 10] [--light-scale 0.55] [--high-scale 1.75]
+    .venv/bin/python benchmarks/bench_value.py [--minutes 10] [--light-util 0.5] [--high-util 1.7]
         [--time-scale 2] [--high-time-scale 1.5] [--predictor length-bucket] [--out out/value] [--sim-only] [--loads light,high]
 
 Latencies are seconds of engine time. Figures are printed and written to ``<out>/value.json``.
@@ -33,7 +34,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from loadgen.records import TraceRequest, scale_rate  # noqa: E402
+from loadgen.records import TraceRequest  # noqa: E402
 from loadgen.results import RequestRecord, summarize, write_results  # noqa: E402
 
 ALONE = "vLLM alone"
@@ -78,45 +79,20 @@ which vLLM alone never sends; the benchmark compares latencies of the same compl
 
 
 # --- the simulator ----------------------------------------------------------------------------------
-def _perf_and_engine(model: str, gpu: str) -> tuple[Any, Any]:
-    from sim.config import EngineConfig
-    from sim.hardware import get_gpu, get_model
-    from sim.perf import PerfModel
-
-    return PerfModel(get_model(model), get_gpu(gpu)), EngineConfig(model=model, gpu=gpu)
-
-
 def simulate_setup(work: Sequence[TraceRequest], setup: Setup, args: argparse.Namespace) -> Any:
-    """``setup`` in the simulator, with the front end's cost added as a client sees it."""
-    from gateway.settings import AdmissionSettings
-    from policies.registry import parse_policy
-    from predictor.baselines import make_predictor
-    from sim.des import SimSetup, client_view, simulate
+    """``setup`` in the simulator (``sagegate.simtwin``: the live gateway's settings, no queue timeout
+    as ``GATEWAY_ENV`` sets live), with the front end's cost added as a client sees it."""
+    from sagegate.simtwin import simulate_run
 
-    perf, engine = _perf_and_engine(args.model, args.gpu)
-    if setup.policy is None:
-        sim_setup = SimSetup(perf, engine, engines=2, level="engine", policy=parse_policy("fcfs"))
-    else:
-        sim_setup = SimSetup(
-            perf,
-            engine,
-            engines=2,
-            level="gateway",
-            policy=parse_policy(setup.policy),
-            predictor=make_predictor(args.predictor, seed=args.seed),
-            admission=AdmissionSettings().config(),  # the live gateway's admission, backlog included
-        )
-    result = simulate(work, sim_setup)
-    client_view(result, perf.frontend_s)
-    return result
+    return simulate_run(
+        work, setup.policy, model=args.model, gpu=args.gpu, predictor=args.predictor, seed=args.seed
+    )
 
 
 def capacity(work: Sequence[TraceRequest], args: argparse.Namespace) -> dict[str, float]:
-    """vLLM alone's saturated throughput on this request mix: every request arrives within a second."""
-    span = max(work[-1].arrival_s, 1e-9)
-    burst = scale_rate(list(work), span)
-    s = simulate_setup(burst, ALONE_SETUP, args).summary
-    return {"req_s": s["throughput_req_s"], "tok_s": s["throughput_tok_s"]}
+    from sagegate.simtwin import capacity as cap
+
+    return cap(work, model=args.model, gpu=args.gpu)
 
 
 # --- live runs --------------------------------------------------------------------------------------
@@ -246,15 +222,24 @@ def print_agreement(title: str, live: dict[str, dict[str, float]], sim: dict[str
 
 
 # --- the run ----------------------------------------------------------------------------------------
-def run_load(label: str, scale: float, args: argparse.Namespace) -> dict[str, Any]:
+def run_load(label: str, target: float, args: argparse.Namespace) -> dict[str, Any]:
+    """One load, given as the utilisation of vLLM alone's capacity on the mix (``sagegate.simtwin``)."""
     from sagegate.live import azure_workload
+    from sagegate.simtwin import offered_rate, scale_for
 
-    work = azure_workload(args.minutes, scale, args.seed)
-    offered = len(work) / (args.minutes * 60)
-    cap = capacity(work, args)
+    scale, cap = scale_for(
+        lambda x: azure_workload(args.minutes, x, args.seed, quiet=True).requests,
+        target,
+        model=args.model,
+        gpu=args.gpu,
+    )
+    workload = azure_workload(args.minutes, scale, args.seed)
+    work = workload.requests
+    print(f"workload: {workload.description}", flush=True)
+    offered = offered_rate(work)
     util = offered / cap["req_s"]
     print(
-        f"\n== {label} load: trace × {scale:g}, {len(work)} requests in {args.minutes:g} min "
+        f"\n== {label} load: trace × {scale:.2f}, {len(work)} requests in {args.minutes:g} min "
         f"({offered:.2f} req/s offered; vLLM-alone capacity on this mix {cap['req_s']:.2f} req/s, "
         f"{cap['tok_s']:,.0f} tok/s, simulated): utilisation ≈ {util:.2f}",
         flush=True,
@@ -281,7 +266,7 @@ def run_load(label: str, scale: float, args: argparse.Namespace) -> dict[str, An
             "queue_mean_s": float(np.mean(queue)) if queue else 0.0,
         }
         print(f"  simulated {setup.name}: {time.perf_counter() - t:.1f} s", flush=True)
-    print_table(f"{label} load (trace × {scale:g}), simulated", out["sim"])
+    print_table(f"{label} load (utilisation {util:.2f}), simulated", out["sim"])
     out["sim_by_output_quartile"] = by_output_quartile(work, sim_records)
     if args.sim_only:
         return out
@@ -310,7 +295,7 @@ def run_load(label: str, scale: float, args: argparse.Namespace) -> dict[str, An
             f"{out['sim'][setup.name]['throughput_tok_s']:,.0f}",
             flush=True,
         )
-    print_table(f"{label} load (trace × {scale:g}), live, engine time", out["live"])
+    print_table(f"{label} load (utilisation {util:.2f}), live, engine time", out["live"])
     print_agreement(f"{label} load: live vs simulated", out["live"], out["sim"])
     out["live_by_output_quartile"] = by_output_quartile(work, live_records)
     return out
@@ -319,8 +304,9 @@ def run_load(label: str, scale: float, args: argparse.Namespace) -> dict[str, An
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=10.0, help="minutes of arrivals (engine time)")
-    ap.add_argument("--light-scale", type=float, default=0.55, help="rate multiplier of the trace, light")
-    ap.add_argument("--high-scale", type=float, default=1.75, help="rate multiplier of the trace, high")
+    # the utilisations of session 2's light and high loads (0.49, 1.70 of the capacity so measured)
+    ap.add_argument("--light-util", type=float, default=0.5, help="light load, share of capacity")
+    ap.add_argument("--high-util", type=float, default=1.7, help="high load, share of capacity")
     ap.add_argument("--loads", default="light,high", help="which loads to run (comma-separated)")
     ap.add_argument("--time-scale", type=float, default=2.0, help="backends run this many times real time")
     ap.add_argument(
@@ -338,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    scales = {"light": args.light_scale, "high": args.high_scale}
+    scales = {"light": args.light_util, "high": args.high_util}
     report: dict[str, Any] = {
         "command": " ".join([".venv/bin/python", "benchmarks/bench_value.py", *sys.argv[1:]]),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},

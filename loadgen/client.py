@@ -50,6 +50,9 @@ class ReplayConfig:
     force_output: bool = True
     """Send each request's true output length in :data:`~loadgen.records.FORCED_OUTPUT_FIELD`, which
     only a simulated backend honours (a real vLLM ignores it; its outputs are the model's own)."""
+    spread: list[str] = field(default_factory=list)
+    """Base URLs to send request ``i`` to in turn (``i mod n``): a plain round-robin balancer, i.e. vLLM
+    alone behind a load balancer. Empty: everything goes to ``url``."""
     backend_metrics: list[str] = field(default_factory=list)
     """``/metrics`` URLs whose ``vllm:num_preemptions`` counters are read before and after the run
     (empty: the server's own ``/metrics``, which a vLLM has and a gateway does not)."""
@@ -89,6 +92,11 @@ class ReplayConfig:
     @property
     def endpoint(self) -> str:
         return self.base_url + PATHS[self.api]
+
+    def endpoints(self) -> list[str]:
+        """Where requests go, in turn."""
+        bases = [u.rstrip("/").removesuffix("/v1") for u in self.spread] or [self.base_url]
+        return [b + PATHS[self.api] for b in bases]
 
 
 @dataclass
@@ -246,6 +254,7 @@ class _Replay:
         self.cfg = cfg
         self.clients = clients
         self.chat = cfg.api == "chat"
+        self.endpoints = cfg.endpoints()
         self.sem = asyncio.Semaphore(cfg.max_connections)
         self.loop = asyncio.get_running_loop()
         self.t0 = 0.0
@@ -310,7 +319,7 @@ class _Replay:
             rec.reason = "in flight"  # the outcome below sets status and reason
             try:
                 async with asyncio.timeout(self.cfg.timeout_s):
-                    await self._exchange(rec, body, headers)
+                    await self._exchange(rec, body, headers, self.endpoints[i % len(self.endpoints)])
             except TimeoutError:
                 _fail(rec, "timeout", f"no end of stream within {self.cfg.timeout_s}s")
             except httpx.ConnectError as exc:
@@ -337,18 +346,18 @@ class _Replay:
         elif rec.status in ("error", "rejected"):
             self.failed += 1
 
-    async def _exchange(self, rec: RequestRecord, body: bytes, headers: dict[str, str]) -> None:
+    async def _exchange(self, rec: RequestRecord, body: bytes, headers: dict[str, str], url: str) -> None:
         pool = self.clients
         slot = pool.acquire()
         try:
-            await self._stream(pool.clients[slot], rec, body, headers)
+            await self._stream(pool.clients[slot], rec, body, headers, url)
         finally:
             pool.release(slot)
 
     async def _stream(
-        self, client: httpx.AsyncClient, rec: RequestRecord, body: bytes, headers: dict[str, str]
+        self, client: httpx.AsyncClient, rec: RequestRecord, body: bytes, headers: dict[str, str], url: str
     ) -> None:
-        async with client.stream("POST", self.cfg.endpoint, content=body, headers=headers) as resp:
+        async with client.stream("POST", url, content=body, headers=headers) as resp:
             rec.first_byte_s = self.now()
             rec.http_status = resp.status_code
             _read_headers(rec, resp.headers, self.cfg)

@@ -95,14 +95,36 @@ def plot_timeline(
     return _save(fig, path)
 
 
+def prediction_accuracy(records: Sequence[RequestRecord]) -> dict[str, float] | None:
+    """Kendall tau-b between predicted mean and generated length over completed requests, and the
+    median relative error of the mean; None when nothing was predicted."""
+    from scipy.stats import kendalltau
+
+    pts = [(r.predicted_mean, r.output_tokens) for r in _done(records) if r.predicted_mean is not None]
+    if len(pts) < 2:
+        return None
+    pred, actual = (np.asarray(v, dtype=float) for v in zip(*pts, strict=True))
+    tau = float(kendalltau(pred, actual).statistic)
+    rel = float(np.median(np.abs(pred - actual) / np.maximum(actual, 1.0)))
+    return {"kendall_tau": tau, "median_rel_error": rel, "n": float(len(pts))}
+
+
 def plot_predicted_vs_actual(records: Sequence[RequestRecord], path: str | Path) -> Path | None:
-    """Scatter of predicted mean against generated length (log-log); None when nothing was predicted."""
+    """Scatter of predicted mean against generated length (log-log), titled with the rank correlation
+    and median relative error; None when nothing was predicted."""
     pts = [(r.predicted_mean, r.output_tokens) for r in _done(records) if r.predicted_mean is not None]
     if not pts:
         return None
     plt = _plt()
     pred, actual = (np.asarray(v, dtype=float) for v in zip(*pts, strict=True))
     fig, ax = plt.subplots(figsize=(4.8, 4.5))
+    acc = prediction_accuracy(records)
+    if acc is not None:
+        ax.set_title(
+            f"Kendall tau {acc['kendall_tau']:.2f}, median error {acc['median_rel_error']:.0%} "
+            f"(n={acc['n']:.0f})",
+            fontsize="small",
+        )
     ax.scatter(actual, pred, s=6, alpha=0.6)
     lo = max(1.0, float(min(pred.min(), actual.min())))
     hi = float(max(pred.max(), actual.max()))
@@ -113,6 +135,34 @@ def plot_predicted_vs_actual(records: Sequence[RequestRecord], path: str | Path)
     ax.set_ylabel("predicted mean output tokens")
     ax.legend(fontsize="small")
     ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_backends(
+    series: Mapping[str, Sequence[Any]], path: str | Path, queue: QueueSamples | None = None, title: str = ""
+) -> Path:
+    """Per backend, KV in use and waiting requests over time (samples with ``t``, ``kv``, ``waiting``),
+    with the gateway's queue depth beside them when given."""
+    plt = _plt()
+    fig, axes = plt.subplots(2, 1, figsize=(8, 5), sharex=True, squeeze=False)
+    kv_ax, wait_ax = axes[0][0], axes[1][0]
+    for name, samples in series.items():
+        if samples:
+            kv_ax.plot([s.t for s in samples], [100 * s.kv for s in samples], lw=1, label=name)
+            wait_ax.step([s.t for s in samples], [s.waiting for s in samples], where="post", lw=1, label=name)
+    if queue:
+        ts, vs = zip(*queue, strict=True)
+        wait_ax.step(ts, vs, where="post", lw=1.2, color="black", label="gateway queue")
+    kv_ax.set_ylabel("KV in use (%)")
+    kv_ax.set_ylim(0, 105)
+    wait_ax.set_ylabel("waiting requests")
+    wait_ax.set_xlabel("time since start (s, engine time)")
+    for ax in (kv_ax, wait_ax):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    if title:
+        kv_ax.set_title(title)
     fig.tight_layout()
     return _save(fig, path)
 

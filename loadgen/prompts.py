@@ -10,9 +10,10 @@ Three sources, all deterministic for a seed:
 * **ShareGPT** — a real first-turn prompt whose length falls in the same length bucket as the
   trace's prompt. The request then carries the real prompt's token count but keeps the trace's output
   length, which has nothing to do with the text: a predictor reading the text cannot be judged on it;
-* **paired** — a real ShareGPT pair from the bucket of the trace's prompt, *with its response's
-  length* as the output, each pair used once: the text and the output it is judged against belong
-  together (the trace keeps only its arrival times). Use this to measure a text-reading predictor.
+* **paired** — the trace keeps only its arrival times (and tenants); each request becomes a real
+  ShareGPT pair drawn in a seeded shuffle, *with its response's length* as the output, each pair once
+  while the pool lasts: the text and the output it is judged against belong together, and the mix is
+  ShareGPT's own at any load. Use this to measure a text-reading predictor.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ BUCKET_RATIO = 1.25  # ShareGPT buckets: prompt lengths within a factor 1.25
 PROMPT_MODES = ("auto", "filler", "sharegpt", "paired", "trace", "none")
 """``auto``: the trace's text, else filler; ``filler``: always filler; ``sharegpt``: the trace's text,
 else Mooncake blocks for requests with ``hash_ids``, else a ShareGPT prompt (the trace's output kept);
-``paired``: every request a ShareGPT pair, prompt and output length (see :func:`pair_requests`);
+``paired``: every request a ShareGPT pair, prompt and output length (see :func:`pairs_on_arrivals`);
 ``trace``: the trace's text, an error when a request has none; ``none``: leave the requests as they
 are."""
 
@@ -205,6 +206,31 @@ def pair_requests(
     return out
 
 
+def pairs_on_arrivals(
+    rows: Sequence[TraceRequest], pool: Sequence[TraceRequest], seed: int
+) -> list[TraceRequest]:
+    """``rows``' arrivals (ids, tenants, deadlines kept), request ``i`` carrying pair ``i`` of a seeded
+    shuffle of ``pool``: its prompt, prompt length and response length. No pair recurs until the pool
+    is spent (then the shuffle starts over: ``extra["repeat"]`` counts the round)."""
+    if not pool:
+        raise ValueError("the pairs pool is empty")
+    order = np.random.default_rng([seed, 0x9A17]).permutation(len(pool))
+    out = []
+    for i, r in enumerate(rows):
+        p = pool[int(order[i % len(pool)])]
+        out.append(
+            replace(
+                r,
+                prompt=p.prompt,
+                prompt_tokens=p.prompt_tokens,
+                output_tokens=p.output_tokens,
+                hash_ids=None,
+                extra={"sharegpt_id": p.extra.get("id"), "repeat": i // len(pool)},
+            )
+        )
+    return out
+
+
 def default_sharegpt_path() -> Path:
     """The ShareGPT pairs under the shared data root (see ``loadgen.data``)."""
     from loadgen.data import SHAREGPT, data_file
@@ -233,7 +259,7 @@ def attach_prompts(
         path = Path(sharegpt) if isinstance(sharegpt, str | Path) else default_sharegpt_path()
         if not path.is_file():
             raise FileNotFoundError(f"ShareGPT pairs not found: {path} (pass --sharegpt PATH)")
-        return pair_requests(requests, unique_pairs(str(path)), seed)
+        return pairs_on_arrivals(requests, unique_pairs(str(path)), seed)
     pool: SharegptPool | None = None
     if mode == "sharegpt" and any(r.prompt is None and not r.hash_ids for r in requests):
         if isinstance(sharegpt, SharegptPool):

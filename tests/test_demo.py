@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -33,4 +34,8 @@ def test_demo_quick_shows_both_runs_and_leaves_no_process(tmp_path):
     assert cells[1] == cells[2] and int(cells[1]) > 0  # every request completed in both runs
     assert (tmp_path / "vLLM_alone.jsonl").exists() and (tmp_path / "gateway_sagesched.jsonl").exists()
     assert (tmp_path / "plots" / "latency_cdf.png").exists()
+    assert (tmp_path / "plots" / "backends_gateway_sagesched.png").exists()
+    assert "vLLM alone's capacity" in out.stdout and "live ÷ simulated" in out.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["utilisation"] > 0 and summary["live_ratios"]["ttlt_mean_s"] > 0
     assert _left_in_group(proc.pid) == []  # every backend and gateway the demo started is gone

@@ -149,3 +149,39 @@ def test_cli_admission_rule_is_chosen_and_checked():
     assert peak["preemptions"] < summed["preemptions"]  # the projected peak leaves room to grow
     out = _cli(*base, "--admission-rule", "bogus")
     assert out.returncode == 2 and "sum, peak" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_simulated_gateway_applies_the_live_queue_limits():
+    """The live gateway's bounds, modelled: a request queued past ``max_wait_s`` is rejected with
+    ``queue_timeout``, arrivals beyond ``max_requests`` with ``queue_full_requests``; nothing is lost."""
+    from policies.registry import parse_policy
+    from predictor.baselines import make_predictor
+    from sim.des import QueueLimits
+
+    work = [TraceRequest(0.001 * i, 2000, 400, rid=i) for i in range(300)]  # a burst far beyond capacity
+    engine = EngineConfig(num_gpu_blocks_override=800)
+
+    def run(limits):
+        setup = SimSetup(
+            PERF,
+            engine,
+            level="gateway",
+            policy=parse_policy("fcfs"),
+            predictor=make_predictor("global"),
+            queue_limits=limits,
+        )
+        return simulate(work, setup).records
+
+    unbounded = run(None)
+    assert all(r.status == "ok" for r in unbounded)
+    timed = run(QueueLimits(max_wait_s=5.0))
+    reasons = {r.reason for r in timed if r.status == "rejected"}
+    assert reasons == {"queue_timeout"}
+    for r in timed:
+        if r.status == "ok":
+            assert r.queue_s is not None and r.queue_s <= 5.0 + 1e-9
+    late = [r.rid for r in timed if r.status == "rejected"]
+    assert late and min(late) > 0 and all(unbounded[i].queue_s > 5.0 for i in late)
+    full = run(QueueLimits(max_requests=50, max_wait_s=1e9))
+    assert {r.reason for r in full if r.status == "rejected"} == {"queue_full_requests"}
+    assert sum(r.status == "ok" for r in full) + sum(r.status == "rejected" for r in full) == len(work)

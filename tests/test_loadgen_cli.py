@@ -100,3 +100,19 @@ def test_replay_usage_errors(app: typer.Typer, tmp_path: Path) -> None:
     }
     with pytest.raises(ValueError, match="name=value"):
         parse_reader_opts(["=3"])
+
+
+def test_replay_exits_non_zero_when_every_request_fails(
+    tmp_path: Path, fake: FakeServer, app: typer.Typer
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    rows = [
+        {"arrival_s": 0.01 * i, "prompt_tokens": 3, "output_tokens": 2, "prompt": "[fail] x"}
+        for i in range(5)
+    ]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["replay", "--url", fake.url, "--trace", str(trace), "--no-progress", "--queue-metric", ""]
+    res = CliRunner().invoke(app, [*args, "--json"])
+    assert res.exit_code == 1, res.output
+    assert "none of the 5 requests completed" in res.output
+    assert json.loads(res.output.splitlines()[0])["summary"]["preemptions"] is None  # unknown, not 0

@@ -234,3 +234,21 @@ def test_a_trace_that_records_a_cap_sends_its_own() -> None:
     reqs = with_client_cap([TraceRequest(0.0, 5, 50, max_tokens=64), TraceRequest(0.0, 5, 80)], 1024)
     assert [(r.max_tokens, r.output_tokens) for r in reqs] == [(64, 50), (1024, 80)]
     assert with_client_cap(reqs, None) == reqs
+
+
+def test_preemptions_come_from_the_backends_counters() -> None:
+    """A client cannot see preemptions: the replay reads the backends' ``vllm:num_preemptions`` before
+    and after, and reports their difference (a small KV pool under a burst preempts)."""
+    from sagegate.procs import spawned
+
+    args = ["--time-scale", "50", "--num-gpu-blocks-override", "96", "--max-num-seqs", "32"]
+    with spawned("sagegate.cmd_backend", args) as url:
+        reqs = [TraceRequest(0.001 * i, 300, 120, rid=i, prompt=filler_text(300, seed=i)) for i in range(16)]
+        result = replay(reqs, ReplayConfig(url=url, time_scale=50.0, queue_metric=None, prime=False))
+        text = httpx.get(url + "/metrics", timeout=5).text
+    assert all(r.status == "ok" for r in result.records)
+    from loadgen.client import counter_total
+
+    total = counter_total(text, "vllm:num_preemptions")
+    assert total is not None and total > 0
+    assert result.preemptions == total  # a fresh backend: everything it counted was this run's

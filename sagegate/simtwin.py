@@ -1,0 +1,119 @@
+"""The simulated twin of a live run: the same workload through the discrete-event simulator with the
+live gateway's settings (admission, queue limits, client cap), and the capacity that loads are quoted
+against. ``sagegate demo`` and ``benchmarks/bench_value.py`` both use it, so a live figure always has
+its simulated counterpart computed the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from loadgen.records import TraceRequest, scale_rate
+
+if TYPE_CHECKING:
+    from sim.des import SimResult
+
+
+def perf_and_engine(model: str, gpu: str) -> tuple[Any, Any]:
+    from sim.config import EngineConfig
+    from sim.hardware import get_gpu, get_model
+    from sim.perf import PerfModel
+
+    return PerfModel(get_model(model), get_gpu(gpu)), EngineConfig(model=model, gpu=gpu)
+
+
+def sim_predictor(name: str, seed: int = 0) -> Any:
+    """The gateway's predictor ``name`` with the live gateway's configuration, on its simulator face."""
+    from predictor.baselines import make_predictor
+
+    if name == "semantic":
+        from predictor.embedder import DEFAULT_QUANTIZE, DEFAULT_WINDOW, MiniLMEmbedder
+
+        embedder = MiniLMEmbedder(threads=1, window=DEFAULT_WINDOW, quantize=DEFAULT_QUANTIZE)
+        return make_predictor(name, seed=seed, embedder=embedder)
+    if name == "none":
+        return None
+    return make_predictor(name, seed=seed)
+
+
+def simulate_run(
+    work: Sequence[TraceRequest],
+    policy: str | None,
+    *,
+    model: str,
+    gpu: str,
+    engines: int = 2,
+    predictor: str = "length-bucket",
+    seed: int = 0,
+    max_wait_s: float | None = None,
+) -> SimResult:
+    """``policy`` at the gateway (None: vLLM alone, round robin) in the simulator, with the live
+    gateway's admission settings, its queue limits (``max_wait_s`` in engine seconds; None: no
+    timeout) and the front end's cost added as a client sees it."""
+    from gateway.settings import AdmissionSettings, QueueSettings
+    from policies.registry import parse_policy
+    from sim.des import QueueLimits, SimSetup, client_view, simulate
+
+    perf, engine = perf_and_engine(model, gpu)
+    if policy is None:
+        setup = SimSetup(perf, engine, engines=engines, level="engine", policy=parse_policy("fcfs"))
+    else:
+        pred = sim_predictor(predictor, seed)
+        if pred is not None and hasattr(pred, "prime"):
+            pred.prime(work)  # embed the prompts in batches, ahead
+        q = QueueSettings()
+        setup = SimSetup(
+            perf,
+            engine,
+            engines=engines,
+            level="gateway",
+            policy=parse_policy(policy),
+            predictor=pred,
+            admission=AdmissionSettings().config(),  # the live gateway's admission, backlog included
+            queue_limits=QueueLimits(q.max_requests, q.max_tokens, max_wait_s if max_wait_s else 1e18),
+        )
+    result = simulate(work, setup)
+    client_view(result, perf.frontend_s)
+    return result
+
+
+def capacity(work: Sequence[TraceRequest], *, model: str, gpu: str, engines: int = 2) -> dict[str, float]:
+    """vLLM alone's saturated throughput on this request mix, in the engine model that the simulated
+    backends run: every request arrives within one second, and the rate is read between the 10th and
+    the 90th percentile of completions (the backlog's steady state, without the ramp and the drain
+    tail). What loads are quoted against."""
+    import numpy as np
+
+    span = max(work[-1].arrival_s, 1e-9)
+    burst = scale_rate(list(work), span)
+    res = simulate_run(burst, None, model=model, gpu=gpu, engines=engines)
+    done = [r for r in res.records if r.finish_s is not None and r.status == "ok"]
+    finish = np.sort([r.finish_s for r in done])
+    n = len(finish)
+    lo, hi = finish[int(0.1 * n)], finish[min(n - 1, int(0.9 * n))]
+    out = [r.output_tokens for r in done]
+    req_s = (0.8 * n) / max(hi - lo, 1e-9)
+    return {"req_s": float(req_s), "tok_s": float(req_s * np.mean(out))}
+
+
+def offered_rate(work: Sequence[TraceRequest]) -> float:
+    """Requests per second over the arrivals' span."""
+    return len(work) / max(work[-1].arrival_s - work[0].arrival_s, 1e-9)
+
+
+def utilisation(work: Sequence[TraceRequest], cap: dict[str, float]) -> float:
+    """Offered requests per second over the capacity's."""
+    return offered_rate(work) / cap["req_s"]
+
+
+def scale_for(
+    build: Callable[[float], Sequence[TraceRequest]], target: float, *, model: str, gpu: str
+) -> tuple[float, dict[str, float]]:
+    """The rate multiplier at which ``build(scale)`` offers ``target`` × vLLM alone's capacity, and that
+    capacity (the mix does not depend on the multiplier; the window of the trace does, so twice)."""
+    scale = 1.0
+    cap = capacity(build(scale), model=model, gpu=gpu)
+    for _ in range(2):
+        scale *= target * cap["req_s"] / offered_rate(build(scale))
+    return scale, capacity(build(scale), model=model, gpu=gpu)
