@@ -76,8 +76,8 @@ class WindowPriors:
         self._start, self._end = 0, n
 
     def prior(self, prompt_tokens: int) -> tuple[LengthDistribution, str]:
-        """The bucket's distribution if it has ``min_samples`` outputs, else the global one, else the
-        cold default; and the path name."""
+        """The bucket's distribution if it has ``min_samples`` outputs, else the global one if the
+        window holds ``min_samples``, else the cold default; and the path name."""
         if self._changes > len(self) // 16:
             self._cache.clear()
             self._changes = 0
@@ -90,7 +90,8 @@ class WindowPriors:
             return dist, "bucket"
         if -1 not in self._cache:
             outs = self._out[self._start : self._end][-self.global_window :]
-            self._cache[-1] = self._dist(outs) if outs.size else None
+            # As for a bucket: a handful of outcomes (a client's one warm-up request) is no prior.
+            self._cache[-1] = self._dist(outs) if outs.size >= self.min_samples else None
         dist = self._cache[-1]
         return (dist, "global") if dist is not None else (DEFAULT_PRIOR, "cold")
 

@@ -108,7 +108,13 @@ def test_cold_start_answers_from_the_prior(feats: dict[str, list[PromptFeatures]
     p = make()
     first = p.predict_features(feats["short_new"][0], 15)
     assert first.path == "cold" and first.distribution is DEFAULT_PRIOR
-    for f in feats["long"][:2]:  # too few neighbours for the semantic path
+    for f in feats["long"][:2]:  # two outcomes (a client's warm-up, say) are no prior yet
+        p.record_features(f, 25, LONG)
+    two = p.predict_features(feats["short_new"][0], 15)
+    assert two.path == "cold" and two.distribution is DEFAULT_PRIOR
+    more = feats["long"][2:8]
+    assert len(more) == 6, "the fixture needs eight long prompts"
+    for f in more:  # eight: the window's global prior, still too few neighbours for the semantic path
         p.record_features(f, 25, LONG)
     few = p.predict_features(feats["short_new"][0], 15)
     assert few.path in ("bucket", "global") and few.neighbours < p.config.min_neighbours
