@@ -1,9 +1,11 @@
 """Shared test helpers: where the real workload data lives (skipping cleanly when it is absent), and
 the session's private Redis server.
 
-The data (see ``../shared/data/README.md``) is never copied into the repository; it is found at
-``$SAGEGATE_DATA`` or ``<repo>/../shared/data``. A fresh checkout without it still passes: the tests
-that need a file skip with a message saying what is missing and how to provide it.
+The full data sets (see ``../shared/data/README.md``) are found at ``$SAGEGATE_DATA`` or
+``<repo>/../shared/data``; only small slices ship in ``loadgen/shipped/``. A fresh checkout without the
+full sets still passes: the tests that need one of their files skip with a message saying what is
+missing and how to provide it (they never fall back to the shipped slices, which mean something else).
+The Redis server is started here for the session, so nothing needs to listen on 6379.
 """
 
 from __future__ import annotations
