@@ -72,6 +72,16 @@ def load_items(path: str | Path, limit: int | None = None) -> list[EvalItem]:
     return items
 
 
+MAX_DEFAULT_HISTORY = 6000
+DEFAULT_HISTORY_SHARE = 0.9
+
+
+def default_history(n: int) -> int:
+    """The warm-history length when none is given: 90% of the items, at most 6,000, so a small file
+    still leaves a tenth of itself to score and the full ShareGPT pairs keep their usual 6,000."""
+    return min(MAX_DEFAULT_HISTORY, int(DEFAULT_HISTORY_SHARE * n))
+
+
 def estimate_tokens(text: str) -> int:
     """About four characters per token (English, cl100k); only when a dataset gives no count."""
     return max(1, round(len(text) / 4))

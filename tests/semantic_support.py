@@ -4,8 +4,6 @@ small labelled prompt families whose output lengths differ by kind of task."""
 from __future__ import annotations
 
 import functools
-import shutil
-import socket
 
 import pytest
 
@@ -40,22 +38,3 @@ def real_embedder() -> MiniLMEmbedder:
 
 def family(templates: list[str], topics: list[str] = TOPICS) -> list[str]:
     return [t.format(x=x) for t in templates for x in topics]
-
-
-def redis_available(host: str = "127.0.0.1", port: int = 6379) -> bool:
-    try:
-        import redis
-
-        return bool(redis.Redis(host=host, port=port, socket_connect_timeout=0.5).ping())
-    except Exception:
-        return False
-
-
-def redis_server_binary() -> str | None:
-    return shutil.which("redis-server")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

@@ -10,7 +10,6 @@ import time
 
 import numpy as np
 import pytest
-from conftest import MAIN_REDIS_URL
 
 from gateway.predict import build_predictor
 from predictor.embedder import (
@@ -94,13 +93,11 @@ def test_gateway_options_choose_the_embedder() -> None:
         first.inner.close()
 
 
-def test_redis_history_is_kept_per_embedding_version(redis_prefix: str) -> None:
+def test_redis_history_is_kept_per_embedding_version(redis_url: str, redis_prefix: str) -> None:
     cfg = SemanticConfig(bounds=WindowBounds(1000, math.inf))
 
     def replica(emb: MiniLMEmbedder) -> SemanticPredictor:
-        return make_semantic(
-            redis_url=MAIN_REDIS_URL, redis_prefix=redis_prefix, embedder=emb, config=cfg
-        ).start()
+        return make_semantic(redis_url=redis_url, redis_prefix=redis_prefix, embedder=emb, config=cfg).start()
 
     live = [replica(real_embedder()), replica(real_embedder()), replica(legacy())]
     writer, same, other = live

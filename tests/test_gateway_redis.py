@@ -1,5 +1,5 @@
 """Two gateway replicas sharing one Redis: a completion served through one informs the predictions
-of the other (the semantic predictor's history travels through Redis at 127.0.0.1:6379).
+of the other (the semantic predictor's history travels through the session's private Redis).
 
 The embedder is a small deterministic bag-of-words hash (the test is about sharing history between
 replicas, not about MiniLM); everything else — gateways, backends, Redis — is real.
@@ -13,7 +13,6 @@ from collections.abc import Sequence
 
 import httpx
 import numpy as np
-from conftest import MAIN_REDIS_URL
 
 from gateway.app import create_app
 from gateway.predict import SemanticAdapter
@@ -34,11 +33,11 @@ class BagOfWordsEmbedder:
         return out / np.maximum(norms, 1e-9)
 
 
-def _replica(backend: str, prefix: str) -> ServerThread:
+def _replica(backend: str, redis_url: str, prefix: str) -> ServerThread:
     from predictor.semantic import make_semantic
 
-    inner = make_semantic(redis_url=MAIN_REDIS_URL, redis_prefix=prefix, embedder=BagOfWordsEmbedder())
-    settings = settings_for([backend], predictor="semantic", redis_url=MAIN_REDIS_URL)
+    inner = make_semantic(redis_url=redis_url, redis_prefix=prefix, embedder=BagOfWordsEmbedder())
+    settings = settings_for([backend], predictor="semantic", redis_url=redis_url)
     return ServerThread(create_app(settings, predictor=SemanticAdapter(inner)))
 
 
@@ -52,14 +51,14 @@ def _ask(url: str, text: str) -> httpx.Response:
 QUESTION = "please summarise the history of the roman empire in detail"
 
 
-def test_a_completion_through_one_replica_informs_the_other(redis_prefix: str) -> None:
+def test_a_completion_through_one_replica_informs_the_other(redis_url: str, redis_prefix: str) -> None:
     long_answers = FakeBackend(tokens=77)  # what replica A's backend answers
     short_answers = FakeBackend(tokens=5)  # replica B's
     with (
         ServerThread(long_answers.app) as be_a,
         ServerThread(short_answers.app) as be_b,
-        _replica(be_a.url, redis_prefix) as a,
-        _replica(be_b.url, redis_prefix) as b,
+        _replica(be_a.url, redis_url, redis_prefix) as a,
+        _replica(be_b.url, redis_url, redis_prefix) as b,
     ):
         gw_b = b.app.state.gateway
         assert gw_b.predictor.inner.size("fake") == 0  # B has served nothing and knows nothing

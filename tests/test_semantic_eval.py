@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from predictor.embedder import EMBED_VERSION
-from predictor.evaluate import evaluate, load_items, score
+from predictor.evaluate import default_history, evaluate, load_items, score
 from sagegate.cmd_predictor import predictor_app
 from tests.conftest import data_path
 from tests.semantic_support import LONG_TASKS, SHORT_TASKS, TOPICS, family, real_embedder
@@ -114,3 +114,16 @@ def test_cli_prints_one_json_object(clustered: Path) -> None:
     assert bad.exit_code != 0
     odd = CliRunner().invoke(predictor_app, ["eval", "--data", str(clustered), "--window", "100"])
     assert odd.exit_code != 0
+
+
+def test_cli_history_defaults_to_what_fits_the_data(clustered: Path) -> None:
+    """96 items: the default warms on 86 (90%) and scores 10, and says so (not '6000 leaves nothing')."""
+    result = CliRunner().invoke(predictor_app, ["eval", "--data", str(clustered), "--json"])
+    assert result.exit_code == 0, result.output
+    assert "history: the first 86 of 96 items" in result.stderr
+    report = json.loads(result.stdout)
+    assert report["history"] == 86 and report["n"] == 10
+
+
+def test_default_history_is_ninety_percent_capped() -> None:
+    assert [default_history(n) for n in (1, 10, 96, 6000, 6667, 11128)] == [0, 9, 86, 5400, 6000, 6000]

@@ -1,5 +1,5 @@
-"""The Redis-shared history against real servers: the machine's Redis at 127.0.0.1:6379 for sharing
-between replicas, and a private ``redis-server`` on a free port that is killed and restarted mid-run.
+"""The Redis-shared history against real servers: the session's private Redis for sharing between
+replicas, and a further private ``redis-server`` on a free port that is killed and restarted mid-run.
 
 Waits poll with generous deadlines (the propagation latency itself is measured in
 ``benchmarks/bench_predictor.py``, not asserted here)."""
@@ -7,7 +7,6 @@ Waits poll with generous deadlines (the propagation latency itself is measured i
 from __future__ import annotations
 
 import math
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -15,22 +14,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import MAIN_REDIS_URL
 
 from predictor.history import Completion, WindowBounds
 from predictor.index import IndexConfig
 from predictor.redis_store import RedisStore
 from predictor.semantic import PromptFeatures, SemanticConfig, SemanticPredictor
-from tests.semantic_support import (
-    LONG_TASKS,
-    SHORT_TASKS,
-    TOPICS,
-    family,
-    free_port,
-    real_embedder,
-    redis_available,
-    redis_server_binary,
-)
+from tests.redis_support import NO_REDIS, RedisProcess, free_port, redis_server_binary
+from tests.semantic_support import LONG_TASKS, SHORT_TASKS, TOPICS, family, real_embedder
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
@@ -69,9 +59,9 @@ def stream_ids(url: str, prefix: str) -> set[str]:
 
 
 def test_two_replicas_share_history_and_a_third_rebuilds_from_redis(
-    redis_prefix: str, feats: list[PromptFeatures]
+    redis_url: str, redis_prefix: str, feats: list[PromptFeatures]
 ) -> None:
-    a, b = replica(MAIN_REDIS_URL, redis_prefix), replica(MAIN_REDIS_URL, redis_prefix)
+    a, b = replica(redis_url, redis_prefix), replica(redis_url, redis_prefix)
     try:
         half = len(feats) // 2
         for f in feats[:half]:
@@ -85,7 +75,7 @@ def test_two_replicas_share_history_and_a_third_rebuilds_from_redis(
         assert pa.path == "semantic" and pa.mean > 450
         pb = b.predict_features(feats[0], 15)
         assert pb.path == "semantic" and pb.mean < 450
-        c = replica(MAIN_REDIS_URL, redis_prefix)
+        c = replica(redis_url, redis_prefix)
         try:
             assert c.size() == len(feats)  # rebuilt at start, before any stream read
         finally:
@@ -95,8 +85,10 @@ def test_two_replicas_share_history_and_a_third_rebuilds_from_redis(
         b.close()
 
 
-def test_window_and_models_hold_across_replicas(redis_prefix: str, feats: list[PromptFeatures]) -> None:
-    a, b = replica(MAIN_REDIS_URL, redis_prefix), replica(MAIN_REDIS_URL, redis_prefix)
+def test_window_and_models_hold_across_replicas(
+    redis_url: str, redis_prefix: str, feats: list[PromptFeatures]
+) -> None:
+    a, b = replica(redis_url, redis_prefix), replica(redis_url, redis_prefix)
     try:
         for f in feats:
             a.record_features(f, 20, 700, model="big")
@@ -108,47 +100,11 @@ def test_window_and_models_hold_across_replicas(redis_prefix: str, feats: list[P
         b.close()
 
 
-class RedisProcess:
-    """A private redis-server (no persistence) that the test can kill and restart on the same port."""
-
-    def __init__(self, binary: str, port: int) -> None:
-        self.binary, self.port = binary, port
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                self.binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        assert wait_for(lambda: redis_available(port=self.port), timeout=10), "redis-server did not start"
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-            self.proc = None
-
-
 @pytest.fixture
 def private_redis() -> Iterator[RedisProcess]:
     binary = redis_server_binary()
     if binary is None:
-        pytest.skip("redis-server is not installed")
+        pytest.skip(f"{NO_REDIS}: no redis-server to start")
     server = RedisProcess(binary, free_port())
     server.start()
     yield server
@@ -198,7 +154,7 @@ def test_restart_mid_run_loses_no_completion(
 def test_redis_down_at_start_then_back(feats: list[PromptFeatures]) -> None:
     binary = redis_server_binary()
     if binary is None:
-        pytest.skip("redis-server is not installed")
+        pytest.skip(f"{NO_REDIS}: no redis-server to start")
     server = RedisProcess(binary, free_port())
     a = replica(server.url, "sagegate-late", socket_timeout=0.3)
     try:
@@ -212,16 +168,16 @@ def test_redis_down_at_start_then_back(feats: list[PromptFeatures]) -> None:
         server.kill()
 
 
-def test_malformed_stream_entries_are_skipped(redis_prefix: str) -> None:
+def test_malformed_stream_entries_are_skipped(redis_url: str, redis_prefix: str) -> None:
     import redis
 
-    r = redis.Redis.from_url(MAIN_REDIS_URL)
+    r = redis.Redis.from_url(redis_url)
     r.xadd(f"{redis_prefix}:stream", {"id": "x", "emb": b"short"})
     good = Completion("ok", "default", np.ones(384, dtype=np.float32) / math.sqrt(384), 5, 7, time.time())
     fields: Any = good.to_fields()
     r.xadd(f"{redis_prefix}:stream", fields)
     r.close()
-    p = replica(MAIN_REDIS_URL, redis_prefix)
+    p = replica(redis_url, redis_prefix)
     try:
         assert p.size() == 1
     finally:
