@@ -21,7 +21,7 @@ import typer
 
 
 def demo(
-    minutes: Annotated[float, typer.Option(help="Minutes of arrivals to replay (engine time).")] = 1.0,
+    minutes: Annotated[float, typer.Option(help="Minutes of arrivals to replay (engine time).")] = 0.5,
     utilisation: Annotated[
         float, typer.Option(help="Offered load as a share of vLLM alone's capacity on the mix.")
     ] = 1.2,
@@ -29,14 +29,18 @@ def demo(
         float | None, typer.Option(help="Arrivals this many times denser than the trace (overrides).")
     ] = None,
     time_scale: Annotated[
-        float, typer.Option(help="Backends run this many times faster than real time.")
-    ] = 1.0,
+        float,
+        typer.Option(
+            help="Backends run this many times faster than real time (0.5: half speed, so the gateway, "
+            "the backends and the client, each relaying one SSE chunk per token, fit on 2 cores)."
+        ),
+    ] = 0.5,
     model: Annotated[str, typer.Option(help="Model the simulated backends serve.")] = "qwen3-32b",
     gpu: Annotated[str, typer.Option(help="GPU the simulated backends model.")] = "h100",
     policy: Annotated[str, typer.Option(help="The gateway's policy.")] = "sagesched",
     predictor: Annotated[str, typer.Option(help="The gateway's predictor.")] = "semantic",
     out: Annotated[Path, typer.Option(help="Results and plots go here.")] = Path("out/demo"),
-    quick: Annotated[bool, typer.Option(help="A short run (CI): 20 s of trace, no semantic model.")] = False,
+    quick: Annotated[bool, typer.Option(help="A short run (CI): 10 s of trace, no semantic model.")] = False,
     seed: Annotated[int, typer.Option(help="Seed for prompts and sampling.")] = 0,
     progress: Annotated[bool, typer.Option(help="Progress bars while the runs go.")] = True,
 ) -> None:
@@ -49,7 +53,7 @@ def demo(
     from sagegate.simtwin import utilisation as util_of
 
     if quick:
-        minutes, predictor = min(minutes, 1 / 3), "length-bucket"
+        minutes, predictor = min(minutes, 1 / 6), "length-bucket"
     if rate_scale is None:
         rate_scale, cap = scale_for(
             lambda s: azure_workload(minutes, s, seed, quiet=True).requests, utilisation, model=model, gpu=gpu

@@ -45,11 +45,14 @@ def azure_workload(
     request a real ShareGPT first-turn pair (a seeded shuffle, each pair once while they last) with
     the *response's own length* as its output, and the client cap ``max_tokens``. Without the pairs:
     the trace's lengths with filler prompts, said to be so (unless ``quiet``)."""
-    from loadgen.data import AZURE_CONV, SHAREGPT, data_file
+    from loadgen.data import AZURE_CONV, SHAREGPT, find_data
     from loadgen.schedule import prepare_workload
 
-    trace, pairs = data_file(*AZURE_CONV), data_file(*SHAREGPT)
-    if trace.exists() and pairs.exists():
+    found_trace, found_pairs = find_data(*AZURE_CONV), find_data(*SHAREGPT)
+    if found_trace is not None and found_pairs is not None:
+        trace, pairs = found_trace.path, found_pairs.path
+        if not quiet:
+            print(f"data: {found_trace.describe()}; {found_pairs.describe()}", file=sys.stderr)
         work = prepare_workload(
             trace,
             duration=minutes * 60,
@@ -65,9 +68,7 @@ def azure_workload(
         )
         return DemoWorkload(work.requests, what, real_text=True)
     if not quiet:
-        print(
-            f"note: {trace} or {pairs} is absent: a synthetic workload with filler prompts", file=sys.stderr
-        )
+        print("note: the Azure trace or the ShareGPT pairs are absent: synthetic lengths, filler prompts")
     work = prepare_workload(
         "synthetic",
         rate=5.0 * rate_scale,
