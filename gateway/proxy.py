@@ -240,7 +240,8 @@ class Forwarder:
                 return self._failed(b, "", exc)
             if resp.status_code == THROTTLED:  # the backend is busy, not broken: no breaker
                 self.dispatcher.first_byte(req)
-                return Failed(f"{b.name}: HTTP 429", True, resp.headers.get("retry-after"))
+                retry = resp.headers.get("retry-after") or str(self.settings.queue.retry_after_s)
+                return Failed(f"{b.name}: HTTP 429", True, retry)
             if resp.status_code in RETRYABLE:
                 self.dispatcher.first_byte(req)
                 self.pool.request_failed(b, hard=False)

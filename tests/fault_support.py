@@ -29,7 +29,7 @@ DEAD_SOCKET = "'NoneType' object has no attribute 'getpeername'"
 
 
 class BadBackend(FakeBackend):
-    """``fault``: endless | throttle | bad_usage | flood (else as :class:`FakeBackend`)."""
+    """``fault``: endless | throttle | bad_usage | flood (streams only; else as :class:`FakeBackend`)."""
 
     def __init__(
         self, fault: str = "", *, usage: int = -21_000_000, health_delay_s: float = 0.0, **kw: Any
@@ -50,9 +50,11 @@ class BadBackend(FakeBackend):
             self.state.requests += 1
             err = {"error": {"message": "slow down", "type": "rate_limit_error"}}
             return JSONResponse(err, status_code=429, headers={"retry-after": "7"})
-        if self.fault not in ("endless", "bad_usage", "flood"):
-            return await super()._generate(request)
         body = await request.json()
+        if self.fault not in ("endless", "bad_usage", "flood") or (
+            self.fault == "flood" and not body.get("stream")
+        ):
+            return await super()._generate(request)
         self.state.requests += 1
         if self.fault == "bad_usage" and not body.get("stream"):
             usage = {"prompt_tokens": 3, "completion_tokens": self.usage, "total_tokens": 3}
