@@ -536,7 +536,7 @@ class SseResponse(Response):
             fwd.pool.request_failed(b, hard=False)
         elif outcome == "ok":
             fwd.pool.request_succeeded(b)
-        output = fwd.plausible(self.req, b, scanner.usage)
+        output = fwd.plausible(self.req, b, scanner.usage) if outcome == "ok" else None
         fwd.finish(self.req, self.inp, outcome, scanner.events if output is None else output)
 
 
