@@ -4,7 +4,8 @@ Each backend has a :class:`BackendLoad` (the admission rule's view: capacity, ch
 that the dispatcher reads and charges. A probe task reads the backend's ``/metrics`` every
 ``scrape_interval_s`` (waiting requests, KV capacity and usage) and its ``/health`` every
 ``probe_interval_s``; a :class:`CircuitBreaker` takes the backend out of rotation after repeated
-failures and puts it back on the first successful probe once it has been open long enough.
+failures and puts it back on the first successful probe once it has been open long enough. A probe
+that times out while the backend is answering real requests is no verdict (a busy gateway loop).
 """
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ Clock = Callable[[], float]
 
 class CircuitBreaker:
     """Closed → open after ``threshold`` consecutive failures (or one hard failure, e.g. connection
-    refused); open for at least ``open_s``; then the next success closes it."""
+    refused); open for at least ``open_s`` from that opening; then the next success closes it.
+
+    Failures while open do not move the window: a backend that was down for a minute is back in
+    rotation on its first successful probe, not ``open_s`` after its last failed one (under load,
+    probes failing while it restarted kept a breaker open for 17.5 s)."""
 
     __slots__ = ("clock", "failures", "open_s", "opened_at", "threshold")
 
@@ -51,8 +56,6 @@ class CircuitBreaker:
         if self.opened_at is None and (hard or self.failures >= self.threshold):
             self.opened_at = self.clock()
             return True
-        if self.opened_at is not None:
-            self.opened_at = self.clock()
         return False
 
     def success(self) -> bool:
@@ -84,6 +87,9 @@ class Backend:
         self.inflight = 0
         self.dispatched = 0
         self.failures = 0
+        self.answered_at: float | None = None
+        """When a real request last got an answer here (first byte or end): a probe that times out
+        meanwhile says more about the gateway's busy loop than about the backend."""
         # The backend's waiting list, estimated (see :meth:`scraped`): our requests that have not
         # produced a byte, in dispatch order (rid -> prompt tokens); of those, the ones sent since the
         # last scrape began (counted as waiting until their first byte or ``pending_s``); and the ones
@@ -267,6 +273,7 @@ class BackendPool:
             self.on_change()
 
     def request_succeeded(self, b: Backend) -> None:
+        b.answered_at = self.clock()
         if b.breaker.failures or b.breaker.is_open:
             b.breaker.success()
             if b.update_health():
@@ -290,7 +297,10 @@ class BackendPool:
     async def _probe_round(self, b: Backend, health: bool) -> None:
         ok = True
         if health:
-            ok = await self._get_ok(b, "/health")
+            answer = await self._get_ok(b, "/health")
+            if answer is None and self._answering(b):
+                answer = b.probe_ok  # a timeout alone, while real requests get answers: no verdict
+            ok = bool(answer)
             b.probe_ok = ok
             if ok:
                 if b.breaker.is_open:
@@ -310,17 +320,26 @@ class BackendPool:
             log.info("backend %s is now %s", b.name, "healthy" if b.healthy else "unhealthy")
         self.on_change()
 
-    async def _get_ok(self, b: Backend, path: str) -> bool:
+    def _answering(self, b: Backend) -> bool:
+        """Whether ``b`` answered a real request within the last probe timeout and interval."""
+        h = self.health
+        at = b.answered_at
+        return at is not None and self.clock() - at <= h.probe_timeout_s + h.probe_interval_s
+
+    async def _get_ok(self, b: Backend, path: str) -> bool | None:
+        """200 or not; None if the probe timed out (which may be the gateway's loop, not ``b``)."""
         try:
             r = await self.client.get(b.url + path, timeout=self.health.probe_timeout_s)
             return r.status_code == 200
-        except httpx.HTTPError:
+        except httpx.TimeoutException:
+            return None
+        except Exception:  # httpx's errors, and whatever a broken socket raises from below it
             return False
 
     async def _get_text(self, b: Backend, path: str) -> str | None:
         try:
             r = await self.client.get(b.url + path, timeout=self.health.probe_timeout_s)
-        except httpx.HTTPError:
+        except Exception:
             return None
         return r.text if r.status_code == 200 else None
 
@@ -328,7 +347,7 @@ class BackendPool:
         try:
             r = await self.client.get(b.url + "/v1/models", timeout=self.health.probe_timeout_s)
             data = r.json().get("data") if r.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError):
+        except Exception:  # unreachable, or not JSON, or not a mapping
             return
         if isinstance(data, list):
             b.models = [m for m in data if isinstance(m, dict) and "id" in m]

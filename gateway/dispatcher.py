@@ -6,8 +6,8 @@ so the simulator's results describe this code. One input the simulator does not 
 counts the share of a prompt that the engines' KV gauges say prompts really cost
 (``policies.prompt_share``; 1 until measured, so where nothing is shared the two agree). It runs on
 the event loop, woken (coalesced, once per loop iteration) by whatever can make room: an arrival, a
-first byte, a completion, a scrape, a backend coming back. Each decision is O(log n) in the queue
-(heap) plus O(backends).
+first byte, a completion, a scrape, a backend coming back or going down (when none is healthy, the
+queue is answered at once). Each decision is O(log n) in the queue (heap) plus O(backends).
 """
 
 from __future__ import annotations
@@ -126,6 +126,8 @@ class Dispatcher:
                 _resolve_error(req, screening.reason or "rejected_by_policy")
                 continue
             if screening.verdict is Verdict.HOLD or idx is None:
+                if idx is None and not self.pool.any_healthy():
+                    self._fail_queued("no_healthy_backend")
                 return sent
             queue.remove(req)
             self.policy.on_dispatch(req, now)
@@ -142,6 +144,12 @@ class Dispatcher:
                 fut.set_result(idx)
             sent += 1
         return sent
+
+    def _fail_queued(self, reason: str) -> None:
+        """Nothing can serve: answer every queued request now rather than at ``queue.max_wait_s``."""
+        for req in self.queue.ordered(self.clock()):
+            self.withdraw(req)
+            _resolve_error(req, reason)
 
     def _charge(self, req: GatewayRequest) -> Charge:
         """``req``'s charge at the pool's current prompt share (rebuilt only when that moved)."""

@@ -21,9 +21,12 @@ class GatewayError(Exception):
         type: str = "invalid_request_error",
         reason: str | None = None,
         param: str | None = None,
-        retry_after: int | None = None,
+        retry_after: int | str | None = None,
+        close: bool = False,
     ) -> None:
         super().__init__(message)
+        self.close = close
+        """Answer with ``connection: close`` (the request was not read to its end)."""
         self.status = status
         self.message = message
         self.type = type
@@ -47,6 +50,8 @@ class GatewayError(Exception):
             headers[REASON_HEADER] = self.reason
         if self.retry_after is not None:
             headers["retry-after"] = str(self.retry_after)
+        if self.close:
+            headers["connection"] = "close"
         return Response(
             json.dumps(self.body()), status_code=self.status, headers=headers, media_type="application/json"
         )
@@ -73,11 +78,22 @@ def unavailable(reason: str, message: str, retry_after: int | None = None) -> Ga
     return GatewayError(503, message, type="service_unavailable", reason=reason, retry_after=retry_after)
 
 
+def rate_limited(message: str, retry_after: str | None) -> GatewayError:
+    """Every backend that could take the request said 429: passed on, with the backend's Retry-After."""
+    return GatewayError(
+        429, message, type="rate_limit_error", reason="upstream_rate_limited", retry_after=retry_after
+    )
+
+
+def timeout(message: str) -> GatewayError:
+    return GatewayError(408, message, reason="request_timeout", close=True)
+
+
 def upstream_failed(message: str) -> GatewayError:
     return GatewayError(502, message, type="upstream_error", reason="upstream_failed")
 
 
-def sse_error_event(message: str) -> bytes:
+def sse_error_event(message: str, code: str = "upstream_failed", type: str = "upstream_error") -> bytes:
     """The event sent when a stream breaks after it started: an OpenAI error object as SSE data."""
-    body = {"error": {"message": message, "type": "upstream_error", "param": None, "code": "upstream_failed"}}
+    body = {"error": {"message": message, "type": type, "param": None, "code": code}}
     return b"data: " + json.dumps(body).encode() + b"\n\n"

@@ -127,6 +127,9 @@ class UpstreamSettings(BaseModel):
     the exact output length."""
     forward_priority: bool = False
     """Send ``priority`` (minus ``x-priority``) to backends started with ``--scheduling-policy priority``."""
+    max_sse_event_bytes: int = Field(default=1024 * 1024, ge=4096)
+    """Largest SSE event accepted from a backend (a token event is well under 1 KB). A backend that
+    sends more without ending an event has its stream ended with an SSE error event."""
 
 
 class LimitSettings(BaseModel):
@@ -136,6 +139,21 @@ class LimitSettings(BaseModel):
     max_tokens: int = Field(default=32_768, ge=1)
     """Largest ``max_tokens`` (or ``max_completion_tokens``) accepted."""
     max_n: int = Field(default=1, ge=1)
+    header_timeout_s: float = Field(default=10.0, gt=0.0)
+    """A client must send a request's whole head (request line and headers) within this long of
+    starting it (or of connecting); else ``408`` and the connection is closed."""
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    """Largest request head; a longer one gets ``431`` and the connection is closed."""
+    body_timeout_s: float = Field(default=30.0, gt=0.0)
+    """A client must send a request's whole body within this long of its head; else ``408``."""
+    max_relay_buffer_bytes: int = Field(default=1024 * 1024, ge=4096)
+    """How far a streaming client may fall behind its backend (bytes relayed but not yet taken by the
+    client's connection). Past it the client loses its stream and the backend request is cancelled:
+    a client that stops reading never holds a backend or unbounded memory."""
+    max_connections: int | None = Field(default=None, ge=1)
+    """Open client connections (and requests) at most, beyond which uvicorn answers ``503``
+    (``limit_concurrency``). Off by default: the queue bounds requests and the timeouts above bound
+    idle sockets; set it below the process's file-descriptor limit."""
 
 
 class GatewaySettings(BaseSettings):
@@ -177,6 +195,8 @@ class GatewaySettings(BaseSettings):
     """Bearer key for ``/admin/*``; admin routes are closed when unset."""
     log_prompts: bool = False
     drain_timeout_s: float = Field(default=30.0, ge=0.0)
+    """On SIGTERM, how long in-flight and queued requests may take to finish. Then the gateway ends
+    what is left itself (streams with an SSE error event, the rest with ``503``)."""
     log_level: str = "info"
 
     @field_validator("backends", mode="before")

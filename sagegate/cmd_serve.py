@@ -1,7 +1,9 @@
 """``sagegate serve``: the gateway under uvicorn, configured from a YAML file, the environment and flags.
 
 On SIGTERM (or Ctrl-C) it stops accepting connections, answers 503 to new requests on open ones,
-lets in-flight and queued requests finish for up to ``drain_timeout_s``, then exits.
+lets in-flight and queued requests finish for up to ``drain_timeout_s``, ends what is left itself
+(streams with an SSE error event, the rest with 503), then exits. Client connections are bounded as
+``gateway.client_guard`` says (head and body timeouts, head size, optional connection limit).
 """
 
 from __future__ import annotations
@@ -61,11 +63,13 @@ def serve(
 
 def run(settings: Any) -> None:
     """Serve ``settings`` (a ``GatewaySettings``) until SIGTERM/SIGINT, then drain."""
+    import asyncio
     import logging
 
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.client_guard import BodyDeadline, uvicorn_options
     from policies.registry import PolicySpecError
 
     logging.basicConfig(
@@ -83,17 +87,28 @@ def run(settings: Any) -> None:
     gateway = app.state.gateway
 
     class _Server(uvicorn.Server):
+        loop: asyncio.AbstractEventLoop | None = None
+
+        async def startup(self, sockets: Any = None) -> None:
+            self.loop = asyncio.get_running_loop()
+            await super().startup(sockets)
+
         def handle_exit(self, sig: int, frame: Any) -> None:
+            if not gateway.draining and self.loop is not None:
+                # At the drain deadline the gateway ends what is left itself, before uvicorn's own
+                # shutdown timeout (DRAIN_GRACE_S later) would cut streams without an SSE error event.
+                loop, delay = self.loop, settings.drain_timeout_s
+                loop.call_soon_threadsafe(loop.call_later, delay, gateway.forwarder.close_all)
             gateway.draining = True
             super().handle_exit(sig, frame)
 
     cfg = uvicorn.Config(
-        app,
+        BodyDeadline(app, settings.limits.body_timeout_s),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
         access_log=False,
-        timeout_graceful_shutdown=settings.drain_timeout_s,
+        **uvicorn_options(settings),
     )
     names = ", ".join(b.url for b in settings.backends)
     typer.echo(

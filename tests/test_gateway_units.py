@@ -221,8 +221,8 @@ def test_dispatch_never_overfills_and_keeps_rank_order(
 ) -> None:
     async def go() -> None:
         d = _dispatcher(capacities, "sjf-oracle", rule=rule)
-        for ld in d.pool.loads:  # hold everything while the queue fills, then one pass
-            ld.healthy = False
+        for ld in d.pool.loads:  # hold everything while the queue fills (backends full), then one pass
+            ld.waiting = d.cfg.max_waiting
         made = []
         for prompt, out in reqs:
             r = _req(prompt, out)
@@ -230,7 +230,7 @@ def test_dispatch_never_overfills_and_keeps_rank_order(
             made.append(r)
             d.submit(r)
         for ld in d.pool.loads:
-            ld.healthy = True
+            ld.waiting = 0
         d.dispatch()
         loads = d.pool.loads
         for b in d.pool.backends:  # an idle backend may take one oversized request; else never past target
