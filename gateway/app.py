@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -34,6 +33,7 @@ from gateway.queue import BoundedQueue
 from gateway.settings import GatewaySettings
 from gateway.tenants import is_admin
 from gateway.tokens import count_text
+from gateway.upstream import UpstreamClients
 from policies.base import Policy
 from policies.registry import parse_policy
 
@@ -53,12 +53,9 @@ class Gateway:
             settings.predictor, settings.redis_url, settings.predictor_options
         )  # fmt: skip
         up = settings.upstream
-        limits = httpx.Limits(
-            max_connections=up.max_connections,
-            max_keepalive_connections=up.max_connections,
-            keepalive_expiry=up.keepalive_s,
+        self.client = UpstreamClients(
+            max_connections=up.max_connections, keepalive_s=up.keepalive_s, read_timeout_s=up.read_timeout_s
         )
-        self.client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(up.read_timeout_s))
         self.metrics = GatewayMetrics()
         self.pool = BackendPool(settings, self.client, on_change=self._on_change, clock=self.clock)
         self.queue = BoundedQueue(self.policy, settings.queue.max_requests, settings.queue.max_tokens)

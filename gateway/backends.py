@@ -21,6 +21,7 @@ import httpx
 
 from gateway.scrape import EngineMetrics, parse_metrics
 from gateway.settings import BackendSettings, GatewaySettings, HealthSettings
+from gateway.upstream import Upstream
 from policies.admission import BackendLoad
 from policies.prompt_share import PromptShare
 
@@ -208,7 +209,7 @@ class BackendPool:
     def __init__(
         self,
         settings: GatewaySettings,
-        client: httpx.AsyncClient,
+        client: Upstream,
         on_change: Callable[[], None] = lambda: None,
         clock: Clock = time.monotonic,
     ) -> None:

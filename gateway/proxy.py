@@ -35,6 +35,7 @@ from gateway.predict import PredictInput, Recorder
 from gateway.queue import Dispatched, GatewayRequest
 from gateway.settings import GatewaySettings
 from gateway.sse import USAGE_CAP, EventTooLarge, SseScanner, plausible_usage
+from gateway.upstream import Upstream
 
 log = logging.getLogger("sagegate.gateway")
 
@@ -103,7 +104,7 @@ class Forwarder:
         settings: GatewaySettings,
         dispatcher: Dispatcher,
         pool: BackendPool,
-        client: httpx.AsyncClient,
+        client: Upstream,
         metrics: GatewayMetrics,
         recorder: Recorder,
     ) -> None:

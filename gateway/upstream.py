@@ -1,0 +1,109 @@
+"""The gateway's HTTP client to its backends: many small connection pools instead of one large one.
+
+httpcore's pool walks every connection it holds on each request start and end (expiry, idleness,
+assignment), so one client carrying a few hundred concurrent streams spends a large share of the event
+loop on bookkeeping that grows with the square of the streams (py-spy on the demo's gateway run, ~300
+streams: ~15% of the loop in ``_assign_requests_to_connections``, ``has_expired`` and ``is_idle``).
+Here each request goes to the least-loaded of several clients, each holding at most ``per_client``
+requests, and a client's slot is freed when its response closes. The total stays bounded by
+``max_connections``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+
+
+class _ReleasingStream(httpx.AsyncByteStream):
+    """A response body that frees its client's slot once, when it is closed."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, release: Callable[[], None]) -> None:
+        self.inner = inner
+        self.release: Callable[[], None] | None = release
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self.inner:
+            yield chunk
+
+    async def aclose(self) -> None:
+        try:
+            await self.inner.aclose()
+        finally:
+            if self.release is not None:
+                release, self.release = self.release, None
+                release()
+
+
+class UpstreamClients:
+    """``send`` and ``get`` as on one ``httpx.AsyncClient``, over a set of small ones."""
+
+    def __init__(
+        self, *, max_connections: int, keepalive_s: float, read_timeout_s: float, per_client: int = 16
+    ) -> None:
+        self.per_client = max(1, min(per_client, max_connections))
+        self.max_clients = max(1, -(-max_connections // self.per_client))
+        self.keepalive_s = keepalive_s
+        self.timeout = httpx.Timeout(read_timeout_s)
+        self.clients: list[httpx.AsyncClient] = []
+        self.load: list[int] = []
+        self._new()
+
+    def _new(self) -> int:
+        limits = httpx.Limits(
+            max_connections=self.per_client,
+            max_keepalive_connections=self.per_client,
+            keepalive_expiry=self.keepalive_s,
+        )
+        self.clients.append(httpx.AsyncClient(limits=limits, timeout=self.timeout))
+        self.load.append(0)
+        return len(self.clients) - 1
+
+    def _acquire(self) -> int:
+        load = self.load
+        i = min(range(len(load)), key=load.__getitem__)
+        if load[i] >= self.per_client and len(self.clients) < self.max_clients:
+            i = self._new()
+        load[i] += 1
+        return i
+
+    def _releaser(self, i: int) -> Callable[[], None]:
+        def release() -> None:
+            self.load[i] -= 1
+
+        return release
+
+    @property
+    def active(self) -> int:
+        """Requests whose responses are open."""
+        return sum(self.load)
+
+    def build_request(self, method: str, url: str, **kw: object) -> httpx.Request:
+        return self.clients[0].build_request(method, url, **kw)  # type: ignore[arg-type]
+
+    async def send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
+        i = self._acquire()
+        release = self._releaser(i)
+        try:
+            resp = await self.clients[i].send(request, stream=stream)
+        except BaseException:
+            release()
+            raise
+        if not stream:  # read and closed already
+            release()
+            return resp
+        resp.stream = _ReleasingStream(resp.stream, release)  # type: ignore[arg-type]
+        return resp
+
+    async def get(self, url: str, **kw: object) -> httpx.Response:
+        """A small whole-body request (probes, scrapes) on the least-loaded client."""
+        return await self.send(self.build_request("GET", url, **kw))
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(c.aclose() for c in self.clients), return_exceptions=True)
+
+
+Upstream = UpstreamClients | httpx.AsyncClient
+"""What the forwarder and the backend pool send through (tests may hand in a plain client)."""
