@@ -230,6 +230,7 @@ def run_load(label: str, target: float, args: argparse.Namespace) -> dict[str, A
     scale, cap = scale_for(
         lambda x: azure_workload(args.minutes, x, args.seed, quiet=True).requests,
         target,
+        azure_workload(max(args.minutes, 2.0), 4.0, args.seed, quiet=True).requests,  # the mix, larger
         model=args.model,
         gpu=args.gpu,
     )

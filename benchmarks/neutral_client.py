@@ -10,11 +10,12 @@ its timestamps divided by T, so both send in wall time what the engines (running
 time. The load is quoted as utilisation of vLLM alone's capacity on this mix (``sagegate.simtwin``).
 
     .venv/bin/python benchmarks/neutral_client.py --peers /tmp/peers [--limit 400] [--rate-scale 0.8]
-        [--time-scale 5] [--out /tmp/neutral] [--runs aiperf:router,aiperf:gateway,replay:router,replay:gateway]
+        [--time-scale 1.5] [--out /tmp/neutral] [--runs aiperf:router,aiperf:gateway,replay:router,replay:gateway]
 
 ``--peers`` is a folder laid out by ``../shared/peers/install.sh`` with ``venv_aiperf``,
 ``venv_vllm_router`` and the offline tokenizers built (its README.md). Latencies are engine seconds
-(wall × T). Raw outputs (aiperf artefacts, replay records, backend counters) stay under ``--out``.
+(wall × T); the clients' own send lag (aiperf's schedule lag, replay's send lateness) shows how
+far a busy machine held them back. Raw outputs (aiperf artefacts, replay records, backend counters) stay under ``--out``.
 """
 
 from __future__ import annotations
@@ -147,14 +148,15 @@ def setup(kind: str, args: argparse.Namespace, out: Path) -> Iterator[tuple[str,
             with router(args.peers, urls, out / "router.log") as url:
                 yield url, urls
         else:
-            with gateway(urls, "sagesched", "semantic", env=GATEWAY_ENV) as url:
+            with gateway(urls, "sagesched", "semantic", env={**GATEWAY_ENV, **args.env}) as url:
                 yield url, urls
 
 
 def warm(front: str, bes: Sequence[str]) -> None:
-    """A first request costs a cold backend about 2 s of wall time (10 engine s at T=5), which aiperf,
-    having no unrecorded prime request, would charge to its first requests: warm every backend directly,
-    then the front twice (round robin reaches both backends)."""
+    """A cold backend's first request costs it about 1.5 s of wall time (T× that in engine time), which
+    aiperf, having no unrecorded prime request, would charge to its first requests (and ``sagegate
+    replay``'s one prime request warms one backend only): warm every backend directly, then the front
+    twice (round robin reaches both backends)."""
     import httpx
 
     from loadgen.prompts import filler_text
@@ -201,11 +203,21 @@ def run_aiperf(url: str, args: argparse.Namespace, trace: Path, out: Path) -> di
     """aiperf's fixed-schedule replay of ``trace`` (wall-time timestamps); its own figures, × T."""
     art = out / "aiperf"
     cmd = [str(args.peers / "venv_aiperf/bin/aiperf"), "profile", "-m", args.model, "--url", url]
-    cmd += ["--endpoint-type", "chat", "--streaming", "--tokenizer", "builtin", "--input-file", str(trace)]
+    cmd += [
+        "--endpoint-type",
+        "chat",
+        "--streaming",
+        "--tokenizer",
+        args.aiperf_tokenizer,
+        "--input-file",
+        str(trace),
+    ]
     cmd += ["--custom-dataset-type", "mooncake_trace", "--fixed-schedule", "--ui-type", "none"]
     cmd += ["--artifact-dir", str(art), "--random-seed", "1", "--no-server-metrics"]
     with (out / "aiperf.log").open("w") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=peers_env(args.peers), cwd=out)
+    if not (art / "profile_export_aiperf.json").exists():
+        raise RuntimeError(f"aiperf exited with {rc.returncode} and no results: see {out / 'aiperf.log'}")
     d = json.loads((art / "profile_export_aiperf.json").read_text())
     T = args.time_scale
     records = [json.loads(x) for x in (art / "profile_export.jsonl").read_text().splitlines() if x.strip()]
@@ -219,7 +231,7 @@ def run_aiperf(url: str, args: argparse.Namespace, trace: Path, out: Path) -> di
         "completed": stat("completed_request_count", "avg"),
         "errors": float(sum(1 for r in records if r.get("error"))),
         "throughput_tok_s": stat("output_token_throughput", "avg") / T,
-        "sched_lag_p99_ms": stat("replay_sched_lag_p99", "avg"),
+        "send_lag_p99_s": stat("replay_sched_lag_p99", "avg") / 1000.0 * T,
     }
     for ours, theirs in (("ttft", "time_to_first_token"), ("ttlt", "request_latency")):
         for s in ("avg", "p50", "p99"):
@@ -240,10 +252,15 @@ def run_replay(
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=out)
     (out / "replay.log").write_text(res.stderr + res.stdout)
+    if not res.stdout.strip():
+        raise RuntimeError(
+            f"sagegate replay exited with {res.returncode} and no summary: see {out / 'replay.log'}"
+        )
     s = json.loads(res.stdout.strip().splitlines()[-1])["summary"]
     fig = {k: float(s[k]) for k in s if isinstance(s[k], (int, float))}
     fig["rc"] = float(res.returncode)
-    fig["replay_preemptions"] = fig.get("preemptions", float("nan"))
+    fig["replay_preemptions"] = fig.get("preemptions", float("nan"))  # replay's own reading, to check
+    fig["send_lag_p99_s"] = fig.get("send_lateness_p99_s", float("nan"))
     return fig
 
 
@@ -297,6 +314,7 @@ ROWS = (
     ("ttlt_p99_s", "p99 latency (s)", "{:.2f}"),
     ("throughput_tok_s", "output tok/s", "{:.0f}"),
     ("preemptions", "preemptions (backends' /metrics)", "{:.0f}"),
+    ("send_lag_p99_s", "client's send lag p99 (s)", "{:.2f}"),
 )
 
 
@@ -311,7 +329,11 @@ def table(runs: Sequence[dict[str, Any]]) -> str:
     for key, label, fmt in ROWS:
         cells = [fmt.format(r["figures"].get(key, float("nan"))) for r in cols.values()]
         for c in clients:
-            if (c, "router") in cols and (c, "gateway") in cols:
+            if (c, "router") not in cols or (c, "gateway") not in cols:
+                continue
+            if key == "send_lag_p99_s":  # the clients' own health, not a figure to compare
+                cells.append("")
+            else:
                 a = cols[(c, "router")]["figures"].get(key, float("nan"))
                 b = cols[(c, "gateway")]["figures"].get(key, float("nan"))
                 cells.append(f"{b / a:.3f}" if a else "—")
@@ -329,12 +351,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--trace", type=Path, default=TRACE, help="Mooncake-format trace.")
     p.add_argument("--limit", type=int, default=400, help="The trace's first N requests.")
     p.add_argument("--rate-scale", type=float, default=0.8, help="Compress the trace's times (<1 stretches).")
-    p.add_argument("--time-scale", type=float, default=5.0, help="The backends run T× faster than real time.")
+    p.add_argument("--time-scale", type=float, default=1.5, help="The backends run T× faster than real time.")
     p.add_argument("--model", default="llama-3.1-8b")
     p.add_argument("--gpu", default="h100")
     p.add_argument("--out", type=Path, default=Path("/tmp/neutral"))
     p.add_argument("--runs", default=RUNS, help="client:setup pairs, comma-separated.")
+    p.add_argument(
+        "--aiperf-tokenizer",
+        default="builtin",
+        help="aiperf's tokenizer: builtin (o200k, ~2.5%% fewer tokens than the backends' cl100k count) "
+        "or local/cl100k (the peers' fake HF cache: the backends' own count).",
+    )
+    p.add_argument(
+        "--gateway-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="Extra gateway setting for a diagnostic run (repeatable), e.g. SAGEGATE_ADMISSION__MAX_WAITING_TOKENS=262144.",
+    )
     args = p.parse_args(argv)
+    args.env = dict(kv.split("=", 1) for kv in args.gateway_env)
     args.peers, args.out = args.peers.resolve(), args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -353,7 +389,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{load['utilisation']:.2f}; T = {args.time_scale:g}",
         flush=True,
     )
-    runs = [one_run(*pair.split(":"), args, slices) for pair in args.runs.split(",") if pair]
+    pairs = [pair.split(":", 1) for pair in args.runs.split(",") if pair]
+    runs = [one_run(client, kind, args, slices) for client, kind in pairs]
     md = table(runs)
     print(md)
     report = {

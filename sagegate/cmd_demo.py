@@ -55,8 +55,13 @@ def demo(
     if quick:
         minutes, predictor = min(minutes, 1 / 6), "length-bucket"
     if rate_scale is None:
+        mix = azure_workload(max(minutes, 2.0), 4.0, seed, quiet=True).requests  # the same mix, larger
         rate_scale, cap = scale_for(
-            lambda s: azure_workload(minutes, s, seed, quiet=True).requests, utilisation, model=model, gpu=gpu
+            lambda s: azure_workload(minutes, s, seed, quiet=True).requests,
+            utilisation,
+            mix,
+            model=model,
+            gpu=gpu,
         )
         work = azure_workload(minutes, rate_scale, seed)
     else:
@@ -99,6 +104,17 @@ def demo(
     live_rows = {r.metric: r.ratio for r in rows}
     acc = prediction_accuracy(live["gateway"])
     summary = _summary(util, live_rows, sim_rows, acc, work.description)
+    summary["predictor_paths"] = live.get("paths", {})
+    summary["simulated_prediction"] = prediction_accuracy(sim_gw.records)
+    if summary["predictor_paths"]:
+        paths = ", ".join(f"{k} {v:.0f}" for k, v in sorted(summary["predictor_paths"].items()))
+        summary["lines"].append(f"  prediction paths at the gateway: {paths}")
+    sim_acc = summary["simulated_prediction"]
+    if sim_acc is not None:
+        summary["lines"].append(
+            f"  the same predictor in the simulator: Kendall tau {sim_acc['kendall_tau']:.2f}, "
+            f"median error {sim_acc['median_rel_error']:.0%}"
+        )
     for line in summary["lines"]:
         typer.echo(line)
     (out / "summary.json").write_text(
@@ -134,11 +150,31 @@ def _live_runs(
             cfg.progress = progress
             with BackendSampler(urls, time_scale) as sampler:
                 through = replay(work, cfg)
+            out["paths"] = _predictor_paths(gw)
         out["backends"][f"gateway {policy}"] = {names[u]: s for u, s in sampler.series.items()}
         after = _preemptions(urls)
     out["gateway"], out["queue"] = through.records, through.queue_samples
     out["preemptions"] = {"alone": _diff(mid, before), "gateway": _diff(after, mid)}
     return out
+
+
+def _predictor_paths(url: str) -> dict[str, float]:
+    """How the gateway's predictions were made (``semantic``, ``late`` past the embedding budget,
+    ``bucket``/``global``/``cold`` priors), from its ``/metrics``."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = httpx.get(url + "/metrics", timeout=10.0, trust_env=False).text
+    except httpx.HTTPError:
+        return {}
+    return {
+        s.labels.get("path", "?"): s.value
+        for fam in text_string_to_metric_families(text)
+        if fam.name == "sagegate_predictor_path"
+        for s in fam.samples
+        if s.name.endswith("_total")
+    }
 
 
 def _preemptions(urls: list[str]) -> float | None:

@@ -108,25 +108,26 @@ def utilisation(work: Sequence[TraceRequest], cap: dict[str, float]) -> float:
 
 
 def scale_for(
-    build: Callable[[float], Sequence[TraceRequest]], target: float, *, model: str, gpu: str
+    build: Callable[[float], Sequence[TraceRequest]],
+    target: float,
+    mix: Sequence[TraceRequest],
+    *,
+    model: str,
+    gpu: str,
 ) -> tuple[float, dict[str, float]]:
     """The rate multiplier at which ``build(scale)`` offers ``target`` × vLLM alone's capacity, and that
-    capacity. The mix does not depend on the multiplier but the trace's window does, and a trace's rate
-    varies within it, so the multiplier is found by bisection (in log space) on the offered rate; the
-    capacity is measured again on the workload found (a small workload reads low), three rounds."""
+    capacity, measured on ``mix``: a large sample of the same request mix (a burst of a few hundred
+    requests reads low and noisy). The trace's rate varies within its window, so the multiplier is
+    found by bisection (in log space) on the offered rate."""
     import math
 
-    scale = 1.0
-    cap = capacity(build(scale), model=model, gpu=gpu)
-    for _ in range(3):
-        want = target * cap["req_s"]
-        lo, hi = math.log(0.01), math.log(100.0)
-        while hi - lo > 0.005:
-            mid = (lo + hi) / 2
-            if offered_rate(build(math.exp(mid))) < want:
-                lo = mid
-            else:
-                hi = mid
-        scale = math.exp((lo + hi) / 2)
-        cap = capacity(build(scale), model=model, gpu=gpu)
-    return scale, cap
+    cap = capacity(mix, model=model, gpu=gpu)
+    want = target * cap["req_s"]
+    lo, hi = math.log(0.01), math.log(100.0)
+    while hi - lo > 0.005:
+        mid = (lo + hi) / 2
+        if offered_rate(build(math.exp(mid))) < want:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp((lo + hi) / 2), cap
