@@ -4,6 +4,7 @@ mapped here, and only here, to an HTTP status, headers and an OpenAI-style body.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from starlette.responses import Response
 
@@ -22,6 +23,7 @@ class GatewayError(Exception):
         reason: str | None = None,
         param: str | None = None,
         retry_after: int | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -30,6 +32,8 @@ class GatewayError(Exception):
         self.reason = reason
         self.param = param
         self.retry_after = retry_after
+        self.headers = dict(headers or {})
+        """Headers the answer must carry (``Allow`` on a 405)."""
 
     def body(self) -> dict[str, object]:
         return {
@@ -42,7 +46,7 @@ class GatewayError(Exception):
         }
 
     def response(self) -> Response:
-        headers = {}
+        headers = dict(self.headers)
         if self.reason:
             headers[REASON_HEADER] = self.reason
         if self.retry_after is not None:

@@ -136,6 +136,9 @@ class LimitSettings(BaseModel):
     max_tokens: int = Field(default=32_768, ge=1)
     """Largest ``max_tokens`` (or ``max_completion_tokens``) accepted."""
     max_n: int = Field(default=1, ge=1)
+    max_json_depth: int = Field(default=64, ge=2, le=500)
+    """Deepest nesting of arrays and objects a body may have (``400`` beyond): OpenAI bodies, tool
+    schemas included, rarely pass 20; the bound keeps parsing off Python's recursion limit."""
 
 
 class GatewaySettings(BaseSettings):
