@@ -50,7 +50,7 @@ class Gateway:
     ) -> None:
         self.settings = settings
         self.clock = time.monotonic
-        self.policy = policy if policy is not None else parse_policy(settings.policy)
+        self.policy = policy if policy is not None else gateway_policy(settings)
         self.predictor = predictor if predictor is not None else build_predictor(
             settings.predictor, settings.redis_url, settings.predictor_options
         )  # fmt: skip
@@ -281,6 +281,13 @@ def create_app(settings: GatewaySettings, *, policy: Policy | None = None, predi
 
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+def gateway_policy(settings: GatewaySettings) -> Policy:
+    """The policy ``settings.policy`` names, with the starvation bound ``queue.aged_share`` sets."""
+    share = settings.queue.aged_share
+    defaults = {"max_wait_s": share * settings.queue.max_wait_s} if share > 0 else None
+    return parse_policy(settings.policy, defaults)
 
 
 def _route(request: Request) -> str:
