@@ -7,6 +7,7 @@ that need a file skip with a message saying what is missing and how to provide i
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.data import data_root
+from sagegate.procs import RedisServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,3 +55,15 @@ def redis_prefix() -> Iterator[str]:
     for key in client.scan_iter(f"{prefix}*"):
         client.delete(key)
     client.close()
+
+
+@pytest.fixture
+def private_redis() -> Iterator[RedisServer]:
+    """A private redis-server on a free port (no persistence) that the test may kill and restart."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed")
+    server = RedisServer(binary, free_port())
+    server.start()
+    yield server
+    server.kill()

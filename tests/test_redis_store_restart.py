@@ -9,27 +9,14 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 
 import numpy as np
-import pytest
 
 from predictor.embedder import DIM
 from predictor.history import Completion, WindowBounds
 from predictor.redis_store import RedisStore
-from tests.semantic_support import free_port, redis_server_binary
-from tests.test_semantic_redis import RedisProcess, wait_for
-
-
-@pytest.fixture
-def private_redis() -> Iterator[RedisProcess]:
-    binary = redis_server_binary()
-    if binary is None:
-        pytest.skip("redis-server is not installed")
-    server = RedisProcess(binary, free_port())
-    server.start()
-    yield server
-    server.kill()
+from sagegate.procs import RedisServer
+from tests.gateway_support import wait_until
 
 
 def _record(i: int) -> Completion:
@@ -53,7 +40,7 @@ def _store(url: str, prefix: str) -> RedisStore:
     return RedisStore(url, prefix=prefix, bounds=bounds, block_ms=50, socket_timeout=0.2)
 
 
-def test_restart_mid_run_writes_each_completion_once(private_redis: RedisProcess) -> None:
+def test_restart_mid_run_writes_each_completion_once(private_redis: RedisServer) -> None:
     prefix = "sagegate-once"
     store = _store(private_redis.url, prefix)
     store.start(lambda recs: None)
@@ -78,7 +65,7 @@ def test_restart_mid_run_writes_each_completion_once(private_redis: RedisProcess
         private_redis.start()  # empty: what was written before the kill is gone
         t.join(30)
         assert len(ids) == 400
-        assert wait_for(lambda: sum(_stream_ids(private_redis.url, prefix).values()) >= 400, timeout=20)
+        wait_until(lambda: sum(_stream_ids(private_redis.url, prefix).values()) >= 400, 20, "all written")
         time.sleep(0.5)  # a late duplicate would land now
         seen = _stream_ids(private_redis.url, prefix)
         dups = {k: n for k, n in seen.items() if n > 1}
@@ -89,7 +76,7 @@ def test_restart_mid_run_writes_each_completion_once(private_redis: RedisProcess
         store.close()
 
 
-def test_two_restarts_and_a_second_replica_see_each_completion_once(private_redis: RedisProcess) -> None:
+def test_two_restarts_and_a_second_replica_see_each_completion_once(private_redis: RedisServer) -> None:
     prefix = "sagegate-once2"
     a, b = _store(private_redis.url, prefix), _store(private_redis.url, prefix)
     got: list[Completion] = []
@@ -106,12 +93,12 @@ def test_two_restarts_and_a_second_replica_see_each_completion_once(private_redi
             if round_ < 2:
                 private_redis.kill()
                 private_redis.start()
-        assert wait_for(lambda: set(_stream_ids(private_redis.url, prefix)) == set(ids), timeout=20)
+        wait_until(lambda: set(_stream_ids(private_redis.url, prefix)) == set(ids), 20, "all written")
         time.sleep(0.5)
         assert max(_stream_ids(private_redis.url, prefix).values()) == 1
         # The other replica re-reads the stream after each reset; it receives duplicates of nothing
         # beyond what a re-read repeats (its predictor ignores known ids), and misses nothing.
-        assert wait_for(lambda: {r.id for r in got} == set(ids), timeout=20)
+        wait_until(lambda: {r.id for r in got} == set(ids), 20, "all received")
     finally:
         a.close()
         b.close()

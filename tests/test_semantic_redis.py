@@ -7,9 +7,8 @@ Waits poll with generous deadlines (the propagation latency itself is measured i
 from __future__ import annotations
 
 import math
-import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -21,6 +20,7 @@ from predictor.history import Completion, WindowBounds
 from predictor.index import IndexConfig
 from predictor.redis_store import RedisStore
 from predictor.semantic import PromptFeatures, SemanticConfig, SemanticPredictor
+from sagegate.procs import RedisServer as RedisProcess
 from tests.semantic_support import (
     LONG_TASKS,
     SHORT_TASKS,
@@ -28,7 +28,6 @@ from tests.semantic_support import (
     family,
     free_port,
     real_embedder,
-    redis_available,
     redis_server_binary,
 )
 
@@ -106,53 +105,6 @@ def test_window_and_models_hold_across_replicas(redis_prefix: str, feats: list[P
     finally:
         a.close()
         b.close()
-
-
-class RedisProcess:
-    """A private redis-server (no persistence) that the test can kill and restart on the same port."""
-
-    def __init__(self, binary: str, port: int) -> None:
-        self.binary, self.port = binary, port
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                self.binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        assert wait_for(lambda: redis_available(port=self.port), timeout=10), "redis-server did not start"
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-            self.proc = None
-
-
-@pytest.fixture
-def private_redis() -> Iterator[RedisProcess]:
-    binary = redis_server_binary()
-    if binary is None:
-        pytest.skip("redis-server is not installed")
-    server = RedisProcess(binary, free_port())
-    server.start()
-    yield server
-    server.kill()
 
 
 def test_restart_mid_run_loses_no_completion(
