@@ -46,6 +46,8 @@ class Child:
     url: str
     port: int
     proc: subprocess.Popen[str]
+    log: IO[str]
+    """The child's stderr (a file: read it from the start with ``seek(0)``)."""
 
 
 @contextlib.contextmanager
@@ -67,7 +69,7 @@ def child(
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True, env=env)
         try:
             _wait_ready(proc, url + ready_path, log, startup_timeout_s)
-            yield Child(url, port, proc)
+            yield Child(url, port, proc, log)
         finally:
             if proc.poll() is None:
                 stop(proc, 10)
