@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import random
+import select
 import shutil
 import socket
 import sys
@@ -276,8 +277,8 @@ class Size:
     max_tokens: tuple[int, ...]
 
 
-QUICK = Size(60, 120, 120, 300, 2.0, 60, 30, 10, 3, 8.0, 4, 30, (16, 64, 128, 256, 600))
-FULL = Size(300, 400, 400, 1000, 5.0, 300, 300, 100, 10, 40.0, 20, 100, (16, 64, 256, 600, 1000, 3000))
+QUICK = Size(60, 120, 120, 300, 5.0, 60, 30, 10, 3, 8.0, 4, 30, (16, 64, 128, 256, 600))
+FULL = Size(300, 400, 400, 1000, 10.0, 300, 300, 100, 10, 40.0, 20, 100, (16, 64, 256, 600, 1000, 3000))
 
 
 class Suite:
@@ -285,6 +286,7 @@ class Suite:
         self.size, self.blocks, self.time_scale = size, blocks, time_scale
         self.rng = random.Random(seed)
         self.capacity_rps = 20.0
+        self.gateway_pid = 0
 
     def reqs(self, n: int, stream_share: float = 0.7) -> list[dict[str, Any]]:
         return [body(self.rng, self.size.max_tokens, stream_share) for _ in range(n)]
@@ -350,8 +352,10 @@ class Suite:
         tally = Tally()
         rate = 10 * self.capacity_rps
         n = int(rate * self.size.overload_s)
+        rss0 = rss_mb(self.gateway_pid)
         await open_loop(client, gw, self.reqs(n), rate, tally, 180)
-        return tally, [f"{n} at {rate:.0f}/s (10x the baseline's rate) for {self.size.overload_s:g} s"]
+        rss = f"gateway RSS {rss0:.0f} -> {rss_mb(self.gateway_pid):.0f} MB"
+        return tally, [f"{n} at {rate:.0f}/s (10x the baseline's rate) for {self.size.overload_s:g} s; {rss}"]
 
     async def fuzz(self, gw: str, client: httpx.AsyncClient) -> tuple[Tally, list[str]]:
         tally = Tally()
@@ -401,8 +405,13 @@ class Suite:
         await open_loop(client, gw, self.reqs(30), 10, normal, 60)
         await asyncio.sleep(max(0.0, s.slow_hold_s - 3.0))
         kinds: Counter[str] = Counter()
+        held = [sock for kind, sock in socks if kind != "stalled"]
+        outcomes = dict(zip(map(id, held), _settle_slow(held), strict=True))
+        stalled = [sock for kind, sock in socks if kind == "stalled"]
+        read = await asyncio.gather(*(asyncio.to_thread(_settle_stalled, sock) for sock in stalled))
+        outcomes.update(zip(map(id, stalled), read, strict=True))
         for kind, sock in socks:
-            outcome = await asyncio.to_thread(_settle, kind, sock)
+            outcome = outcomes[id(sock)]
             kinds[f"{kind}:{outcome}"] += 1
             if outcome == "answered":
                 tally.answered += 1
@@ -455,7 +464,7 @@ class Suite:
     async def drain(self, gw: Child, client: httpx.AsyncClient) -> tuple[Tally, list[str]]:
         tally = Tally()
         n = self.size.drain
-        reqs = [{**r, "stream": True, "max_tokens": 1500} for r in self.reqs(n)]
+        reqs = [{**r, "stream": True, "max_tokens": 400} for r in self.reqs(n)]
         tasks = [asyncio.create_task(call(client, gw.url, r, tally, 120)) for r in reqs]
         await asyncio.sleep(1.0)
         t0 = time.monotonic()
@@ -478,36 +487,54 @@ def _open(host: str, port: int, data: bytes, rcvbuf: int | None = None) -> socke
     return sock
 
 
-def _settle(kind: str, sock: socket.socket) -> str:
-    """What became of a slow socket: ``closed`` (or an HTTP status) if the gateway gave up on it,
-    ``held open`` if it still waits; a stalled reader, read now, is ``answered``, ``cut`` or lost."""
-    try:
-        if kind != "stalled":
-            sock.settimeout(0.5)
+def _settle_slow(socks: Sequence[socket.socket]) -> list[str]:
+    """What became of each half-sent request: ``closed`` (or the HTTP status it got) if the gateway
+    gave up on it, ``held open`` if it still waits (looked at all at once, 0.5 s)."""
+    readable, _, _ = select.select(socks, [], [], 0.5) if socks else ([], [], [])
+    ready = set(map(id, readable))
+    out = []
+    for sock in socks:
+        outcome = "held open"
+        if id(sock) in ready:
             try:
                 data = sock.recv(4096)
-            except TimeoutError:
-                return "held open"
             except OSError:
-                return "closed"
-            if not data:
-                return "closed"
+                data = b""
             status = data.split(b" ", 2)[1:2]
-            return status[0].decode() if status and status[0].isdigit() else "closed"
-        sock.settimeout(20)
-        buf = b""
-        try:
-            while chunk := sock.recv(65536):
-                buf += chunk
-                if b"data: [DONE]" in buf[-200:]:
-                    return "answered"
-        except TimeoutError:
-            return "stalled after reading"
-        except OSError:
-            return "cut"
+            outcome = status[0].decode() if status and status[0].isdigit() else "closed"
+        sock.close()
+        out.append(outcome)
+    return out
+
+
+def _settle_stalled(sock: socket.socket) -> str:
+    """A client that stopped reading, reading now: ``answered`` (the whole stream was kept for it),
+    ``cut`` (the gateway ended it), or ``stalled after reading`` (neither within 20 s: lost)."""
+    sock.settimeout(20)
+    buf = b""
+    try:
+        while chunk := sock.recv(65536):
+            buf = buf[-200:] + chunk
+            if b"data: [DONE]" in buf:
+                return "answered"
+    except TimeoutError:
+        return "stalled after reading"
+    except OSError:
         return "cut"
     finally:
         sock.close()
+    return "cut"
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process (Linux), MB; 0 when unreadable."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
 
 
 def _metric(url: str, name: str) -> float | None:
@@ -697,7 +724,7 @@ async def run_suite(size: Size, only: set[str], seed: int, blocks: int, time_sca
         "redis_url": redis.url,
         "queue": {"max_wait_s": 5.0, "max_requests": 1000},
         "health": {"probe_interval_s": 0.5, "open_s": 1.0},
-        "drain_timeout_s": 20,
+        "drain_timeout_s": 30,
     }
     try:
         with contextlib.ExitStack() as stack:
@@ -707,6 +734,7 @@ async def run_suite(size: Size, only: set[str], seed: int, blocks: int, time_sca
             print("starting the gateway (loads the embedding model) ...", file=sys.stderr)
             gw = stack.enter_context(gateway({**settings, "backends": [b0.url, b1.url]}))
             watch = LogWatch(gw)
+            suite.gateway_pid = gw.proc.pid
             async with httpx.AsyncClient(limits=limits, trust_env=False) as client:
 
                 async def record(name: str, go: Callable[[], Awaitable[tuple[Tally, list[str]]]]) -> None:
