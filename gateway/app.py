@@ -14,10 +14,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.core import GaugeMetricFamily
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
 from gateway import errors
@@ -48,7 +50,7 @@ class Gateway:
     ) -> None:
         self.settings = settings
         self.clock = time.monotonic
-        self.policy = policy if policy is not None else parse_policy(settings.policy)
+        self.policy = policy if policy is not None else gateway_policy(settings)
         self.predictor = predictor if predictor is not None else build_predictor(
             settings.predictor, settings.redis_url, settings.predictor_options
         )  # fmt: skip
@@ -105,7 +107,12 @@ class Gateway:
     async def handle(self, request: Request, route: str) -> Response:
         if self.draining:
             raise errors.unavailable("draining", "the gateway is shutting down", retry_after=1)
-        raw = await self.intake.read_body(request)
+        try:
+            raw = await self.intake.read_body(request)
+        except ClientDisconnect:  # the client left mid-upload: nothing to answer, nothing to log
+            self.metrics.cancellations.labels("upload").inc()
+            self.metrics.requests.labels(route, "client_gone").inc()
+            return Response(status_code=499)
         body = self.intake.parse(raw, route)
         async with DisconnectGuard(request.receive):
             req, inp = await self.intake.build(request, route, body)
@@ -219,7 +226,18 @@ def create_app(settings: GatewaySettings, *, policy: Policy | None = None, predi
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
-        return GatewayError(exc.status_code, str(exc.detail), reason="http_error").response()
+        return GatewayError(
+            exc.status_code, str(exc.detail), reason="http_error", headers=exc.headers
+        ).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        """A bad query parameter (``/admin/queue?limit=abc``): OpenAI's shape, not FastAPI's."""
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p not in ("query", "path", "header", "body")]
+        param = ".".join(loc) or None
+        msg = str(first.get("msg", "invalid request"))
+        return errors.bad_request(f"{param}: {msg}" if param else msg, param).response()
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, exc: Exception) -> Response:
@@ -260,6 +278,13 @@ def create_app(settings: GatewaySettings, *, policy: Policy | None = None, predi
 
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+def gateway_policy(settings: GatewaySettings) -> Policy:
+    """The policy ``settings.policy`` names, with the starvation bound ``queue.aged_share`` sets."""
+    share = settings.queue.aged_share
+    defaults = {"max_wait_s": share * settings.queue.max_wait_s} if share > 0 else None
+    return parse_policy(settings.policy, defaults)
 
 
 def _route(request: Request) -> str:

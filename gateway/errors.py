@@ -4,6 +4,7 @@ mapped here, and only here, to an HTTP status, headers and an OpenAI-style body.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from starlette.responses import Response
 
@@ -23,6 +24,7 @@ class GatewayError(Exception):
         param: str | None = None,
         retry_after: int | str | None = None,
         close: bool = False,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.close = close
@@ -33,6 +35,8 @@ class GatewayError(Exception):
         self.reason = reason
         self.param = param
         self.retry_after = retry_after
+        self.headers = dict(headers or {})
+        """Headers the answer must carry (``Allow`` on a 405)."""
 
     def body(self) -> dict[str, object]:
         return {
@@ -45,7 +49,7 @@ class GatewayError(Exception):
         }
 
     def response(self) -> Response:
-        headers = {}
+        headers = dict(self.headers)
         if self.reason:
             headers[REASON_HEADER] = self.reason
         if self.retry_after is not None:

@@ -5,7 +5,6 @@ prediction. Every refusal here is a 4xx :class:`GatewayError`; nothing a client 
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -14,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
-from gateway import errors
+from gateway import errors, jsonbody
 from gateway.metrics import GatewayMetrics
 from gateway.openai_schema import ChatCompletionRequest, CompletionRequest
 from gateway.predict import PredictInput, cap
@@ -61,9 +60,9 @@ class Intake:
     def parse(self, raw: bytes, route: str) -> dict[str, Any]:
         """The body as a dict, validated against the route's schema and the gateway's limits."""
         try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            raise errors.bad_request("the request body is not valid JSON") from None
+            body = jsonbody.loads(raw, self.settings.limits.max_json_depth)
+        except jsonbody.BodyError as exc:
+            raise errors.bad_request(str(exc)) from None
         if not isinstance(body, dict):
             raise errors.bad_request("the request body must be a JSON object")
         try:

@@ -7,11 +7,19 @@ them costs nothing per request.
 
 from __future__ import annotations
 
+import logging
+import math
+import time
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+log = logging.getLogger("sagegate.gateway")
+
+LOG_EVERY_S = 1.0
+"""Refusals are logged at most once a second per reason (the counter has them all)."""
 
 TOKEN_BUCKETS = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, float("inf"))
 WAIT_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, float("inf"))
@@ -55,6 +63,7 @@ class GatewayMetrics:
             "sagegate_output_actual_over_predicted", "True output length over the predicted mean.",
             buckets=RATIO_BUCKETS, registry=r,
         )  # fmt: skip
+        self._rejection_log = RateLimitedLog(log, "rejected %d request(s): %s")
         self.predictor_paths = Counter(
             "sagegate_predictor_path", "Predictions by the path the predictor took.", ["path"], registry=r
         )
@@ -64,7 +73,10 @@ class GatewayMetrics:
         self.queue_wait.observe(wait_s)
 
     def rejected(self, reason: str) -> None:
+        """Count a refusal and log it (WARNING; at most one line per reason per ``LOG_EVERY_S``, with
+        how many the line stands for, so a flood of refusals cannot flood the log)."""
         self.rejections.labels(reason).inc()
+        self._rejection_log.note(reason)
 
     def outcome(self, predicted_mean: float | None, actual: int) -> None:
         self.actual.observe(actual)
@@ -77,6 +89,35 @@ class GatewayMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class RateLimitedLog:
+    """One WARNING per key at most every ``every_s``: the first occurrence at once, the ones after
+    it summed into the next line (written when the next occurrence comes after the interval)."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        fmt: str,
+        every_s: float = LOG_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.logger = logger
+        self.fmt = fmt
+        self.every_s = every_s
+        self.clock = clock
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def note(self, key: str) -> None:
+        now = self.clock()
+        held = self._held.get(key, 0) + 1
+        if now - self._last.get(key, -math.inf) < self.every_s:
+            self._held[key] = held
+            return
+        self._last[key] = now
+        self._held[key] = 0
+        self.logger.warning(self.fmt, held, key)
 
 
 class _StateCollector(Collector):

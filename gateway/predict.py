@@ -18,6 +18,9 @@ from predictor.distribution import LengthDistribution
 
 log = logging.getLogger("sagegate.gateway")
 
+DRAIN_S = 1.0
+"""At shutdown, how long outcomes still being recorded (an embedding in flight) may hold the exit."""
+
 
 @dataclass(slots=True)
 class PredictInput:
@@ -43,7 +46,7 @@ class GatewayPredictor(Protocol):
         ...
 
     async def astart(self) -> None:
-        """Load history, connect (called once before serving)."""
+        """Load history, connect, load models (called once before serving: /ready waits for it)."""
         ...
 
     async def aclose(self) -> None: ...
@@ -131,6 +134,7 @@ class SemanticAdapter:
 
     async def astart(self) -> None:
         await asyncio.to_thread(self.inner.start)  # reads the history window (Redis I/O)
+        await asyncio.to_thread(self.inner.warm_up)  # the model loads before /ready, not on a request
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.inner.close)
@@ -197,6 +201,13 @@ class Recorder:
         except Exception:
             log.exception("predictor failed to record an outcome")
 
-    async def drain(self) -> None:
-        if self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+    async def drain(self, timeout_s: float = DRAIN_S) -> None:
+        """Let pending updates finish for up to ``timeout_s`` (shutdown), then cancel the rest."""
+        if not self._tasks:
+            return
+        _, late = await asyncio.wait(list(self._tasks), timeout=timeout_s)
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.gather(*late, return_exceptions=True)
+            log.info("shutdown: %d history updates not recorded", len(late))

@@ -92,6 +92,12 @@ class QueueSettings(BaseModel):
     """Sum of queued requests' prompt tokens."""
     max_wait_s: float = Field(default=60.0, gt=0.0)
     """A request still queued after this long is answered 429 (backends busy) or 503 (none healthy)."""
+    aged_share: float = Field(default=0.5, ge=0.0, lt=1.0)
+    """The starvation bound: a policy with a ``max_wait_s`` parameter (``sagesched``) whose spec does
+    not set one gets ``max_wait_s = aged_share × queue.max_wait_s``, so a request that has waited
+    that long goes ahead of every one that has not (oldest first) and has the rest of the queue's
+    limit to be served. Without it, under sustained overload the largest prompts wait until the
+    queue's limit rejects them. 0 turns it off (also ``policy: "sagesched:max_wait_s=none"``)."""
     retry_after_s: int = Field(default=1, ge=0)
 
 
@@ -154,6 +160,9 @@ class LimitSettings(BaseModel):
     """Open client connections (and requests) at most, beyond which uvicorn answers ``503``
     (``limit_concurrency``). Off by default: the queue bounds requests and the timeouts above bound
     idle sockets; set it below the process's file-descriptor limit."""
+    max_json_depth: int = Field(default=64, ge=2, le=500)
+    """Deepest nesting of arrays and objects a body may have (``400`` beyond): OpenAI bodies, tool
+    schemas included, rarely pass 20; the bound keeps parsing off Python's recursion limit."""
 
 
 class GatewaySettings(BaseSettings):

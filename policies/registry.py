@@ -8,7 +8,7 @@ that lists what is valid. Policies register with the :func:`register` decorator.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, get_type_hints
 
@@ -81,14 +81,17 @@ def names() -> list[str]:
     return sorted(registry())
 
 
-def parse_policy(spec: str, **overrides: Any) -> Policy:
-    """Build a policy from ``"name"`` or ``"name:key=value,key=value"``."""
+def parse_policy(spec: str, defaults: Mapping[str, Any] | None = None, **overrides: Any) -> Policy:
+    """Build a policy from ``"name"`` or ``"name:key=value,key=value"``. ``defaults`` replace the
+    policy's own defaults for the parameters it has and the spec does not set; ``overrides`` win
+    over the spec."""
     name, _, arg_text = spec.strip().partition(":")
     reg = registry()
     if name not in reg:
         raise PolicySpecError(f"unknown policy {name!r}; valid policies: {', '.join(sorted(reg))}")
     info = reg[name]
-    kwargs: dict[str, Any] = {}
+    known = {p.name for p in info.params}
+    kwargs: dict[str, Any] = {k: v for k, v in (defaults or {}).items() if k in known}
     for part in filter(None, (s.strip() for s in arg_text.split(","))):
         key, eq, raw = part.partition("=")
         key = key.strip().replace("-", "_")

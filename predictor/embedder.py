@@ -311,6 +311,15 @@ class BatchingEmbedder:
         return self.embedder.embed(texts)
 
     def close(self) -> None:
+        """Stop the worker after the pass it is running; texts still queued are cancelled, not
+        embedded (nobody waits for them at shutdown, and a backlog would hold the exit)."""
+        while True:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[1].cancel()
         if self._thread is not None and self._thread.is_alive():
             self._q.put(None)
             self._thread.join(timeout=5)

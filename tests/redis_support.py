@@ -11,10 +11,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import socket
-import subprocess
 import time
 from pathlib import Path
+
+from sagegate.procs import free_port
+
+__all__ = ["NO_REDIS", "free_port", "redis_available", "redis_server_binary", "wait_for_redis"]
 
 NO_REDIS = "REDIS UNAVAILABLE"
 """Start of the skip reason of every test that needed a Redis server and had none (the terminal
@@ -40,12 +42,6 @@ def redis_server_binary() -> str | None:
     return None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def redis_available(host: str = "127.0.0.1", port: int = 6379) -> bool:
     try:
         import redis
@@ -62,30 +58,3 @@ def wait_for_redis(port: int, timeout: float) -> bool:
             return True
         time.sleep(0.02)
     return redis_available(port=port)
-
-
-class RedisProcess:
-    """A private redis-server (no persistence) that a test can kill and restart on the same port."""
-
-    def __init__(self, binary: str, port: int) -> None:
-        self.binary, self.port = binary, port
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self, timeout: float = 10.0) -> None:
-        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        self.proc = subprocess.Popen(
-            [self.binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        if not wait_for_redis(self.port, timeout):
-            self.kill()
-            raise RuntimeError(f"{self.binary} did not answer on port {self.port} within {timeout} s")
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-            self.proc = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -19,7 +19,8 @@ from predictor.history import Completion, WindowBounds
 from predictor.index import IndexConfig
 from predictor.redis_store import RedisStore
 from predictor.semantic import PromptFeatures, SemanticConfig, SemanticPredictor
-from tests.redis_support import NO_REDIS, RedisProcess, free_port, redis_server_binary
+from sagegate.procs import RedisServer, free_port
+from tests.redis_support import NO_REDIS, redis_server_binary
 from tests.semantic_support import LONG_TASKS, SHORT_TASKS, TOPICS, family, real_embedder
 
 
@@ -100,20 +101,7 @@ def test_window_and_models_hold_across_replicas(
         b.close()
 
 
-@pytest.fixture
-def private_redis() -> Iterator[RedisProcess]:
-    binary = redis_server_binary()
-    if binary is None:
-        pytest.skip(f"{NO_REDIS}: no redis-server to start")
-    server = RedisProcess(binary, free_port())
-    server.start()
-    yield server
-    server.kill()
-
-
-def test_restart_mid_run_loses_no_completion(
-    private_redis: RedisProcess, feats: list[PromptFeatures]
-) -> None:
+def test_restart_mid_run_loses_no_completion(private_redis: RedisServer, feats: list[PromptFeatures]) -> None:
     prefix = "sagegate-fault"
     a = replica(private_redis.url, prefix, socket_timeout=0.3)
     ids: list[str] = []
@@ -155,7 +143,7 @@ def test_redis_down_at_start_then_back(feats: list[PromptFeatures]) -> None:
     binary = redis_server_binary()
     if binary is None:
         pytest.skip(f"{NO_REDIS}: no redis-server to start")
-    server = RedisProcess(binary, free_port())
+    server = RedisServer(binary, free_port())
     a = replica(server.url, "sagegate-late", socket_timeout=0.3)
     try:
         assert a.stats()["store_connected"] is False
