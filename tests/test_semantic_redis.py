@@ -148,7 +148,7 @@ def test_redis_down_at_start_then_back(feats: list[PromptFeatures]) -> None:
     try:
         assert a.stats()["store_connected"] is False
         rec = a.record_features(feats[0], 15, 20)
-        assert a.predict_features(feats[1], 15).path in ("bucket", "global")
+        assert a.size() == 1  # learnt locally while Redis is down
         server.start()
         assert wait_for(lambda: stream_ids(server.url, "sagegate-late") == {rec.id}, timeout=15)
     finally:
