@@ -50,7 +50,8 @@ def simulate_run(
 ) -> SimResult:
     """``policy`` at the gateway (None: vLLM alone, round robin) in the simulator, with the live
     gateway's admission settings, its queue limits (``max_wait_s`` in engine seconds; None: no
-    timeout) and the front end's cost added as a client sees it."""
+    timeout), the starvation bound the live gateway derives from them (``queue.aged_share``) and the
+    front end's cost added as a client sees it."""
     from gateway.settings import AdmissionSettings, QueueSettings
     from policies.registry import parse_policy
     from sim.des import QueueLimits, SimSetup, client_view, simulate
@@ -68,7 +69,7 @@ def simulate_run(
             engine,
             engines=engines,
             level="gateway",
-            policy=parse_policy(policy),
+            policy=parse_policy(policy, _aged_bound(q.aged_share, max_wait_s)),
             predictor=pred,
             admission=AdmissionSettings().config(),  # the live gateway's admission, backlog included
             queue_limits=QueueLimits(q.max_requests, q.max_tokens, max_wait_s if max_wait_s else 1e18),
@@ -76,6 +77,12 @@ def simulate_run(
     result = simulate(work, setup)
     client_view(result, perf.frontend_s)
     return result
+
+
+def _aged_bound(share: float, max_wait_s: float | None) -> dict[str, float] | None:
+    """As ``gateway.app.gateway_policy``: ``max_wait_s = aged_share × queue.max_wait_s`` for a policy
+    whose spec sets none (here in engine seconds)."""
+    return {"max_wait_s": share * max_wait_s} if share > 0 and max_wait_s else None
 
 
 def capacity(work: Sequence[TraceRequest], *, model: str, gpu: str, engines: int = 2) -> dict[str, float]:
