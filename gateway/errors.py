@@ -66,7 +66,7 @@ def bad_request(message: str, param: str | None = None) -> GatewayError:
 
 
 def too_large(limit: int) -> GatewayError:
-    return GatewayError(413, f"request body exceeds {limit} bytes", reason="body_too_large")
+    return GatewayError(413, f"request body exceeds {limit} bytes", reason="body_too_large", close=True)
 
 
 def unauthorized() -> GatewayError:

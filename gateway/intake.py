@@ -24,6 +24,9 @@ from gateway.tokens import acount_prompt
 
 log = logging.getLogger("sagegate.gateway")
 
+DRAIN_FACTOR = 4
+"""How much of an over-limit body is read and dropped before the ``413`` (see ``Intake.read_body``)."""
+
 MODELS: dict[str, type[BaseModel]] = {"chat": ChatCompletionRequest, "completions": CompletionRequest}
 
 
@@ -44,17 +47,28 @@ class Intake:
         self._ids = itertools.count()
 
     async def read_body(self, request: Request) -> bytes:
+        """The body, at most ``limits.max_body_bytes``. A body over the limit is refused with ``413``
+        after reading (and dropping) up to ``DRAIN_FACTOR`` × the limit of it: a server that answers
+        while the client is still sending and then closes resets the connection, and the client sees
+        a connection error instead of the ``413``."""
         limit = self.settings.limits.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
+            if int(declared) <= DRAIN_FACTOR * limit:
+                async for _ in request.stream():
+                    pass
             raise errors.too_large(limit)
         parts: list[bytes] = []
         size = 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
+                if size <= DRAIN_FACTOR * limit:
+                    continue  # read on (dropping it), then refuse
                 raise errors.too_large(limit)
             parts.append(chunk)
+        if size > limit:
+            raise errors.too_large(limit)
         return b"".join(parts)
 
     def parse(self, raw: bytes, route: str) -> dict[str, Any]:

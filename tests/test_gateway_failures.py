@@ -4,6 +4,7 @@ backends refusing or dying, mid-stream failure, queue bounds, waiting limits, ba
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -225,6 +226,21 @@ def test_oversized_body_is_413(one_fake: str) -> None:
     r = httpx.post(one_fake + "/v1/chat/completions", json=chat_body("x" * 5000))
     assert r.status_code == 413
     assert r.json()["error"]["code"] == "body_too_large"
+
+
+def test_a_body_over_the_limit_gets_its_413_not_a_reset(one_fake: str) -> None:
+    """The gateway reads what a client is still sending (up to 4x the limit) before it answers 413
+    and closes: closing with unread data resets the connection, and the client saw a ReadError."""
+    big = json.dumps(chat_body("x" * 7000)).encode()  # 3.5x the 2,048-byte limit
+    for _ in range(20):
+        with socket.create_connection(("127.0.0.1", int(one_fake.rsplit(":", 1)[1])), timeout=10) as sock:
+            head = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            sock.sendall(head.encode() + f"content-length: {len(big)}\r\n\r\n".encode())
+            for i in range(0, len(big), 512):  # in pieces, as a client on a slow link sends
+                sock.sendall(big[i : i + 512])
+            answer = sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:80]
+        assert b"connection: close" in answer.lower()
 
 
 def test_bad_headers_and_unknown_model(one_fake: str) -> None:
