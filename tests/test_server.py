@@ -381,16 +381,21 @@ def test_priority_mode_serves_urgent_first() -> None:
 
         first = threading.Thread(target=send, args=("long", 0, 400))
         first.start()
-        deadline = time.monotonic() + 10
+        # Each wait has its own generous deadline and must succeed: a request sent before the long one
+        # runs would race it (a fresh backend's first request is slow on a busy machine).
+        deadline = time.monotonic() + 60
         while metrics(url)["vllm:num_requests_running"] < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
+        assert metrics(url)["vllm:num_requests_running"] == 1, "the long request never started"
         low = threading.Thread(target=send, args=("low", 10, 50))  # long enough to finish well after
 
         low.start()
+        deadline = time.monotonic() + 60
         while metrics(url)["vllm:num_requests_waiting"] < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
+        assert metrics(url)["vllm:num_requests_waiting"] >= 1, "the low request never queued"
         high = threading.Thread(target=send, args=("high", -1, 2))
         high.start()
         for t in (first, low, high):
-            t.join(timeout=30)
+            t.join(timeout=60)
         assert done == ["long", "high", "low"]
