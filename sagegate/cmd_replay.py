@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from loadgen.records import DEFAULT_CLIENT_MAX_TOKENS
-from sagegate.workload_flags import WorkloadFlags, parse_reader_opts
+from sagegate.workload_flags import ClientCap, WorkloadFlags, parse_reader_opts
 
 __all__ = ["compare", "parse_headers", "parse_reader_opts", "plot", "replay", "replay_app"]
 
@@ -80,12 +80,7 @@ def replay(
     api_key: Annotated[str | None, typer.Option(envvar="SAGEGATE_API_KEY", help="Bearer token.")] = None,
     header: Annotated[list[str] | None, typer.Option(help="Extra header 'name: value' (repeatable).")] = None,
     extra_body: Annotated[str | None, typer.Option(help="JSON object merged into every body.")] = None,
-    max_tokens: Annotated[
-        int,
-        typer.Option(
-            help="max_tokens for requests whose trace records no cap (0: none); longer outputs are cut."
-        ),
-    ] = DEFAULT_CLIENT_MAX_TOKENS,
+    max_tokens: ClientCap = DEFAULT_CLIENT_MAX_TOKENS,
     force_output: Annotated[
         bool,
         typer.Option(

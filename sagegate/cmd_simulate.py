@@ -11,6 +11,7 @@ import typer
 
 from loadgen.records import DEFAULT_CLIENT_MAX_TOKENS
 from sagegate import engine_flags as ef
+from sagegate.workload_flags import ClientCap
 
 if TYPE_CHECKING:
     from policies.base import Policy
@@ -50,10 +51,7 @@ def simulate(
     reader_opt: Annotated[
         list[str] | None, typer.Option("--reader-opt", help="Reader option name=value (repeatable).")
     ] = None,
-    max_tokens: Annotated[
-        int,
-        typer.Option(help="Client cap for requests whose trace records none (0: none), as replay sends it."),
-    ] = DEFAULT_CLIENT_MAX_TOKENS,
+    max_tokens: ClientCap = DEFAULT_CLIENT_MAX_TOKENS,
     queue_limits: Annotated[
         bool, typer.Option(help="Gateway level: the live gateway's queue bounds and timeout.")
     ] = True,

@@ -7,10 +7,23 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
 
 if TYPE_CHECKING:
     from loadgen.schedule import Workload
+
+
+ClientCap = Annotated[
+    int,
+    typer.Option(
+        "--max-tokens",
+        help="max_tokens for requests whose trace records no cap (0: none); longer outputs are cut. "
+        "Never the true length, which travels only in sim_output_tokens.",
+    ),
+]
+"""The client cap, as ``replay`` sends it and ``simulate`` models it (default 4,096)."""
 
 
 def parse_reader_opts(values: list[str] | None) -> dict[str, Any]:
