@@ -141,19 +141,6 @@ class SharegptPool:
         queue.append(i)
         return self.prompts[i]
 
-    def take(self, tokens: int) -> tuple[str, int]:
-        """Like :meth:`draw`, but each prompt is handed out once: a spent bucket leaves the pool, so
-        the nearest one with prompts left answers. ``ValueError`` when the pool is spent."""
-        if not self._buckets:
-            raise ValueError("the ShareGPT pool is spent: every prompt was handed out once")
-        b = self.nearest_bucket(tokens)
-        queue = self._buckets[b]
-        i = queue.popleft()
-        if not queue:
-            del self._buckets[b]
-            self._keys = np.array(sorted(self._buckets), dtype=np.int64)
-        return self.prompts[i]
-
 
 @lru_cache(maxsize=2)
 def _load_pairs(path: str) -> tuple[tuple[str, int], ...]:
@@ -179,20 +166,20 @@ def unique_pairs(path: str) -> tuple[TraceRequest, ...]:
 
 
 def pair_requests(
-    rows: Sequence[TraceRequest], pool: Sequence[TraceRequest], seed: int, *, repeat: bool = False
+    rows: Sequence[TraceRequest], pool: Sequence[TraceRequest], seed: int
 ) -> list[TraceRequest]:
     """``rows`` (arrivals, tenants, ids kept) each carrying a pair from the bucket of its prompt length:
     the pair's prompt text, prompt length *and response length*, so the output a prediction is judged
     against is the one that answers that prompt.
 
-    Each bucket hands its pairs out in a seeded shuffle; when spent it starts over (``repeat``) or leaves
-    the pool, the nearest bucket answering (no pair recurs; ``ValueError`` when all are spent).
+    Each bucket hands its pairs out in a seeded shuffle and starts over when spent, so a pair can
+    recur in a long trace (the study's text source; :func:`pairs_on_arrivals` uses each pair once).
     """
     # the pool hands out keys (indices as text), so the pair's response length comes along
     keys = SharegptPool([(str(i), p.prompt_tokens) for i, p in enumerate(pool)], seed=seed)
     out = []
     for r in rows:
-        key, _ = keys.draw(r.prompt_tokens) if repeat else keys.take(r.prompt_tokens)
+        key, _ = keys.draw(r.prompt_tokens)
         p = pool[int(key)]
         out.append(
             replace(

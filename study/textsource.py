@@ -54,7 +54,7 @@ def pair_requests(
     :func:`loadgen.prompts.pair_requests`)."""
     from loadgen.prompts import pair_requests as pair
 
-    return pair(rows, pool, seed, repeat=True)
+    return pair(rows, pool, seed)
 
 
 def _opts(options: dict[str, Any]) -> tuple[str, str, int]:

@@ -93,6 +93,14 @@ def admin(url: str) -> dict[str, Any]:
     return out
 
 
+def idle(url: str) -> bool:
+    """Nothing queued, in flight or reserved anywhere (every reservation released)."""
+    snap = admin(url)
+    return snap["queued"] == 0 and all(
+        b["inflight"] == 0 and b["reserved_tokens"] == 0 for b in snap["backends"]
+    )
+
+
 def wait_until(cond: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not cond():

@@ -3,48 +3,26 @@ and lets the in-flight stream finish before it exits; a drain timeout bounds how
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 import httpx
 
-from tests.gateway_support import REPO_ROOT, FakeBackend, ServerThread, chat_body, free_port, wait_until
+from tests.fault_support import gateway_process
+from tests.gateway_support import FakeBackend, ServerThread, chat_body, wait_until
 
 CLEAN_EXIT = (0, -signal.SIGTERM)
 """uvicorn re-raises the signal after its graceful shutdown, so a drained process dies of SIGTERM."""
 
 
-@contextmanager
 def serve_process(
     backend: str, drain_s: float, log_level: str = "warning"
-) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    port = free_port()
-    env = {**os.environ, "SAGEGATE_DRAIN_TIMEOUT_S": str(drain_s), "SAGEGATE_LOG_LEVEL": log_level}
-    cmd = [sys.executable, "-m", "sagegate.cmd_serve", "--backend", backend, "--port", str(port)]
-    cmd += ["--policy", "fcfs", "--predictor", "none"]
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: _ready(url) or proc.poll() is not None, timeout=30, what="gateway process ready")
-        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-        yield proc, url
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(url + "/ready", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
+) -> AbstractContextManager[tuple[subprocess.Popen[bytes], str]]:
+    """``sagegate serve`` as a real process in front of ``backend``, with ``drain_s`` to drain."""
+    return gateway_process([backend], DRAIN_TIMEOUT_S=str(drain_s), LOG_LEVEL=log_level)
 
 
 def _stream(url: str, out: list[str]) -> None:

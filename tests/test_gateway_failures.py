@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from gateway.app import create_app
-from tests.gateway_support import FakeBackend, ServerThread, admin, chat_body, settings_for, wait_until
+from tests.gateway_support import FakeBackend, ServerThread, admin, chat_body, idle, settings_for, wait_until
 
 
 @contextmanager
@@ -32,13 +32,6 @@ def fakes(*states: dict[str, Any]) -> Iterator[list[tuple[FakeBackend, ServerThr
     finally:
         for s in servers:
             s.stop()
-
-
-def idle(url: str) -> bool:
-    snap = admin(url)
-    return snap["queued"] == 0 and all(
-        b["inflight"] == 0 and b["reserved_tokens"] == 0 for b in snap["backends"]
-    )
 
 
 def post_in_background(

@@ -17,7 +17,7 @@ import pytest
 from gateway.app import create_app
 from gateway.sse import EventTooLarge, SseScanner
 from tests.fault_support import BadBackend, FaultyTransport, backend_process, gateway_process, metric
-from tests.gateway_support import FakeBackend, ServerThread, admin, chat_body, settings_for, wait_until
+from tests.gateway_support import FakeBackend, ServerThread, admin, chat_body, idle, settings_for, wait_until
 
 
 @contextmanager
@@ -31,13 +31,6 @@ def stack(*backends: FakeBackend, **kw: Any) -> Iterator[tuple[str, Any]]:
     finally:
         for s in servers:
             s.stop()
-
-
-def idle(url: str) -> bool:
-    snap = admin(url)
-    return snap["queued"] == 0 and all(
-        b["inflight"] == 0 and b["reserved_tokens"] == 0 for b in snap["backends"]
-    )
 
 
 def sse_events(url: str, body: dict[str, Any], timeout: float = 20) -> list[str]:
