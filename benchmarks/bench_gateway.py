@@ -538,13 +538,13 @@ def print_summary(added: dict[str, float], cap: dict[str, Capacity]) -> None:
 
 # --- dispatch cost --------------------------------------------------------------------------------
 def bench_dispatch(queued: int, n_backends: int, policy_name: str, cycles: int, rule: str = "peak") -> None:
+    from core.distribution import LengthDistribution
     from gateway.backends import BackendPool
     from gateway.dispatcher import Dispatcher
     from gateway.queue import BoundedQueue, GatewayRequest
     from gateway.settings import GatewaySettings
     from policies.admission import AdmissionConfig
     from policies.registry import parse_policy
-    from predictor.distribution import LengthDistribution
 
     rng = random.Random(0)
     dists = [
@@ -667,9 +667,10 @@ async def _replay_split(requests: list[Any], urls: Sequence[str], time_scale: fl
 
 
 def bench_admission(n: int, overload: float, time_scale: float, blocks: int, rules: Sequence[str]) -> None:
+    from core.request import DEFAULT_CLIENT_MAX_TOKENS
+    from core.summary import summarize
     from loadgen.prompts import filler_text
-    from loadgen.records import DEFAULT_CLIENT_MAX_TOKENS, with_client_cap
-    from loadgen.results import summarize
+    from loadgen.records import with_client_cap
     from loadgen.synthetic import synthetic_workload
 
     engine = {"num_gpu_blocks_override": blocks}
@@ -679,7 +680,7 @@ def bench_admission(n: int, overload: float, time_scale: float, blocks: int, rul
         # Distinct prompts (no shared prefix), so the engines' prefix caches hold each one in full
         # and the simulator's capacity is the live backends' capacity.
         # A client's cap as max_tokens (never the true length, which goes only to the simulated
-        # backend: see loadgen.records.FORCED_OUTPUT_FIELD).
+        # backend: see core.request.FORCED_OUTPUT_FIELD).
         reqs = synthetic_workload(n, rate=rate, prompt_mean=1024, output_mean=512, sigma=1.0, seed=3)
         return with_client_cap(
             [

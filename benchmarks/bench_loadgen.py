@@ -22,8 +22,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from core.summary import errors_by_kind  # noqa: E402
 from loadgen.client import ReplayConfig, replay  # noqa: E402
-from loadgen.results import errors_by_kind  # noqa: E402
 from loadgen.schedule import prepare_workload  # noqa: E402
 
 P50_MS, P99_MS = 5.0, 25.0

@@ -13,6 +13,7 @@ import statistics
 import time
 from pathlib import Path
 
+from core.request import answer_key
 from loadgen.readers import read_trace
 from loadgen.records import rebase, scale_rate
 from sim.config import EngineConfig
@@ -39,7 +40,7 @@ def main() -> None:
     print(f"read {len(trace)} requests in {time.perf_counter() - t0:.3f} s")
 
     def setup() -> SimSetup:
-        pred = make_predictor("noisy-oracle", relative_error=0.2, seed=0)
+        pred = make_predictor("noisy-oracle", relative_error=0.2, seed=0, truth=answer_key(trace))
         return SimSetup(
             perf, EngineConfig(), level=args.level, policy=parse_policy(args.policy), predictor=pred
         )

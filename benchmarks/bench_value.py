@@ -34,8 +34,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from loadgen.records import TraceRequest  # noqa: E402
-from loadgen.results import RequestRecord, summarize, write_results  # noqa: E402
+from core.record import RequestRecord  # noqa: E402
+from core.request import TraceRequest  # noqa: E402
+from core.summary import summarize  # noqa: E402
+from loadgen.results import write_results  # noqa: E402
 
 ALONE = "vLLM alone"
 

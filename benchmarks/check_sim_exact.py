@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from loadgen.records import TraceRequest
+from core.request import TraceRequest, answer_key
 from policies.registry import parse_policy
 from predictor.baselines import make_predictor
 from sim.config import EngineConfig
@@ -125,7 +125,9 @@ def stress_runs() -> Iterator[tuple[str, SimResult]]:
                             engines=engines,
                             level=level,
                             policy=policy,
-                            predictor=make_predictor("noisy-oracle", relative_error=0.5, seed=4),
+                            predictor=make_predictor(
+                                "noisy-oracle", relative_error=0.5, seed=4, truth=answer_key(work)
+                            ),
                         )
                         yield f"stress/{wname}/b{blocks}/e{engines}/{pol}@{level}", simulate(work, setup)
 

@@ -22,8 +22,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from core.request import TraceRequest, answer_key
 from loadgen.data import data_root
-from loadgen.records import TraceRequest, rebase, scale_rate
+from loadgen.records import rebase, scale_rate
 
 DATA = data_root()
 LOADS = (0.5, 0.8, 0.95, 1.1)
@@ -89,9 +90,11 @@ def run_one(
     model, gpu = SETUPS[setup]
     pred = None
     if predictor == "oracle":
-        pred = make_predictor("oracle")
+        pred = make_predictor("oracle", truth=answer_key(work))
     elif predictor is not None:
-        pred = make_predictor("noisy-oracle", relative_error=float(predictor), seed=seed)
+        pred = make_predictor(
+            "noisy-oracle", relative_error=float(predictor), seed=seed, truth=answer_key(work)
+        )
     res = simulate(
         work,
         SimSetup(

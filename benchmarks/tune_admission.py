@@ -12,6 +12,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from core.request import answer_key
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import policy_experiments as pe
@@ -64,7 +66,9 @@ def main() -> None:
                             cfg,
                             level="gateway",
                             policy=parse_policy("fcfs"),
-                            predictor=make_predictor("noisy-oracle", relative_error=0.2),
+                            predictor=make_predictor(
+                                "noisy-oracle", relative_error=0.2, truth=answer_key(timed)
+                            ),
                             admission=CANDIDATES[name],
                         ),
                     ).summary

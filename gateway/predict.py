@@ -13,8 +13,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from loadgen.records import TraceRequest
-from predictor.distribution import LengthDistribution
+from core.distribution import LengthDistribution
+from core.request import PredictionQuery
 
 log = logging.getLogger("sagegate.gateway")
 
@@ -76,10 +76,8 @@ class BaselinePredictor:
         self.name = name
 
     @staticmethod
-    def _trace(inp: PredictInput) -> TraceRequest:
-        return TraceRequest(
-            arrival_s=0.0, prompt_tokens=inp.prompt_tokens, output_tokens=0, tenant=inp.tenant
-        )
+    def _trace(inp: PredictInput) -> PredictionQuery:
+        return PredictionQuery(rid=0, prompt_tokens=inp.prompt_tokens, tenant=inp.tenant, model=inp.model)
 
     async def predict(self, inp: PredictInput) -> tuple[LengthDistribution | None, str]:
         return self.inner.predict(self._trace(inp)), self.name

@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from core.distribution import LengthDistribution
 from policies.admission import Charge
 from policies.base import Policy, SchedRequest
 from policies.queue import PolicyQueue
-from predictor.distribution import LengthDistribution
 
 
 class Dispatched(Exception):

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any
 
-from sim.tokens import flatten_messages
+from core.tokens import flatten_messages
 
 INLINE_CHARS = 16_384
 """Prompts up to this many characters are counted on the event loop (tens of microseconds)."""
@@ -44,7 +44,7 @@ def prompt_chars(prompt: Any) -> int:
 
 def count_prompt(prompt: Any, encoding: str = "cl100k_base") -> int:
     """Tokens of a completion prompt (text or token ids) or of a chat message list (every turn as a
-    ``role: content`` line, as ``sim.tokens`` and the simulated backend count it)."""
+    ``role: content`` line, as ``core.tokens`` and the simulated backend count it)."""
     if isinstance(prompt, str):
         return count_text(prompt, encoding)
     if prompt and all(isinstance(t, int) for t in prompt):

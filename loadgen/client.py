@@ -22,10 +22,10 @@ from typing import Any
 
 import httpx
 
+from core.record import RequestRecord
+from core.request import FORCED_OUTPUT_FIELD, TraceRequest
 from loadgen.httppool import ClientPool
 from loadgen.progress import ProgressView
-from loadgen.records import FORCED_OUTPUT_FIELD, TraceRequest
-from loadgen.results import RequestRecord
 from loadgen.sse import DONE, ERROR, TOKEN, EventSplitter, classify
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class ReplayConfig:
     """``max_tokens`` for a request that carries no client cap of its own (None: send none). Never the
     request's true output length: see :func:`loadgen.records.with_client_cap`."""
     force_output: bool = True
-    """Send each request's true output length in :data:`~loadgen.records.FORCED_OUTPUT_FIELD`, which
+    """Send each request's true output length in :data:`~core.request.FORCED_OUTPUT_FIELD`, which
     only a simulated backend honours (a real vLLM ignores it; its outputs are the model's own)."""
     spread: list[str] = field(default_factory=list)
     """Base URLs to send request ``i`` to in turn (``i mod n``): a plain round-robin balancer, i.e. vLLM

@@ -1,7 +1,7 @@
 """Two runs side by side: the same summary figures for each, and their ratio B/A.
 
 Works on any two result files of the shared schema — live against live, live against simulated —
-because both are summarised by the same :func:`loadgen.results.summarize`.
+because both are summarised by the same :func:`core.summary.summarize`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadgen.results import RequestRecord, Slo, errors_by_kind, read_results, summarize
+from core.record import RequestRecord
+from core.summary import Slo, errors_by_kind, summarize
+from loadgen.results import read_results
 
 HEADLINE = (
     "requests",

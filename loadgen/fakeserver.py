@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadgen.records import FORCED_OUTPUT_FIELD
+from core.request import FORCED_OUTPUT_FIELD
 
 
 @dataclass

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from loadgen.results import RequestRecord, measured
+from core.record import RequestRecord
+from core.summary import measured
 
 QueueSamples = Sequence[tuple[float, float]]
 

@@ -3,7 +3,7 @@
 Three sources, all deterministic for a seed:
 
 * **filler** — space-led three-letter words that are each one token of the offline tokenizer
-  (``sim.tokens``: cl100k, or its 4-characters-per-token fallback), so ``n`` words are exactly ``n``
+  (``core.tokens``: cl100k, or its 4-characters-per-token fallback), so ``n`` words are exactly ``n``
   tokens and distinct requests differ from their first token (no accidental prefix sharing);
 * **Mooncake blocks** — a request with ``hash_ids`` gets one 512-token filler block per id, drawn
   from the id alone, so equal ids give equal text and shared prefixes survive into the prompt;
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from loadgen.records import TraceRequest
+from core.request import TraceRequest
 
 BLOCK_TOKENS = 512  # Mooncake: one hash id per 512 prompt tokens
 BUCKET_RATIO = 1.25  # ShareGPT buckets: prompt lengths within a factor 1.25
@@ -50,7 +50,7 @@ _WORDS = (
 @lru_cache(maxsize=1)
 def vocabulary() -> tuple[str, ...]:
     """The filler words (each with its leading space) that the offline tokenizer counts as one token."""
-    from sim.tokens import count_tokens
+    from core.tokens import count_tokens
 
     words = tuple(" " + w for w in _WORDS.split() if count_tokens(" " + w) == 1 and len(w) == 3)
     if len(words) < 16:  # pragma: no cover - a tokenizer that splits common words

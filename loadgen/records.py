@@ -1,45 +1,11 @@
-"""The canonical request record every reader produces and every driver (simulator, replay client) consumes."""
+"""Workload transforms: rebase, rate scaling and the client's cap, over :class:`core.request.TraceRequest`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-DEFAULT_CLIENT_MAX_TOKENS = 4096
-"""The ``max_tokens`` a replay sends for a request whose trace records no cap of its own: a realistic
-chat client's cap, never the request's true output length (which would hand a scheduler the answer)."""
-
-FORCED_OUTPUT_FIELD = "sim_output_tokens"
-"""The body field that tells a *simulated* backend exactly how many tokens to generate (a trace's true
-output length). Only ``sagegate backend`` reads it; the gateway forwards it untouched and never reads
-it; a real vLLM ignores it, so its outputs are the model's own."""
-
-
-@dataclass(frozen=True, slots=True)
-class TraceRequest:
-    """One request of a workload, as a trace describes it.
-
-    ``arrival_s`` is seconds from the start of the workload. ``output_tokens`` is the true output length:
-    a replay sends it only in :data:`FORCED_OUTPUT_FIELD`, which no scheduler reads. ``max_tokens`` is
-    the client's cap, what a replay sends as ``max_tokens`` (None: the trace records none; see
-    :func:`with_client_cap`). ``hash_ids`` names the prompt's prefix blocks (Mooncake: one id per 512
-    tokens; equal ids mean equal content).
-    """
-
-    arrival_s: float
-    prompt_tokens: int
-    output_tokens: int
-    rid: int = 0
-    prompt: str | None = None
-    tenant: str = "default"
-    priority: int = 1
-    deadline_s: float | None = None
-    hash_ids: tuple[int, ...] | None = None
-    extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
-    max_tokens: int | None = None
-
-    def with_arrival(self, arrival_s: float) -> TraceRequest:
-        return replace(self, arrival_s=arrival_s)
+from core.request import TraceRequest
 
 
 def rebase(requests: list[TraceRequest]) -> list[TraceRequest]:

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.request import TraceRequest
 from loadgen.readers import ReadStats, detect_format, read_trace_with_stats, retime
-from loadgen.records import TraceRequest, scale_rate, with_client_cap
+from loadgen.records import scale_rate, with_client_cap
 
 SYNTHETIC = "synthetic"
 SYNTHETIC_RATE = 10.0  # req/s when a synthetic workload is asked for without --rate

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from loadgen.records import TraceRequest
+from core.request import TraceRequest
 
 ARRIVALS = ("poisson", "gamma")
 LENGTH_DISTS = ("lognormal", "exponential", "constant")

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Literal, get_args
 
-from predictor.distribution import LengthDistribution
+from core.distribution import LengthDistribution
 
 Rule = Literal["sum", "peak"]
 RULES: tuple[str, ...] = get_args(Rule)

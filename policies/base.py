@@ -15,7 +15,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
-from predictor.distribution import LengthDistribution
+from core.distribution import LengthDistribution
 
 GATEWAY = "gateway"
 ENGINE = "engine"

@@ -7,7 +7,7 @@ Pure arithmetic: the scheduler calls these in its hot path.
 
 from __future__ import annotations
 
-from predictor.distribution import LengthDistribution
+from core.distribution import LengthDistribution
 
 
 def service_cost(prompt_tokens: int | float, output_tokens: int | float) -> float:

@@ -27,8 +27,8 @@ import sys
 from bisect import bisect_right
 from collections.abc import Sequence
 
+from core.distribution import LengthDistribution
 from policies.cost import cost_support, length_support, service_cost
-from predictor.distribution import LengthDistribution
 
 DEFAULT_BUCKET_BASE = 16
 _NEVER = sys.maxsize

@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+from core.distribution import DEFAULT_PRIOR, LengthDistribution
 from policies.base import ENGINE, GATEWAY, Placement, Policy, SchedRequest, fcfs_tiebreak
 from policies.registry import register
-from predictor.baselines import DEFAULT_PRIOR
-from predictor.distribution import LengthDistribution
 
 UNKNOWN_OUTPUT: float = DEFAULT_PRIOR.mean
 """Predicted output tokens of a request that has no prediction (see the module docstring)."""

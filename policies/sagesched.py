@@ -13,12 +13,12 @@ import math
 from collections.abc import Hashable
 from typing import Any
 
+from core.distribution import LengthDistribution
 from policies.base import ENGINE, GATEWAY, Placement, Policy, SchedRequest, fcfs_tiebreak
 from policies.cost import service_cost
 from policies.gittins import GittinsTable, GittinsTracker
 from policies.prediction import prior_of
 from policies.registry import register
-from predictor.distribution import LengthDistribution
 
 _NEVER = 1 << 62
 

@@ -13,42 +13,30 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from statistics import NormalDist
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
-from loadgen.records import TraceRequest
-from predictor.distribution import LengthDistribution
-
-DEFAULT_PRIOR = LengthDistribution.point(256)
-"""What the history predictors answer before they have seen anything: a point at 256 tokens (a
-typical chat answer). A point keeps cold-start ordering simple: equal predictions, so Gittins
-orders by prompt length, and a request outliving 256 tokens is ranked by the past-support rule."""
-
-
-class LengthPredictor(Protocol):
-    """The one interface the simulator and the gateway plug predictors into."""
-
-    name: str
-
-    def predict(self, req: TraceRequest) -> LengthDistribution:
-        """The distribution of ``req``'s output length (never reads ``req.output_tokens``, except
-        the oracles)."""
-        ...
-
-    def observe(self, req: TraceRequest, output_tokens: int) -> None:
-        """``req`` completed with ``output_tokens`` tokens: it becomes history."""
-        ...
+from core.distribution import DEFAULT_PRIOR, LengthDistribution
+from core.predictor import LengthPredictor
+from core.request import PredictionQuery, truth_of
 
 
 # --- oracles ----------------------------------------------------------------------------------
 class OraclePredictor:
-    """A point at the true output length (an upper bound on what prediction can give)."""
+    """A point at the true output length (an upper bound on what prediction can give).
+
+    A query carries no outcome, so an oracle is handed the run's answer key explicitly
+    (:func:`core.request.answer_key`): only a simulation, which knows every outcome, can build one.
+    """
 
     name: str = "oracle"
 
-    def predict(self, req: TraceRequest) -> LengthDistribution:
-        return LengthDistribution.point(req.output_tokens)
+    def __init__(self, truth: Mapping[int, int]) -> None:
+        self.truth = truth
 
-    def observe(self, req: TraceRequest, output_tokens: int) -> None:
+    def predict(self, req: PredictionQuery) -> LengthDistribution:
+        return LengthDistribution.point(truth_of(self.truth, req))
+
+    def observe(self, req: PredictionQuery, output_tokens: int) -> None:
         pass
 
 
@@ -110,22 +98,29 @@ class NoisyOraclePredictor:
     name: str = "noisy-oracle"
 
     def __init__(
-        self, relative_error: float = 0.2, seed: int = 0, *, points: int = 16, point: bool = False
+        self,
+        relative_error: float = 0.2,
+        seed: int = 0,
+        *,
+        truth: Mapping[int, int],
+        points: int = 16,
+        point: bool = False,
     ) -> None:
         if points < 1:
             raise ValueError("points must be >= 1")
+        self.truth = truth
         self.relative_error = relative_error
         self.seed = seed
         self.point = point
         self.sigma = lognormal_sigma(relative_error)
         self._shape, self._p = _unit_shape(self.sigma, points)
 
-    def noisy_value(self, req: TraceRequest) -> float:
+    def noisy_value(self, req: PredictionQuery) -> float:
         """``true × X`` for this request (unrounded)."""
         z = unit_normal(self.seed, req.rid)
-        return req.output_tokens * math.exp(self.sigma * z - 0.5 * self.sigma * self.sigma)
+        return truth_of(self.truth, req) * math.exp(self.sigma * z - 0.5 * self.sigma * self.sigma)
 
-    def predict(self, req: TraceRequest) -> LengthDistribution:
+    def predict(self, req: PredictionQuery) -> LengthDistribution:
         center = self.noisy_value(req)
         if self.point or self.sigma == 0.0:
             return LengthDistribution.point(center)
@@ -141,7 +136,7 @@ class NoisyOraclePredictor:
                 probs.append(p)
         return LengthDistribution(tuple(support), tuple(probs))
 
-    def observe(self, req: TraceRequest, output_tokens: int) -> None:
+    def observe(self, req: PredictionQuery, output_tokens: int) -> None:
         pass
 
 
@@ -200,12 +195,12 @@ class GlobalPredictor:
         self.prior = DEFAULT_PRIOR if prior is None else prior
         self.min_samples = max(1, min_samples)
 
-    def predict(self, req: TraceRequest) -> LengthDistribution:
+    def predict(self, req: PredictionQuery) -> LengthDistribution:
         if len(self.window) < self.min_samples:
             return self.prior
         return self.window.dist()
 
-    def observe(self, req: TraceRequest, output_tokens: int) -> None:
+    def observe(self, req: PredictionQuery, output_tokens: int) -> None:
         self.window.add(output_tokens)
 
 
@@ -246,13 +241,13 @@ class LengthBucketPredictor:
             return max(0, int(prompt_tokens)).bit_length()
         return bisect_right(self.edges, prompt_tokens)
 
-    def predict(self, req: TraceRequest) -> LengthDistribution:
+    def predict(self, req: PredictionQuery) -> LengthDistribution:
         w = self.windows.get(self.bucket_of(req.prompt_tokens))
         if w is None or len(w) < self.min_samples:
             return self.fallback.predict(req)
         return w.dist()
 
-    def observe(self, req: TraceRequest, output_tokens: int) -> None:
+    def observe(self, req: PredictionQuery, output_tokens: int) -> None:
         key = self.bucket_of(req.prompt_tokens)
         w = self.windows.get(key)
         if w is None:
@@ -263,7 +258,7 @@ class LengthBucketPredictor:
 
 # --- precomputed ------------------------------------------------------------------------------
 class PrecomputedPredictor:
-    """Distributions computed outside the simulation loop, keyed by ``TraceRequest.rid``.
+    """Distributions computed outside the simulation loop, keyed by the request's ``rid``.
 
     Unknown ids go to ``fallback`` (which also hears every observation); without one they raise
     ``KeyError``.
@@ -277,7 +272,7 @@ class PrecomputedPredictor:
         self.dists = dists
         self.fallback = fallback
 
-    def predict(self, req: TraceRequest) -> LengthDistribution:
+    def predict(self, req: PredictionQuery) -> LengthDistribution:
         d = self.dists.get(req.rid)
         if d is not None:
             return d
@@ -285,7 +280,7 @@ class PrecomputedPredictor:
             raise KeyError(f"no precomputed distribution for request {req.rid} and no fallback predictor")
         return self.fallback.predict(req)
 
-    def observe(self, req: TraceRequest, output_tokens: int) -> None:
+    def observe(self, req: PredictionQuery, output_tokens: int) -> None:
         if self.fallback is not None:
             self.fallback.observe(req, output_tokens)
 
@@ -318,6 +313,10 @@ PREDICTORS: dict[str, PredictorFactory] = {
     "length-bucket": _bucket,
 }
 """Name → factory. Other modules add theirs (``PREDICTORS["semantic"] = ...``) at import."""
+
+
+ORACLES = frozenset({"oracle", "noisy-oracle"})
+"""The predictors that must be handed an answer key (``truth=``): simulation only."""
 
 
 def make_predictor(name: str, *, relative_error: float = 0.2, seed: int = 0, **kw: Any) -> LengthPredictor:

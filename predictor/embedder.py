@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from sim.tokens import content_text  # one reading of OpenAI content, shared with token counting
+from core.tokens import content_text  # one reading of OpenAI content, shared with token counting
 
 DIM = 384
 

@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from loadgen.records import TraceRequest
-from predictor.baselines import GlobalPredictor, LengthBucketPredictor, LengthPredictor
+from core.predictor import LengthPredictor
+from core.request import PredictionQuery
+from predictor.baselines import GlobalPredictor, LengthBucketPredictor
 from predictor.embedder import EMBED_VERSION, PromptLike, TextEmbedder, flatten_prompt
 from predictor.history import WindowBounds
 from predictor.memory_store import MemoryStore
@@ -169,7 +170,7 @@ def replay_semantic(
 def replay_baseline(items: Sequence[EvalItem], history: int, predictor: LengthPredictor) -> ReplayResult:
     means, quants = [], []
     for i, it in enumerate(items):
-        req = TraceRequest(arrival_s=it.arrival_s, prompt_tokens=it.prompt_tokens, output_tokens=0, rid=i)
+        req = PredictionQuery(rid=i, prompt_tokens=it.prompt_tokens)
         if i >= history:
             d = predictor.predict(req)
             means.append(d.mean)

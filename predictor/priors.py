@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from predictor.baselines import DEFAULT_PRIOR
-from predictor.distribution import LengthDistribution
+from core.distribution import DEFAULT_PRIOR, LengthDistribution
 from predictor.history import WindowBounds
 
 

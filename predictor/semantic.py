@@ -27,9 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from loadgen.records import TraceRequest
-from predictor.baselines import DEFAULT_PRIOR
-from predictor.distribution import LengthDistribution, mixture
+from core.distribution import DEFAULT_PRIOR, LengthDistribution, mixture
+from core.request import PredictionQuery, TraceRequest
 from predictor.embedder import (
     EMBED_VERSION,
     BatchingEmbedder,
@@ -438,22 +437,20 @@ class SemanticPredictor:
         return out
 
     # --- the simulator's LengthPredictor face -------------------------------------------------
-    def predict(self, req: TraceRequest) -> LengthDistribution:
+    def predict(self, req: PredictionQuery) -> LengthDistribution:
         feats = self._sim_features(req)
-        return self.predict_features(
-            feats, req.prompt_tokens, _model_of(req, self.default_model)
-        ).distribution
+        return self.predict_features(feats, req.prompt_tokens, req.model or self.default_model).distribution
 
-    def observe(self, req: TraceRequest, output_tokens: int) -> None:
+    def observe(self, req: PredictionQuery, output_tokens: int) -> None:
         feats = self._sim_features(req)
         self._sim_cache.pop(req.rid, None)
         if feats is None:  # no text: only the priors learn
-            shard = self._shard(_model_of(req, self.default_model))
+            shard = self._shard(req.model or self.default_model)
             with shard.index.lock:
                 now = self.clock()
                 shard.priors.add(now, req.prompt_tokens, output_tokens, now)
             return
-        model = _model_of(req, self.default_model)
+        model = req.model or self.default_model
         self.record_features(feats, req.prompt_tokens, output_tokens, model, req.tenant, rid=f"sim-{req.rid}")
 
     def prime(self, requests: Iterable[TraceRequest], batch: int = 64) -> None:
@@ -465,7 +462,7 @@ class SemanticPredictor:
             for req, feats in zip(chunk, self.features_many([r.prompt or "" for r in chunk]), strict=True):
                 self._sim_cache[req.rid] = feats
 
-    def _sim_features(self, req: TraceRequest) -> PromptFeatures | None:
+    def _sim_features(self, req: PredictionQuery | TraceRequest) -> PromptFeatures | None:
         if req.rid in self._sim_cache:
             return self._sim_cache[req.rid]
         feats = None if not req.prompt else self.features(req.prompt)
@@ -473,11 +470,6 @@ class SemanticPredictor:
         while len(self._sim_cache) > 100_000:
             self._sim_cache.popitem(last=False)
         return feats
-
-
-def _model_of(req: TraceRequest, default: str) -> str:
-    model = req.extra.get("model") if req.extra else None
-    return model if isinstance(model, str) else default
 
 
 def make_semantic(**kw: Any) -> SemanticPredictor:

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from loadgen.records import DEFAULT_CLIENT_MAX_TOKENS
+from core.request import DEFAULT_CLIENT_MAX_TOKENS
 from sagegate.workload_flags import ClientCap, WorkloadFlags, parse_reader_opts
 
 __all__ = ["compare", "parse_headers", "parse_reader_opts", "plot", "replay", "replay_app"]
@@ -26,7 +26,7 @@ _SLO_TTLT = typer.Option("--slo-ttlt-ms", help="Goodput SLO: time to last token,
 
 
 def _slo(ttft_ms: float | None, tpot_ms: float | None, ttlt_ms: float | None) -> Any:
-    from loadgen.results import Slo
+    from core.summary import Slo
 
     def s(ms: float | None) -> float | None:
         return None if ms is None else ms / 1000.0
@@ -122,9 +122,10 @@ def replay(
         typer.echo("error: --url and --trace are required (or use a subcommand: compare, plot)", err=True)
         raise typer.Exit(2)
     params = dict(locals())
+    from core.summary import errors_by_kind, mark_warmup, summarize
     from loadgen.client import ReplayConfig
     from loadgen.client import replay as run_replay
-    from loadgen.results import errors_by_kind, mark_warmup, summarize, write_results
+    from loadgen.results import write_results
 
     try:
         work = WorkloadFlags.pick(params).load()

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from loadgen.records import DEFAULT_CLIENT_MAX_TOKENS
+from core.request import DEFAULT_CLIENT_MAX_TOKENS, TraceRequest
 from sagegate import engine_flags as ef
 from sagegate.workload_flags import ClientCap
 
 if TYPE_CHECKING:
+    from core.predictor import LengthPredictor
     from policies.base import Policy
-    from predictor.baselines import LengthPredictor
 
 
 def simulate(
@@ -77,7 +78,8 @@ def simulate(
 ) -> None:
     """Replay a workload through the gateway queue and N simulated engines; print the summary."""
     params = dict(locals())  # the options by name, before any local of the body
-    from loadgen.results import Slo, mark_warmup, summarize, write_results
+    from core.summary import Slo, mark_warmup, summarize
+    from loadgen.results import write_results
     from policies.admission import AdmissionConfig
     from sagegate.workload_flags import WorkloadFlags
     from sim.des import QueueLimits, SimSetup, client_view
@@ -93,7 +95,7 @@ def simulate(
             engines=engines,
             level=level,
             policy=make_policy(policy, seed),
-            predictor=make_predictor(predictor, policy, level, prediction_error, seed),
+            predictor=make_predictor(predictor, policy, level, prediction_error, seed, workload),
             admission=AdmissionConfig(rule=admission_rule),  # type: ignore[arg-type]  # checked inside
             queue_limits=QueueLimits(max_wait_s=max_wait_s) if queue_limits else None,
         )
@@ -128,10 +130,13 @@ def make_policy(spec: str, seed: int) -> Policy:
 
 
 def make_predictor(
-    name: str | None, policy: str, level: str, error: float, seed: int
+    name: str | None, policy: str, level: str, error: float, seed: int, workload: Sequence[TraceRequest]
 ) -> LengthPredictor | None:
-    """The named predictor; by default noisy-oracle when the policy or the gateway's admission needs one."""
+    """The named predictor; by default noisy-oracle when the policy or the gateway's admission needs one.
+    An oracle is handed the workload's answer key (the simulator knows every outcome)."""
+    from core.request import answer_key
     from policies.registry import parse_policy
+    from predictor.baselines import ORACLES
     from predictor.baselines import make_predictor as build
 
     if name is None:
@@ -139,7 +144,8 @@ def make_predictor(
         if not needs:
             return None
         name = "noisy-oracle"
-    return build(name, relative_error=error, seed=seed)
+    keyed = {"truth": answer_key(workload)} if name in ORACLES else {}
+    return build(name, relative_error=error, seed=seed, **keyed)
 
 
 def print_summary(summary: dict[str, float], title: str) -> None:

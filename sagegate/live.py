@@ -14,11 +14,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from loadgen.records import DEFAULT_CLIENT_MAX_TOKENS, TraceRequest
+from core.request import DEFAULT_CLIENT_MAX_TOKENS, TraceRequest
 
 if TYPE_CHECKING:
+    from core.record import RequestRecord
     from loadgen.client import ReplayConfig
-    from loadgen.results import RequestRecord
 
 
 @dataclass

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from loadgen.records import TraceRequest, scale_rate
+from core.request import TraceRequest
+from loadgen.records import scale_rate
 
 if TYPE_CHECKING:
     from sim.des import SimResult

@@ -18,15 +18,15 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from loadgen.records import TraceRequest
-from loadgen.results import RequestRecord, summarize
+from core.predictor import LengthPredictor
+from core.record import RequestRecord
+from core.request import PredictionQuery, TraceRequest
+from core.summary import summarize
 from policies.admission import AdmissionConfig, BackendLoad, Charge, choose_backend, usage_after
 from policies.base import ENGINE, GATEWAY, LoadView, Policy, Verdict
 from policies.fifo import FCFS
 from policies.queue import PolicyQueue
-from predictor.distribution import LengthDistribution
 from sim.config import EngineConfig
 from sim.engine import Engine, EngineRequest, Step
 from sim.perf import PerfModel
@@ -44,11 +44,6 @@ class QueueLimits:
     max_wait_s: float = 60.0
 
 
-class Predictor(Protocol):
-    def predict(self, req: TraceRequest) -> LengthDistribution: ...
-    def observe(self, req: TraceRequest, output_tokens: int) -> None: ...
-
-
 @dataclass
 class SimSetup:
     """Everything a run needs besides the workload."""
@@ -58,7 +53,7 @@ class SimSetup:
     engines: int = 1
     level: str = ENGINE
     policy: Policy = field(default_factory=FCFS)
-    predictor: Predictor | None = None
+    predictor: LengthPredictor | None = None
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     fold_decode: bool = True
     """Fold runs of identical decode steps into one event (exact; off only to test that it is)."""
@@ -177,7 +172,7 @@ class Simulation:
     def _arrive(self, tr: TraceRequest) -> None:
         now = self.now
         setup = self.setup
-        pred = setup.predictor.predict(tr) if setup.predictor is not None else None
+        pred = setup.predictor.predict(PredictionQuery.of(tr)) if setup.predictor is not None else None
         if pred is not None and setup.cap_at_max_tokens:
             pred = pred.capped(tr.max_tokens)
         req = EngineRequest(
@@ -357,7 +352,7 @@ class Simulation:
         rec.cached_tokens = req.cached_tokens
         self.in_system -= 1
         if self.setup.predictor is not None:
-            self.setup.predictor.observe(self.by_req[req], req.generated)
+            self.setup.predictor.observe(PredictionQuery.of(self.by_req[req]), req.generated)
         if self.gateway:
             flight = self.flights.pop(req)
             self.loads[flight.backend].release(flight.charge)

@@ -25,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from core.tokens import encode, flatten_messages
 from policies.registry import parse_policy
 from sim.engine import Engine
 from sim.hardware import get_gpu, get_model
@@ -44,7 +45,6 @@ from sim.server_api import (
 )
 from sim.server_metrics import Metrics
 from sim.server_runner import SCHEDULING_POLICIES, BackendSettings, EngineRunner, PriorityPolicy, Stream
-from sim.tokens import encode, flatten_messages
 
 __all__ = [
     "SCHEDULING_POLICIES",

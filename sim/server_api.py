@@ -65,7 +65,7 @@ class GenerationBody(BaseModel):
     n: int = 1
     sim_output_tokens: int | None = Field(default=None, ge=1)
     """Generate exactly this many tokens (within ``max_tokens``): the replay's forced length
-    (``loadgen.records.FORCED_OUTPUT_FIELD``). Without it the simulated model, which has no EOS, writes
+    (``core.request.FORCED_OUTPUT_FIELD``). Without it the simulated model, which has no EOS, writes
     ``max_tokens``."""
 
 

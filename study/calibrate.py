@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from loadgen.records import TraceRequest
+from core.request import TraceRequest
 from study.config import StudyConfig
 from study.simrun import Entry, run_window
 from study.windows import Window

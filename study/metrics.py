@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loadgen.records import TraceRequest
-from loadgen.results import RequestRecord
+from core.record import RequestRecord
+from core.request import TraceRequest
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loadgen.records import TraceRequest
+from core.request import TraceRequest
 from study.calibrate import Calibration, calibrate_window
 from study.config import StudyConfig
 from study.executors import Executor
@@ -24,7 +24,7 @@ from study.sweep import ResultStore, panel, plan, run_sweep, write_results_csv
 from study.windows import Window, load_rows, make_windows, max_tokens_for, valid_rows
 
 if TYPE_CHECKING:
-    from predictor.distribution import LengthDistribution
+    from core.distribution import LengthDistribution
 
 
 class ConfigMismatch(RuntimeError):

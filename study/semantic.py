@@ -22,12 +22,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loadgen.records import TraceRequest
+from core.request import TraceRequest
 from study.config import SourceSpec, StudyConfig
 from study.windows import Window, predicted_outputs
 
 if TYPE_CHECKING:
-    from predictor.distribution import LengthDistribution
+    from core.distribution import LengthDistribution
 
 Dists = Mapping[int, "LengthDistribution"]
 
@@ -120,7 +120,7 @@ class PredictionLog:
         self.path = path
 
     def load(self) -> dict[str, dict[int, LengthDistribution]]:
-        from predictor.distribution import LengthDistribution
+        from core.distribution import LengthDistribution
 
         out: dict[str, dict[int, LengthDistribution]] = {}
         for rec in self.records():

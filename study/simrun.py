@@ -11,12 +11,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from loadgen.records import TraceRequest, scale_rate
+from core.request import TraceRequest
+from loadgen.records import scale_rate
 
 if TYPE_CHECKING:
+    from core.distribution import LengthDistribution
+    from core.predictor import LengthPredictor
     from policies.base import Policy
-    from predictor.baselines import LengthPredictor
-    from predictor.distribution import LengthDistribution
     from sim.config import EngineConfig
     from sim.des import SimResult
     from sim.perf import PerfModel
@@ -60,13 +61,19 @@ def build_policy(name: str, seed: int) -> Policy:
 
 
 def build_predictor(
-    predictor: str, error: float, seed: int, dists: Mapping[int, LengthDistribution] | None
+    predictor: str,
+    error: float,
+    seed: int,
+    dists: Mapping[int, LengthDistribution] | None,
+    work: Sequence[TraceRequest] = (),
 ) -> LengthPredictor:
-    """``noisy-oracle`` at ``error`` seeded per window, or precomputed distributions (``semantic``)."""
+    """``noisy-oracle`` at ``error`` seeded per window (handed ``work``'s answer key), or precomputed
+    distributions (``semantic``)."""
+    from core.request import answer_key
     from predictor.baselines import NoisyOraclePredictor, PrecomputedPredictor
 
     if predictor == "noisy-oracle":
-        return NoisyOraclePredictor(error, seed)
+        return NoisyOraclePredictor(error, seed, truth=answer_key(work))
     if dists is None:
         raise ValueError(f"predictor {predictor!r} needs precomputed distributions")
     return PrecomputedPredictor(dists)
@@ -95,6 +102,6 @@ def run_window(
         engines=1,
         level=entry.level,
         policy=build_policy(entry.policy, seed),
-        predictor=build_predictor(predictor, error, seed, dists),
+        predictor=build_predictor(predictor, error, seed, dists, work),
     )
     return simulate(work, setup)

@@ -27,7 +27,7 @@ from study.simrun import Entry, run_window
 from study.windows import Window
 
 if TYPE_CHECKING:
-    from predictor.distribution import LengthDistribution
+    from core.distribution import LengthDistribution
 
 NOISY = "noisy-oracle"
 SEMANTIC = "semantic"

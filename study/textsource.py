@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from loadgen.records import TraceRequest
+from core.request import TraceRequest
 
 FORMAT = "paired-sharegpt"
 """``SourceSpec.fmt`` of a paired source; options ``sharegpt`` (pairs file), ``arrivals`` (the trace's

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from loadgen.records import TraceRequest, rebase
+from core.request import TraceRequest
+from loadgen.records import rebase
 from predictor.baselines import lognormal_sigma, unit_normal
 from study.config import SourceSpec, StudyConfig
 

@@ -8,19 +8,18 @@ import statistics
 
 import pytest
 
-from loadgen.records import TraceRequest
+from core.distribution import DEFAULT_PRIOR, LengthDistribution
+from core.predictor import LengthPredictor
+from core.request import PredictionQuery, TraceRequest, answer_key
 from predictor.baselines import (
-    DEFAULT_PRIOR,
     PREDICTORS,
     GlobalPredictor,
     LengthBucketPredictor,
-    LengthPredictor,
     NoisyOraclePredictor,
     OraclePredictor,
     PrecomputedPredictor,
     make_predictor,
 )
-from predictor.distribution import LengthDistribution
 
 
 def req(rid: int, output: int = 100, prompt: int = 50) -> TraceRequest:
@@ -36,26 +35,42 @@ def assert_valid(d: LengthDistribution) -> None:
     assert qs == sorted(qs)
 
 
-def test_oracle_is_a_point_at_the_truth() -> None:
-    d = OraclePredictor().predict(req(3, output=417))
+def ask(r: TraceRequest) -> PredictionQuery:
+    return PredictionQuery.of(r)
+
+
+def test_oracle_is_a_point_at_the_truth_from_its_answer_key() -> None:
+    r = req(3, output=417)
+    d = OraclePredictor(answer_key([r])).predict(ask(r))
     assert d.support == (417,) and d.probs == (1.0,)
+
+
+def test_a_query_carries_no_outcome_and_an_oracle_knows_only_its_key() -> None:
+    r = req(3, output=417)
+    assert not hasattr(ask(r), "output_tokens")
+    with pytest.raises(KeyError, match="request 4"):
+        OraclePredictor(answer_key([r])).predict(ask(req(4)))
+    with pytest.raises(ValueError, match="rid 3"):
+        answer_key([r, req(3, output=5)])
 
 
 # --- noisy oracle -------------------------------------------------------------------------------
 @pytest.mark.parametrize("r", [0.1, 0.2, 0.5])
 def test_noisy_oracle_relative_error_on_a_large_sample(r: float) -> None:
     true = 1_000_000  # large, so rounding to whole tokens is negligible
-    pred = NoisyOraclePredictor(relative_error=r, seed=7, point=True)
-    ratios = [pred.predict(req(i, output=true)).mean / true for i in range(20_000)]
+    reqs = [req(i, output=true) for i in range(20_000)]
+    pred = NoisyOraclePredictor(relative_error=r, seed=7, point=True, truth=answer_key(reqs))
+    ratios = [pred.predict(ask(x)).mean / true for x in reqs]
     assert statistics.fmean(ratios) == pytest.approx(1.0, abs=0.02 * r + 0.002)
     assert statistics.pstdev(ratios) == pytest.approx(r, rel=0.05)
 
 
 def test_noisy_oracle_distribution_is_centred_on_the_noisy_value_with_the_same_spread() -> None:
     true = 1_000_000
-    pred = NoisyOraclePredictor(relative_error=0.2, seed=1)
-    for i in range(50):
-        r = req(i, output=true)
+    reqs = [req(i, output=true) for i in range(50)]
+    pred = NoisyOraclePredictor(relative_error=0.2, seed=1, truth=answer_key(reqs))
+    for x in reqs:
+        r = ask(x)
         d = pred.predict(r)
         assert_valid(d)
         assert len(d.support) == 16
@@ -65,26 +80,30 @@ def test_noisy_oracle_distribution_is_centred_on_the_noisy_value_with_the_same_s
 
 
 def test_noisy_oracle_is_deterministic_per_seed_and_rid_whatever_the_call_order() -> None:
-    reqs = [req(i, output=50 + 7 * i) for i in range(200)]
-    a = NoisyOraclePredictor(seed=3)
-    b = NoisyOraclePredictor(seed=3)
+    work = [req(i, output=50 + 7 * i) for i in range(200)]
+    key = answer_key(work)
+    reqs = [ask(x) for x in work]
+    a = NoisyOraclePredictor(seed=3, truth=key)
+    b = NoisyOraclePredictor(seed=3, truth=key)
     forward = {r.rid: a.predict(r).to_json() for r in reqs}
     shuffled = list(reqs)
     random.Random(0).shuffle(shuffled)
     backward = {r.rid: b.predict(r).to_json() for r in shuffled}
     assert forward == backward
     assert {r.rid: a.predict(r).to_json() for r in reqs} == forward  # asking twice changes nothing
-    other = NoisyOraclePredictor(seed=4)
+    other = NoisyOraclePredictor(seed=4, truth=key)
     assert sum(other.predict(r).to_json() != forward[r.rid] for r in reqs) > 150
 
 
 def test_noisy_oracle_edge_cases() -> None:
-    tiny = NoisyOraclePredictor(relative_error=0.5).predict(req(1, output=1))
+    one, long = req(1, output=1), req(2, output=321)
+    key = answer_key([one, long])
+    tiny = NoisyOraclePredictor(relative_error=0.5, truth=key).predict(ask(one))
     assert_valid(tiny)  # rounding collapses points, still a distribution
-    exact = NoisyOraclePredictor(relative_error=0.0).predict(req(2, output=321))
+    exact = NoisyOraclePredictor(relative_error=0.0, truth=key).predict(ask(long))
     assert exact.support == (321,)
     with pytest.raises(ValueError):
-        NoisyOraclePredictor(relative_error=-0.1)
+        NoisyOraclePredictor(relative_error=-0.1, truth=key)
 
 
 # --- global -------------------------------------------------------------------------------------
@@ -187,17 +206,18 @@ def test_precomputed_by_rid_then_fallback() -> None:
 
 def test_all_predictors_emit_valid_distributions() -> None:
     rnd = random.Random(11)
+    work = [req(i, output=rnd.randint(1, 4000), prompt=rnd.randint(1, 8000)) for i in range(300)]
     for name in ("oracle", "noisy-oracle", "global", "length-bucket"):
-        p: LengthPredictor = make_predictor(name, seed=2)
+        keyed = {"truth": answer_key(work)} if "oracle" in name else {}
+        p: LengthPredictor = make_predictor(name, seed=2, **keyed)
         assert p.name == name
-        for i in range(300):
-            r = req(i, output=rnd.randint(1, 4000), prompt=rnd.randint(1, 8000))
-            assert_valid(p.predict(r))
-            p.observe(r, r.output_tokens)
+        for r in work:
+            assert_valid(p.predict(ask(r)))
+            p.observe(ask(r), r.output_tokens)
 
 
 def test_make_predictor_passes_options_and_rejects_unknown_names() -> None:
-    p = make_predictor("noisy-oracle", relative_error=0.3, seed=9, point=True)
+    p = make_predictor("noisy-oracle", relative_error=0.3, seed=9, point=True, truth={})
     assert isinstance(p, NoisyOraclePredictor) and p.relative_error == 0.3 and p.seed == 9 and p.point
     g = make_predictor("global", window=10)
     assert isinstance(g, GlobalPredictor) and g.window.samples.maxlen == 10

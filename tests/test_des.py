@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import data_path
 
-from loadgen.records import TraceRequest
+from core.request import TraceRequest
 from loadgen.synthetic import synthetic_workload
 from sim.config import EngineConfig
 from sim.des import SimSetup, client_view, simulate

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadgen.records import TraceRequest
+from core.request import TraceRequest, answer_key
 from policies.base import Policy, SchedRequest
 from sim.config import EngineConfig
 from sim.des import SimSetup, simulate
@@ -241,7 +241,7 @@ def test_folded_decode_steps_are_exact(level, blocks):
     from predictor.baselines import make_predictor
 
     def run(fold: bool):
-        pred = make_predictor("noisy-oracle", seed=1) if level == "gateway" else None
+        pred = make_predictor("noisy-oracle", seed=1, truth=answer_key(work)) if level == "gateway" else None
         return simulate(work, SimSetup(PERF, cfg, level=level, predictor=pred, fold_decode=fold))
 
     folded, plain = run(True), run(False)

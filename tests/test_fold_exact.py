@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from loadgen.records import TraceRequest
+from core.request import TraceRequest, answer_key
 from policies.admission import AdmissionConfig, Rule
 from policies.registry import parse_policy
 from predictor.baselines import make_predictor
@@ -63,7 +63,7 @@ def test_fold_changes_nothing_but_speed(policy: str, level: str, engines: int, r
     cfg = EngineConfig(num_gpu_blocks_override=600)
 
     def run(fold: bool):  # type: ignore[no-untyped-def]
-        pred = make_predictor("noisy-oracle", relative_error=0.5, seed=2)
+        pred = make_predictor("noisy-oracle", relative_error=0.5, seed=2, truth=answer_key(work))
         setup = SimSetup(
             PERF,
             cfg,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+from core.distribution import LengthDistribution
 from gateway.predict import PredictInput, SemanticAdapter
-from predictor.distribution import LengthDistribution
 
 
 class _SlowInner:

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.distribution import LengthDistribution
 from gateway.backends import Backend, BackendPool, CircuitBreaker
 from gateway.dispatcher import Dispatcher, QueueFull
 from gateway.errors import GatewayError
@@ -25,7 +26,6 @@ from gateway.tenants import identify, match_key
 from policies.admission import RULES, AdmissionConfig, Rule
 from policies.prompt_share import SHARE_FLOOR, PromptShare, share_sample
 from policies.registry import parse_policy
-from predictor.distribution import LengthDistribution
 
 # --- settings -------------------------------------------------------------------------------------
 

@@ -10,9 +10,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from core.request import FORCED_OUTPUT_FIELD
 from loadgen.fakeserver import FakeServer
 from loadgen.plots import read_queue_samples
-from loadgen.records import FORCED_OUTPUT_FIELD
 from loadgen.results import read_results
 from sagegate.cmd_replay import parse_headers, parse_reader_opts, replay_app
 

@@ -14,11 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from core.request import FORCED_OUTPUT_FIELD, TraceRequest
+from core.summary import errors_by_kind, summarize
 from loadgen.client import ReplayConfig, replay
 from loadgen.fakeserver import FakeServer
 from loadgen.prompts import filler_text
-from loadgen.records import FORCED_OUTPUT_FIELD, TraceRequest, with_client_cap
-from loadgen.results import errors_by_kind, summarize
+from loadgen.records import with_client_cap
 from loadgen.schedule import prepare_workload
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,8 +11,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from core.record import RequestRecord
+from core.summary import Slo, errors_by_kind, summarize
 from loadgen.compare import Row, compare_files, compare_records
-from loadgen.results import RequestRecord, Slo, errors_by_kind, read_results, summarize, write_results
+from loadgen.results import read_results, write_results
 from sagegate.cmd_replay import replay_app
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from core.record import RequestRecord
 from loadgen.plots import (
     latency_values,
     plot_latency_cdfs,
@@ -13,7 +14,7 @@ from loadgen.plots import (
     plot_timeline,
     read_queue_samples,
 )
-from loadgen.results import RequestRecord, write_results
+from loadgen.results import write_results
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -7,6 +7,8 @@ from conftest import data_path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.request import TraceRequest
+from core.tokens import count_tokens, encode
 from loadgen.prompts import (
     BLOCK_TOKENS,
     SharegptPool,
@@ -15,8 +17,6 @@ from loadgen.prompts import (
     filler_text,
     mooncake_prompt,
 )
-from loadgen.records import TraceRequest
-from sim.tokens import count_tokens, encode
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 7, 16, 100, 511, 512, 513, 1000, 4096, 20_000])

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from conftest import data_path
 
-from loadgen.results import RequestRecord, mark_warmup, summarize
+from core.record import RequestRecord
+from core.summary import mark_warmup, summarize
+from core.tokens import count_tokens
 from loadgen.schedule import prepare_workload
-from sim.tokens import count_tokens
 
 
 def _jsonl(tmp_path: Path, n: int = 40, gap_ms: int = 100) -> Path:

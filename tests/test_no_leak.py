@@ -12,8 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
+from core.request import FORCED_OUTPUT_FIELD, TraceRequest, answer_key
 from gateway.app import create_app
-from loadgen.records import FORCED_OUTPUT_FIELD, TraceRequest, with_client_cap
+from loadgen.records import with_client_cap
 from policies.registry import parse_policy
 from predictor.baselines import make_predictor
 from sim.config import EngineConfig
@@ -129,7 +130,7 @@ def test_the_simulated_gateway_never_reads_the_true_length(policy: str) -> None:
 
 def test_the_simulator_caps_predictions_at_the_client_cap_like_the_gateway() -> None:
     work = [TraceRequest(0.0, 100, 50, rid=0, max_tokens=64)]
-    oracle = make_predictor("oracle")
+    oracle = make_predictor("oracle", truth=answer_key(work))
     capped = simulate(
         [replace(work[0], output_tokens=50)],
         SimSetup(PERF, level="gateway", policy=parse_policy("sagesched"), predictor=oracle),

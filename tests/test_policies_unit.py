@@ -11,7 +11,8 @@ import random
 
 import pytest
 
-from loadgen.records import TraceRequest
+from core.distribution import LengthDistribution
+from core.request import TraceRequest, answer_key
 from policies.base import ENGINE, GATEWAY, LoadView, SchedRequest, Verdict
 from policies.cost import cost_support, service_cost
 from policies.engine_variants import SLAI
@@ -23,7 +24,6 @@ from policies.prediction import SSJF, UNKNOWN_OUTPUT, LearningToRank, Trail, exp
 from policies.registry import parse_policy, registry
 from policies.sagesched import MeanCost, SageSched
 from predictor.baselines import make_predictor
-from predictor.distribution import LengthDistribution
 from sim.config import EngineConfig
 from sim.des import SimSetup, engine_config_for, simulate
 from sim.hardware import get_gpu, get_model
@@ -198,7 +198,12 @@ def test_trail_never_preempts_past_80_percent_in_the_engine():
     policy = _RecordingTrail()
     # Ample KV (no memory preemption), few sequences: every preemption is TRAIL's own choice.
     cfg = EngineConfig(max_num_seqs=4, num_gpu_blocks_override=20000)
-    res = simulate(work, SimSetup(PERF, cfg, 1, ENGINE, policy, make_predictor("noisy-oracle", seed=1)))
+    res = simulate(
+        work,
+        SimSetup(
+            PERF, cfg, 1, ENGINE, policy, make_predictor("noisy-oracle", seed=1, truth=answer_key(work))
+        ),
+    )
     assert res.summary["completed"] == len(work)
     assert policy.preempted, "the workload must make TRAIL preempt, or this test proves nothing"
     assert all(g < 0.8 * initial for g, initial in policy.preempted)

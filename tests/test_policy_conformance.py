@@ -14,7 +14,7 @@ from functools import cache
 
 import pytest
 
-from loadgen.records import TraceRequest
+from core.request import TraceRequest, answer_key
 from policies.base import ENGINE, GATEWAY, Policy
 from policies.registry import parse_policy, registry
 from predictor.baselines import make_predictor
@@ -58,7 +58,14 @@ WORKLOAD = mixed_workload()
 
 def run(spec: str, level: str) -> tuple[Policy, SimResult]:
     policy = parse_policy(spec)
-    setup = SimSetup(PERF, ENGINE_CFG, ENGINES, level, policy, make_predictor("noisy-oracle", seed=3))
+    setup = SimSetup(
+        PERF,
+        ENGINE_CFG,
+        ENGINES,
+        level,
+        policy,
+        make_predictor("noisy-oracle", seed=3, truth=answer_key(WORKLOAD)),
+    )
     return policy, simulate(WORKLOAD, setup)
 
 

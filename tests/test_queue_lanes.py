@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from core.distribution import LengthDistribution
 from policies.base import Policy, SchedRequest
 from policies.queue import PolicyQueue
 from policies.registry import parse_policy, registry
-from predictor.distribution import LengthDistribution
 
 DYNAMIC = sorted(name for name, info in registry().items() if info.cls.dynamic)
 # Lower thresholds so that flips happen within a short sequence.

@@ -18,6 +18,7 @@ from conftest import data_path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.request import TraceRequest
 from loadgen.readers import (
     FORMATS,
     ReadStats,
@@ -27,7 +28,6 @@ from loadgen.readers import (
     read_trace_with_stats,
     retime,
 )
-from loadgen.records import TraceRequest
 from loadgen.synthetic import DECODE_S_PER_TOKEN, PREFILL_S_PER_TOKEN, synthetic_workload
 
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"

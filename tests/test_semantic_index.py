@@ -9,8 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from predictor.baselines import DEFAULT_PRIOR
-from predictor.distribution import LengthDistribution
+from core.distribution import DEFAULT_PRIOR, LengthDistribution
 from predictor.history import Completion, WindowBounds
 from predictor.index import IndexConfig, WindowIndex
 from predictor.lexical import DocFreq, LexicalIndex, extract_terms

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loadgen.records import TraceRequest
-from predictor.baselines import DEFAULT_PRIOR
+from core.distribution import DEFAULT_PRIOR
+from core.request import TraceRequest
 from predictor.embedder import BatchingEmbedder, flatten_prompt
 from predictor.history import WindowBounds
 from predictor.index import IndexConfig

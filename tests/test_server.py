@@ -14,11 +14,11 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from core.tokens import count_tokens, flatten_messages
 from sagegate.cmd_backend import spawned_backend
 from sim.hardware import get_gpu, get_model
 from sim.perf import PerfModel
 from sim.server import PriorityPolicy
-from sim.tokens import count_tokens, flatten_messages
 
 SERVED = "sim-llama"
 SMALL_BLOCKS = 256  # 4096 tokens of KV: long requests fill it quickly, long prompts do not fit
@@ -338,7 +338,7 @@ def test_flatten_messages_keeps_every_turn() -> None:
 
 
 def test_token_count_fallback_without_the_tokenizer(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sim.tokens as tokens
+    import core.tokens as tokens
 
     monkeypatch.setattr(tokens, "_encoder", lambda: None)
     assert tokens.count_tokens("abcdefghi") == 3  # one token per 4 characters, rounded up

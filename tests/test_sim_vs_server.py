@@ -25,7 +25,7 @@ import httpx
 import numpy as np
 import pytest
 
-from loadgen.records import TraceRequest
+from core.request import TraceRequest
 from loadgen.synthetic import synthetic_workload
 from sagegate.cmd_backend import spawned_backend
 from sim.config import EngineConfig

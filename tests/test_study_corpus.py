@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadgen.records import TraceRequest
-from loadgen.results import RequestRecord
+from core.record import RequestRecord
+from core.request import PredictionQuery, TraceRequest, answer_key
 from loadgen.synthetic import synthetic_workload
 from predictor.baselines import NoisyOraclePredictor
 from study.calibrate import calibrate_window, find_knee, violation_rate
@@ -52,12 +52,14 @@ def test_deadline_rule_matches_the_noisy_oracle_prediction() -> None:
     reqs = synthetic_workload(50, rate=5.0, seed=3)
     seed = 12345
     out = with_deadlines(reqs, seed, cfg)
-    oracle = NoisyOraclePredictor(0.2, seed)
+    oracle = NoisyOraclePredictor(0.2, seed, truth=answer_key(reqs))
     for r, o in zip(reqs, out, strict=True):
-        expect = r.arrival_s + 20.0 * (0.0004 * r.prompt_tokens + 0.02 * oracle.noisy_value(r))
+        expect = r.arrival_s + 20.0 * (
+            0.0004 * r.prompt_tokens + 0.02 * oracle.noisy_value(PredictionQuery.of(r))
+        )
         assert o.deadline_s == pytest.approx(expect, rel=1e-12)
         assert o.priority == 1
-    noisy = [oracle.noisy_value(r) / r.output_tokens for r in reqs]
+    noisy = [oracle.noisy_value(PredictionQuery.of(r)) / r.output_tokens for r in reqs]
     assert len(set(noisy)) == len(noisy)  # the noise is per request, not one factor
 
 

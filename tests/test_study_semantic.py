@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from conftest import data_path
 
-from loadgen.records import TraceRequest
+from core.request import TraceRequest
 from study.calibrate import Calibration
 from study.config import SourceSpec, StudyConfig, text_source
 from study.executors import LocalExecutor

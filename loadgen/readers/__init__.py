@@ -19,11 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from core.request import TraceRequest
 from loadgen.readers import azure, burstgpt, jsonl, mooncake, servegen, sharegpt
 from loadgen.readers.common import ReadStats, TraceFormatError, check_limit
 from loadgen.readers.detect import detect_format
 from loadgen.readers.retime import retime
-from loadgen.records import TraceRequest, rebase
+from loadgen.records import rebase
 
 __all__ = [
     "FORMATS",

@@ -13,8 +13,8 @@ import datetime as dt
 import re
 from pathlib import Path
 
+from core.request import TraceRequest
 from loadgen.readers.common import ReadStats, TraceFormatError, open_text, parse_tokens
-from loadgen.records import TraceRequest
 
 HEADER = ("timestamp", "contexttokens", "generatedtokens")
 

@@ -12,8 +12,8 @@ import csv
 import math
 from pathlib import Path
 
+from core.request import TraceRequest
 from loadgen.readers.common import ReadStats, TraceFormatError, open_text, parse_tokens
-from loadgen.records import TraceRequest
 
 REQUIRED = ("timestamp", "request tokens", "response tokens")
 _EXTRA = {"model": "model", "log type": "log_type", "session id": "session_id"}

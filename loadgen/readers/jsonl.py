@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from core.request import TraceRequest
 from loadgen.readers.common import ReadStats, TraceFormatError, iter_json_lines, json_seconds, json_tokens
 from loadgen.readers.mooncake import hash_id_tuple
-from loadgen.records import TraceRequest
 
 REQUIRED = ("arrival_s", "prompt_tokens", "output_tokens")
 OPTIONAL = ("prompt", "tenant", "priority", "deadline_s", "hash_ids")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from core.request import TraceRequest
 from loadgen.readers.common import ReadStats, TraceFormatError, iter_json_lines, json_seconds, json_tokens
-from loadgen.records import TraceRequest
 
 REQUIRED = ("timestamp", "input_length", "output_length")
 

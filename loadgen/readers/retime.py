@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from loadgen.records import TraceRequest
+from core.request import TraceRequest
 
 
 def retime(

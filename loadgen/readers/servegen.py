@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from core.request import TraceRequest
 from loadgen.readers.common import ReadStats, TraceFormatError
-from loadgen.records import TraceRequest
 
 if TYPE_CHECKING:
     import numpy as np

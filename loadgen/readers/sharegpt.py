@@ -12,8 +12,8 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from core.request import TraceRequest
 from loadgen.readers.common import ReadStats, TraceFormatError, iter_json_lines, json_tokens
-from loadgen.records import TraceRequest
 
 REQUIRED = ("prompt", "prompt_tokens_cl100k", "response_tokens_cl100k")
 _EXTRA = ("id", "n_turns", "prompt_chars", "response_chars", "response_words")

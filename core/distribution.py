@@ -129,3 +129,9 @@ def mixture(parts: Sequence[tuple[float, LengthDistribution]]) -> LengthDistribu
         xs.extend(d.support)
         ws.extend(w * p for p in d.probs)
     return LengthDistribution.from_samples(xs, ws)
+
+
+DEFAULT_PRIOR = LengthDistribution.point(256)
+"""What a predictor answers before it has seen anything: a point at 256 tokens (a typical chat
+answer). A point keeps cold-start ordering simple: equal predictions, so Gittins orders by prompt
+length, and a request outliving 256 tokens is ranked by the past-support rule."""

@@ -1,0 +1,85 @@
+"""The floors: who may import whom (docs/architecture.md). A change that reaches up a floor fails here."""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("core", "loadgen", "policies", "predictor", "sim", "gateway", "study", "sagegate")
+ALLOWED: dict[str, set[str]] = {
+    "core": set(),
+    "loadgen": {"core"},
+    "policies": {"core"},
+    "predictor": {"core"},
+    "sim": {"core", "policies"},
+    "gateway": {"core", "policies", "predictor"},
+    "study": {"core", "loadgen", "policies", "predictor", "sim"},
+    "sagegate": set(PACKAGES),
+}
+
+
+def imports_of(path: Path, *, top_level_only: bool = False) -> set[str]:
+    """Project modules ``path`` imports (all of them, or only those imported when it loads);
+    ``from pkg import sub`` counts as importing the submodule ``pkg.sub``."""
+    known = modules()
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    out: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            subs = {f"{node.module}.{a.name}" for a in node.names} & set(known)
+            out.update(subs or {node.module})
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return {m for m in out if m.split(".")[0] in PACKAGES}
+
+
+@cache
+def modules() -> dict[str, Path]:
+    found = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+@pytest.mark.parametrize("pkg", PACKAGES)
+def test_a_package_imports_only_the_floors_below_it(pkg: str) -> None:
+    bad = []
+    for name, path in modules().items():
+        if name.split(".")[0] != pkg:
+            continue
+        for target in imports_of(path):
+            floor = target.split(".")[0]
+            if floor != pkg and floor not in ALLOWED[pkg]:
+                bad.append(f"{name} imports {target}")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_circles_when_modules_load() -> None:
+    """Module-level imports form no cycle (a late import inside a function, e.g. registration, is fine)."""
+    mods = modules()
+    graph = {
+        name: {t for t in imports_of(path, top_level_only=True) if t in mods} for name, path in mods.items()
+    }
+    state: dict[str, int] = {}
+    cycles: list[str] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join([*stack[stack.index(nxt) :], nxt]))
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "\n".join(cycles)
