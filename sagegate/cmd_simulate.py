@@ -135,12 +135,13 @@ def make_predictor(
     """The named predictor; by default noisy-oracle when the policy or the gateway's admission needs one.
     An oracle is handed the workload's answer key (the simulator knows every outcome)."""
     from core.request import answer_key
+    from policies.capabilities import Capability
     from policies.registry import parse_policy
     from predictor.baselines import ORACLES
     from predictor.baselines import make_predictor as build
 
     if name is None:
-        needs = level == "gateway" or parse_policy(policy).uses_prediction
+        needs = level == "gateway" or Capability.USES_PREDICTION in parse_policy(policy).capabilities
         if not needs:
             return None
         name = "noisy-oracle"
