@@ -5,7 +5,6 @@ a 500.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,8 +14,6 @@ from starlette.requests import Request
 from gateway import errors, jsonbody
 from gateway.openai_schema import ChatCompletionRequest, CompletionRequest, OpenAIRequest, Route
 from gateway.settings import GatewaySettings
-
-log = logging.getLogger("sagegate.gateway")
 
 DRAIN_FACTOR = 4
 """How much of an over-limit body is read and dropped before the ``413`` (see ``Intake.read_body``)."""
