@@ -168,8 +168,8 @@ class Dispatcher:
         return [i not in req.excluded and b.serves(req.model) for i, b in enumerate(backends)]
 
     # --- life of a dispatched request ---------------------------------------------------------
-    def first_byte(self, req: GatewayRequest) -> None:
-        """The backend answered: the request no longer waits there."""
+    def stop_waiting(self, req: GatewayRequest) -> None:
+        """The request no longer waits in its backend's queue: the backend answered, or the try failed."""
         if req.backend is not None:
             self.pool.backends[req.backend].started(req.rid)
             self.kick()
