@@ -116,8 +116,9 @@ def test_client_gone_mid_stream_releases_once() -> None:
         httpx.Client(timeout=10) as c,
         c.stream("POST", url + "/v1/chat/completions", json=chat_body(stream=True, max_tokens=400)) as r,
     ):
-        assert next(r.iter_lines()).startswith("data: ")
-        assert len(gw.director.ledger) == 1
+        first = next(r.iter_lines())
+        assert r.status_code == 200 and first.startswith("data: ") and '"error"' not in first, first
+        assert len(gw.director.ledger) == 1, (first, seen)
         (lc,) = gw.director.ledger.values()
         assert lc.state is RequestState.STREAMING
     assert len(seen.taken) == 1
