@@ -29,7 +29,7 @@ from gateway.errors import GatewayError
 from gateway.intake import Intake
 from gateway.metrics import GatewayMetrics
 from gateway.openai_schema import ChatCompletionRequest, CompletionRequest, ErrorBody
-from gateway.predict import Recorder, build_predictor
+from gateway.predict import GatewayPredictor, Recorder, build_predictor
 from gateway.proxy import DisconnectGuard, Forwarder
 from gateway.queue import BoundedQueue
 from gateway.settings import GatewaySettings
@@ -46,7 +46,10 @@ class Gateway:
     """Everything one gateway process holds; ``app.state.gateway``."""
 
     def __init__(
-        self, settings: GatewaySettings, policy: Policy | None = None, predictor: Any = None
+        self,
+        settings: GatewaySettings,
+        policy: Policy | None = None,
+        predictor: GatewayPredictor | None = None,
     ) -> None:
         self.settings = settings
         self.clock = time.monotonic
@@ -203,7 +206,9 @@ class Gateway:
         return [depth, tokens, share, inflight, reserved, capacity, healthy, waiting]
 
 
-def create_app(settings: GatewaySettings, *, policy: Policy | None = None, predictor: Any = None) -> FastAPI:
+def create_app(
+    settings: GatewaySettings, *, policy: Policy | None = None, predictor: GatewayPredictor | None = None
+) -> FastAPI:
     """The gateway app. ``policy``/``predictor`` override the ones ``settings`` names (tests)."""
     gw = Gateway(settings, policy, predictor)
 

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from gateway import errors, jsonbody
 from gateway.metrics import GatewayMetrics
 from gateway.openai_schema import ChatCompletionRequest, CompletionRequest
-from gateway.predict import PredictInput, cap
+from gateway.predict import GatewayPredictor, PredictInput, cap
 from gateway.queue import GatewayRequest
 from gateway.settings import GatewaySettings
 from gateway.tenants import identify
@@ -34,7 +34,7 @@ class Intake:
     def __init__(
         self,
         settings: GatewaySettings,
-        predictor: Any,
+        predictor: GatewayPredictor,
         metrics: GatewayMetrics,
         known_models: Callable[[], set[str]],
         clock: Callable[[], float] = time.monotonic,
