@@ -26,7 +26,7 @@ def test_the_documented_json_variable_still_sets_the_budget(monkeypatch: pytest.
 
 def test_yaml_options_reach_the_factory_typed(tmp_path: Path) -> None:
     cfg = tmp_path / "gw.yaml"
-    cfg.write_text("predictor: semantic\nredis_url: redis://r:6379/0\npredictor_options:\n  embed_threads: 2\n")
+    cfg.write_text("predictor: semantic\nredis_url: redis://r:6379/0\npredictor_options: {embed_threads: 2}")
     s = load_settings(cfg)
     opts = s.predictor_options.for_predictor(s.predictor, s.redis_url)
     assert opts == SemanticOptions(embed=EmbedderOptions(threads=2), redis_url="redis://r:6379/0")
