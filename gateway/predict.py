@@ -3,7 +3,8 @@
 ``none``: no prediction (the policy sees prompt length only). ``global`` / ``length-bucket``: the
 history baselines of ``predictor.baselines`` (cheap, run inline). ``semantic``: the product's predictor
 (similar past prompts), whose embedding runs off the event loop; its history is in-process, or in
-Redis when ``redis_url`` is set so several gateway replicas learn from each other.
+Redis when ``redis_url`` is set so several gateway replicas learn from each other. Each is built by
+the one factory (:func:`predictor.factory.make_predictor`) and wrapped here in a :class:`GatewayPredictor`.
 """
 
 from __future__ import annotations
