@@ -82,7 +82,7 @@ def run_one(
     seed: int = 0,
 ) -> dict[str, float]:
     from policies.registry import parse_policy
-    from predictor.baselines import make_predictor
+    from predictor.factory import make_predictor
     from sim.config import EngineConfig
     from sim.des import SimSetup, client_view, simulate
 

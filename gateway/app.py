@@ -31,7 +31,7 @@ from gateway.errors import GatewayError
 from gateway.intake import Intake
 from gateway.metrics import GatewayMetrics
 from gateway.openai_schema import ChatCompletionRequest, CompletionRequest, ErrorBody, Route
-from gateway.predict import Recorder, build_predictor
+from gateway.predict import GatewayPredictor, Recorder, build_predictor
 from gateway.proxy import Proxy
 from gateway.queue import BoundedQueue
 from gateway.settings import GatewaySettings
@@ -49,7 +49,10 @@ class Gateway:
     """Everything one gateway process holds; ``app.state.gateway``."""
 
     def __init__(
-        self, settings: GatewaySettings, policy: Policy | None = None, predictor: Any = None
+        self,
+        settings: GatewaySettings,
+        policy: Policy | None = None,
+        predictor: GatewayPredictor | None = None,
     ) -> None:
         self.settings = settings
         self.clock = time.monotonic
@@ -119,7 +122,9 @@ class Gateway:
         return queue_snapshot(self.policy.name, self.queue, self.pool, self.clock(), limit)
 
 
-def create_app(settings: GatewaySettings, *, policy: Policy | None = None, predictor: Any = None) -> FastAPI:
+def create_app(
+    settings: GatewaySettings, *, policy: Policy | None = None, predictor: GatewayPredictor | None = None
+) -> FastAPI:
     """The gateway app. ``policy``/``predictor`` override the ones ``settings`` names (tests)."""
     gw = Gateway(settings, policy, predictor)
 

@@ -28,7 +28,7 @@ from gateway.intake import ClientRequest, Intake
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import GatewayMetrics
 from gateway.openai_schema import Route
-from gateway.predict import PredictInput, cap
+from gateway.predict import GatewayPredictor, PredictInput, cap
 from gateway.proxy import Failed, Proxy
 from gateway.queue import Dispatched, GatewayRequest
 from gateway.settings import GatewaySettings
@@ -44,7 +44,7 @@ class Director:
         self,
         settings: GatewaySettings,
         intake: Intake,
-        predictor: Any,
+        predictor: GatewayPredictor,
         dispatcher: Dispatcher,
         pool: BackendPool,
         proxy: Proxy,

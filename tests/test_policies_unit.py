@@ -23,7 +23,7 @@ from policies.mlfq import FastServe
 from policies.prediction import SSJF, UNKNOWN_OUTPUT, LearningToRank, Trail, expected_remaining
 from policies.registry import parse_policy, registry
 from policies.sagesched import MeanCost, SageSched
-from predictor.baselines import make_predictor
+from predictor.factory import make_predictor
 from sim.config import EngineConfig
 from sim.des import SimSetup, engine_config_for, simulate
 from sim.hardware import get_gpu, get_model

@@ -17,7 +17,7 @@ import pytest
 from core.request import TraceRequest, answer_key
 from policies.base import ENGINE, GATEWAY, Policy
 from policies.registry import parse_policy, registry
-from predictor.baselines import make_predictor
+from predictor.factory import make_predictor
 from sim.config import EngineConfig
 from sim.des import SimResult, SimSetup, simulate
 from sim.hardware import get_gpu, get_model
