@@ -32,7 +32,7 @@ from gateway.client_guard import CLIENT_ABORT
 from gateway.dispatcher import Dispatcher
 from gateway.metrics import GatewayMetrics
 from gateway.predict import PredictInput, Recorder
-from gateway.queue import Dispatched, GatewayRequest
+from gateway.queue import DispatchRefused, GatewayRequest
 from gateway.settings import GatewaySettings
 from gateway.sse import USAGE_CAP, EventTooLarge, SseScanner, plausible_usage
 from gateway.upstream import Upstream
@@ -221,7 +221,7 @@ class Forwarder:
             self.metrics.rejected("no_healthy_backend")
             raise errors.unavailable("no_healthy_backend", "no backend is healthy", retry)
         exc = fut.exception()
-        if isinstance(exc, Dispatched):
+        if isinstance(exc, DispatchRefused):
             self.metrics.rejected(exc.reason)
             if exc.reason == "no_healthy_backend":
                 raise errors.unavailable(exc.reason, "no backend is healthy", retry)
