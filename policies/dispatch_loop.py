@@ -26,7 +26,7 @@ R = TypeVar("R", bound=SchedRequest)
 R_contra = TypeVar("R_contra", bound=SchedRequest, contravariant=True)
 
 NO_HEALTHY_BACKEND = "no_healthy_backend"
-"""The reason every queued request is refused with when the head fits nowhere and no backend is healthy."""
+"""Why every queued request is refused when nothing can serve (``DecisionKind.NO_HEALTHY_BACKEND``)."""
 REJECTED_BY_POLICY = "rejected_by_policy"
 """The reason of a policy's REJECT that gave none."""
 
@@ -93,6 +93,9 @@ class DecisionKind(enum.StrEnum):
     """The policy holds the head; the pass stops."""
     NO_ROOM = "no_room"
     """No backend admits the head's charge; the pass stops until something makes room."""
+    NO_HEALTHY_BACKEND = "no_healthy_backend"
+    """The head fits nowhere and no backend is healthy: every queued request is refused now (reason
+    ``no_healthy_backend``) rather than at its timeout; the pass stops with the queue empty."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +109,7 @@ class Decision(Generic[R]):
     backend: int | None = None
     """Where it went (DISPATCH) or would go (HOLD); None when no backend admits it."""
     reason: str = ""
-    """Why it was refused (REJECT) or held (HOLD, the policy's reason)."""
+    """Why it was refused (REJECT, NO_HEALTHY_BACKEND) or held (HOLD: the policy's reason)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +118,7 @@ class PassResult(Generic[R]):
 
     dispatched: int
     stop: Decision[R] | None
-    """HOLD or NO_ROOM; None when the queue emptied."""
+    """HOLD, NO_ROOM or NO_HEALTHY_BACKEND; None when dispatches and rejections emptied the queue."""
 
 
 class DispatchLoop(Generic[R]):
@@ -164,7 +167,7 @@ class DispatchLoop(Generic[R]):
         if verdict is Verdict.REJECT:
             return Decision(DecisionKind.REJECT, req, charge, reason=screening.reason or REJECTED_BY_POLICY)
         if idx is None and not any(b.healthy for b in loads):
-            return Decision(DecisionKind.REJECT, req, charge, reason=NO_HEALTHY_BACKEND)
+            return Decision(DecisionKind.NO_HEALTHY_BACKEND, req, charge, reason=NO_HEALTHY_BACKEND)
         if verdict is Verdict.HOLD:
             return Decision(DecisionKind.HOLD, req, charge, idx, screening.reason)
         if idx is None:
@@ -191,12 +194,11 @@ class DispatchLoop(Generic[R]):
                 driver.dispatched(req, idx, decision.charge, now)
                 sent += 1
             elif kind is DecisionKind.REJECT:
-                if decision.reason == NO_HEALTHY_BACKEND:
-                    # Nothing can serve: answer every queued request now rather than at its timeout.
-                    self._refuse_all(decision, now, log)
-                else:
-                    self._refuse(req, decision.reason, now)
+                self._refuse(req, decision.reason, now)
             else:
+                if kind is DecisionKind.NO_HEALTHY_BACKEND:
+                    for queued in queue.ordered(now):
+                        self._refuse(queued, NO_HEALTHY_BACKEND, now)
                 return PassResult(sent, decision)
         return PassResult(sent, None)
 
@@ -204,11 +206,3 @@ class DispatchLoop(Generic[R]):
         self.queue.remove(req)
         self.policy.on_finish(req, now)
         self.driver.refused(req, reason)
-
-    def _refuse_all(self, head: Decision[R], now: float, log: list[Decision[R]] | None) -> None:
-        for req in self.queue.ordered(now):
-            if log is not None and req is not head.request:  # the head's decision is logged already
-                log.append(
-                    Decision(DecisionKind.REJECT, req, self.driver.charge(req), reason=NO_HEALTHY_BACKEND)
-                )
-            self._refuse(req, NO_HEALTHY_BACKEND, now)
