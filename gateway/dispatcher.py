@@ -22,7 +22,7 @@ from gateway.backends import BackendPool
 from gateway.metrics import GatewayMetrics
 from gateway.queue import BoundedQueue, DispatchRefused, GatewayRequest
 from policies.admission import AdmissionConfig, Charge
-from policies.base import Policy
+from policies.base import Capability, Policy
 from policies.dispatch_loop import DispatchLoop
 from policies.prompt_share import charged_prompt
 
@@ -72,7 +72,7 @@ class Dispatcher:
         req.t_enqueue = now
         self.policy.on_arrival(req, now)
         self.queue.push(req, now)
-        if self.policy.dynamic:
+        if Capability.DYNAMIC_KEY in self.policy.capabilities:
             self.kick()  # a rescan of the queue (O(n)) once per loop iteration, not per arrival
         else:
             self.dispatch()  # at once (O(log n)): an idle fleet adds no loop iteration to the first byte
@@ -124,8 +124,8 @@ class Dispatcher:
         return charge
 
     # --- life of a dispatched request ---------------------------------------------------------
-    def first_byte(self, req: GatewayRequest) -> None:
-        """The backend answered: the request no longer waits there."""
+    def stop_waiting(self, req: GatewayRequest) -> None:
+        """The request no longer waits in its backend's queue: the backend answered, or the try failed."""
         if req.backend is not None:
             self.pool.backends[req.backend].started(req.rid)
             self.kick()

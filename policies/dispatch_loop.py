@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from policies.admission import AdmissionConfig, BackendLoad, Charge, choose_backend, usage_after
-from policies.base import ADMIT, LoadView, Policy, SchedRequest, Verdict
+from policies.base import ADMIT, Capability, LoadView, Policy, SchedRequest, Verdict
 
 R = TypeVar("R", bound=SchedRequest)
 R_contra = TypeVar("R_contra", bound=SchedRequest, contravariant=True)
@@ -139,9 +139,9 @@ class DispatchLoop(Generic[R]):
         self.driver = driver
         self.capacity_requests = capacity_requests
         """What a screening policy is told the fleet runs at once (``LoadView.capacity_requests``)."""
-        self.screens = type(policy).screen is not Policy.screen
-        """Only a policy that screens gets a :class:`LoadView` (the default screen admits everything,
-        and building a view costs O(backends))."""
+        self.screens = Capability.SCREEN in policy.capabilities
+        """Only a policy that screens gets asked (and a :class:`LoadView`: building one costs
+        O(backends)); any other admits everything."""
         self.decisions = 0
         """Head decisions taken so far."""
         self.log: list[Decision[R]] | None = None

@@ -24,7 +24,7 @@ from core.record import RequestRecord
 from core.request import PredictionQuery, TraceRequest
 from core.summary import summarize
 from policies.admission import AdmissionConfig
-from policies.base import ENGINE, GATEWAY, Policy
+from policies.base import ENGINE, GATEWAY, Capability, Policy
 from policies.fifo import FCFS
 from policies.queue import PolicyQueue
 from sim.config import EngineConfig
@@ -120,7 +120,7 @@ class Simulation:
         self.in_system = 0
         self.area_system = 0.0
         self.area_queued = 0.0
-        self.progress_hook = type(setup.policy).on_progress is not Policy.on_progress
+        self.progress_hook = Capability.PROGRESS_HOOK in setup.policy.capabilities
         self.peak_rule = gateway and setup.admission.rule == "peak"
 
     # --- the loop -----------------------------------------------------------------------------

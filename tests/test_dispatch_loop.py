@@ -219,7 +219,7 @@ def test_gateway_and_simulator_decide_alike(
                 sg.enqueue(sr, now)
             elif isinstance(event, Start) and unstarted:
                 rid = unstarted[event.pick % len(unstarted)]
-                d.first_byte(greqs[rid])
+                d.stop_waiting(greqs[rid])
                 eng = engines[sreqs[rid].backend]
                 del eng.waiting[rid]
                 eng.running.add(rid)
