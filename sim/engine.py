@@ -153,15 +153,9 @@ class Engine:
         foldable = (
             self.fold_decode
             and not batch.prefill
-            and fold_is_exact(
-                self.policy,
-                preempted=preempted,
-                n_scheduled=len(scheduled),
-                n_running=len(self.running),
-                waiting=bool(self.waiting),
-            )
+            and fold_is_exact(self.policy, preempted, len(scheduled), len(self.running), bool(self.waiting))
         )
-        duration, k = time_step(self.perf, self.pool, batch, scheduled, now, horizon, foldable=foldable)
+        duration, k = time_step(self.perf, self.pool, batch, scheduled, horizon - now, foldable)
         return SchedulerOutput(now, duration, scheduled, k, preempted, batch.chunked)
 
     def _schedule_chunked(
@@ -216,8 +210,11 @@ class Engine:
             return None  # out of memory mid-step: no admission (vLLM), and the batch is stale
         before = len(sched)
         self._admit(now, sched, budget)
-        d, c = split_batch(itertools.islice(sched.items(), before, None), prefill, chunked)
-        return Batch(prefill, chunked, n_dec + d, ctx + c)
+        if len(sched) != before:
+            d, c = split_batch(itertools.islice(sched.items(), before, None), prefill, chunked)
+            n_dec += d
+            ctx += c
+        return Batch(prefill, chunked, n_dec, ctx)
 
     def _budget_binds(self, budget: int) -> bool:
         """Would the running requests' next tokens exceed ``budget``?"""

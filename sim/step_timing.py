@@ -56,7 +56,7 @@ def split_batch(
     return n_dec, ctx
 
 
-def fold_is_exact(policy: Policy, *, preempted: int, n_scheduled: int, n_running: int, waiting: bool) -> bool:
+def fold_is_exact(policy: Policy, preempted: int, n_scheduled: int, n_running: int, waiting: bool) -> bool:
     """Folding is exact only when nothing could change between the steps: everyone running decodes
     (the caller checked the batch has no prefill), and no waiting request could be admitted or
     preempt anyone."""
@@ -80,17 +80,16 @@ def time_step(
     pool: BlockPool,
     batch: Batch,
     scheduled: dict[EngineRequest, int],
-    start: float,
-    horizon: float,
-    *,
+    window: float,
     foldable: bool,
 ) -> tuple[float, int]:
     """The step's duration and its number of folded decode steps ``k`` (1 unless ``foldable``).
-    A fold takes the blocks its ``k`` steps need from ``pool`` and never runs past ``horizon``."""
+    A fold takes the blocks its ``k`` steps need from ``pool`` and lasts at most ``window`` seconds
+    (or one step)."""
     if batch.prefill or not foldable:
         return perf.step_time(batch.prefill, batch.n_decode, batch.decode_context), 1
     n_dec, ctx = batch.n_decode, batch.decode_context
-    k = fold_decode_steps(perf, pool, scheduled, n_dec, ctx, horizon - start)
+    k = fold_decode_steps(perf, pool, scheduled, n_dec, ctx, window)
     return perf.decode_run_time(n_dec, ctx, k), k
 
 
@@ -104,7 +103,7 @@ def fold_decode_steps(
 ) -> int:
     """How many decode steps to fold (until the first request finishes, the ``window`` of seconds
     closes, or the blocks run out); grows every table for them."""
-    k = min(r.output_tokens - r.generated for r in scheduled)
+    k = min([r.output_tokens - r.generated for r in scheduled])  # a list: faster than a generator
     if window != float("inf"):
         k = min(k, max(1, perf.decode_steps_within(n_dec, ctx, window)))
     if k <= 1:

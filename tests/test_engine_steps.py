@@ -12,6 +12,7 @@ from sim.engine_request import EngineRequest, RequestStatus
 from sim.hardware import get_gpu, get_model
 from sim.kv import BlockPool
 from sim.perf import PerfModel
+from sim.step_output import SchedulerOutput, StepOutcome
 from sim.step_timing import Batch, blocks_allow
 
 PERF = PerfModel(get_model("llama-3.1-8b"), get_gpu("h100"))
@@ -143,3 +144,15 @@ def test_blocks_allow_is_the_largest_fold_that_fits() -> None:
     k = blocks_allow(pool, sched, 100)
     assert fits(k) and not fits(k + 1)
     assert blocks_allow(pool, sched, k) == k
+
+
+def test_the_hand_written_inits_set_every_field() -> None:
+    """``SchedulerOutput`` and ``StepOutcome`` fill their fields by hand (speed): none is forgotten."""
+    a, b = mkreq(0, 10, 5), mkreq(1, 10, 5)
+    out = SchedulerOutput(1.0, 2.0, {a: 1}, 3, 4, [b])
+    assert [getattr(out, f.name) for f in dataclasses.fields(out)] == [1.0, 2.0, {a: 1}, 3, 4, [b]]
+    done = StepOutcome([a], [b], [])
+    assert [getattr(done, f.name) for f in dataclasses.fields(done)] == [[a], [b], []]
+    assert done == StepOutcome([a], [b], [])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        done.first = [a]  # type: ignore[misc]
