@@ -28,7 +28,7 @@ from policies.base import ENGINE, GATEWAY, Capability, Policy
 from policies.fifo import FCFS
 from policies.queue import PolicyQueue
 from sim.config import EngineConfig
-from sim.engine import Engine, EngineRequest, Step
+from sim.engine import Engine, EngineRequest, SchedulerOutput
 from sim.gateway_level import QueueLimits, SimGateway
 from sim.perf import PerfModel
 
@@ -111,7 +111,7 @@ class Simulation:
         """The gateway's queue (always empty at engine level)."""
         self.records: dict[int, RequestRecord] = {}
         self.by_req: dict[EngineRequest, TraceRequest] = {}
-        self.steps: list[Step | None] = [None] * len(self.engines)
+        self.steps: list[SchedulerOutput | None] = [None] * len(self.engines)
         self.events: list[tuple[float, int, int]] = []  # (time, seq, engine) step ends
         self.seq = 0
         self.rr = 0
@@ -239,7 +239,7 @@ class Simulation:
         if self.peak_rule and self.queue:
             # A projected peak falls as requests progress, so the head may fit after any step.
             horizon = self.now
-        step = eng.plan(self.now, horizon)
+        step = eng.schedule(self.now, horizon)
         if not step.scheduled:
             raise AssertionError(f"{eng.name} has work but scheduled nothing")
         self.steps[idx] = step

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from policies.base import ENGINE, Policy, SchedRequest, fcfs_tiebreak
 from sim.config import EngineConfig
-from sim.engine import ABORTED, FINISHED, Engine, EngineRequest
+from sim.engine import Engine
+from sim.engine_request import ABORTED, FINISHED, EngineRequest
 
 if TYPE_CHECKING:
     from sim.server_metrics import Metrics
@@ -179,7 +180,7 @@ class EngineRunner:
             if not eng.has_work():
                 continue
             # horizon=start: one real step at a time (k = 1), never a folded run of decode steps
-            step = eng.plan(start, start)
+            step = eng.schedule(start, start)
             if not step.scheduled:  # cannot happen for requests that fit the pool; never spin
                 wake.clear()
                 with suppress(TimeoutError):

@@ -12,7 +12,8 @@ from core.request import TraceRequest, answer_key
 from policies.base import Policy, SchedRequest
 from sim.config import EngineConfig
 from sim.des import SimSetup, simulate
-from sim.engine import FINISHED, Engine, EngineRequest
+from sim.engine import Engine
+from sim.engine_request import FINISHED, EngineRequest
 from sim.hardware import get_gpu, get_model
 from sim.kv import BlockPool, BlockTable
 from sim.perf import PerfModel
@@ -32,7 +33,7 @@ def drive(engine: Engine, arrivals: list[tuple[float, EngineRequest]], check: bo
         if not engine.has_work():
             now = pending[i][0]
             continue
-        step = engine.plan(now)
+        step = engine.schedule(now)
         assert step.scheduled, "an engine with work must schedule something"
         assert step.duration > 0
         now += step.duration
@@ -110,7 +111,7 @@ def test_fcfs_victim_is_the_last_admitted():
     eng.add(second, 0.0)
     now = 0.0
     while first.preemptions == 0 and second.preemptions == 0:
-        step = eng.plan(now)
+        step = eng.schedule(now)
         now += step.duration
         eng.complete(step, now)
     assert second.preemptions == 1 and first.preemptions == 0
@@ -130,12 +131,12 @@ def test_priority_hook_orders_waiting_and_picks_victims():
     high = EngineRequest(1, 0.0, 300, 400, priority=0)
     eng.add(low, 0.0)
     eng.add(high, 0.0)
-    step = eng.plan(0.0)
+    step = eng.schedule(0.0)
     assert next(iter(step.scheduled)) is high  # waiting queue in policy order
     now = step.duration
     eng.complete(step, now)
     while low.preemptions == 0 and high.preemptions == 0:
-        step = eng.plan(now)
+        step = eng.schedule(now)
         now += step.duration
         eng.complete(step, now)
     assert low.preemptions == 1 and high.preemptions == 0  # victim: the largest key
@@ -148,13 +149,13 @@ def test_prefix_cache_skips_shared_prefill():
     drive(eng, [(0.0, a)])
     b = mkreq(1, 2048, 4, hash_ids=(7, 8, 9, 11))
     eng.add(b, 0.0)
-    step = eng.plan(0.0)
+    step = eng.schedule(0.0)
     assert b.cached_tokens == 3 * 512  # three shared 512-token blocks hit
     assert step.scheduled[b] == 2048 - 3 * 512
     c = mkreq(2, 2048, 4, hash_ids=(1, 2, 3, 4))
     cold = Engine(PERF, cfg)
     cold.add(c, 0.0)
-    assert step.duration < cold.plan(0.0).duration / 2
+    assert step.duration < cold.schedule(0.0).duration / 2
 
 
 def test_prefix_cache_off_never_hits():
@@ -183,7 +184,7 @@ def test_abort_frees_blocks_at_once():
     eng = Engine(PERF, EngineConfig())
     r = mkreq(0, 1000, 500)
     eng.add(r, 0.0)
-    step = eng.plan(0.0)
+    step = eng.schedule(0.0)
     eng.complete(step, step.duration)
     assert eng.pool.used_blocks > 0
     assert eng.abort(r, step.duration)
@@ -196,11 +197,11 @@ def test_v0_never_mixes_prefill_and_decode():
     a, b = mkreq(0, 100, 50), mkreq(1, 100, 50)
     eng.add(a, 0.0)
     now = 0.0
-    step = eng.plan(now)
+    step = eng.schedule(now)
     now += step.duration
     eng.complete(step, now)
     eng.add(b, now)
-    step = eng.plan(now)
+    step = eng.schedule(now)
     assert list(step.scheduled) == [b] and step.scheduled[b] == 100  # prefill-only step
 
 
@@ -208,7 +209,7 @@ def test_sarathi_chunks_prefill_to_its_budget():
     eng = Engine(PERF, EngineConfig(variant="sarathi", chunk_size=512))
     a = mkreq(0, 2000, 5)
     eng.add(a, 0.0)
-    step = eng.plan(0.0)
+    step = eng.schedule(0.0)
     assert step.scheduled[a] == 512
 
 
@@ -266,9 +267,9 @@ def test_sarathi_schedules_decodes_before_prefill_chunks():
     a, b = mkreq(0, 10, 50), mkreq(1, 2000, 5)
     eng.add(a, 0.0)
     eng.add(b, 0.0)
-    step = eng.plan(0.0, 0.0)
+    step = eng.schedule(0.0, 0.0)
     eng.complete(step, step.duration)
     assert a.generated == 1 and b.num_computed == 502
     eng.running.reverse()  # the prefilling request now comes first in the running list
-    step = eng.plan(step.duration, step.duration)
+    step = eng.schedule(step.duration, step.duration)
     assert step.scheduled[a] == 1 and step.scheduled[b] == 511
