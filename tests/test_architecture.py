@@ -83,3 +83,14 @@ def test_no_import_circles_when_modules_load() -> None:
         if name not in state:
             visit(name, [name])
     assert not cycles, "\n".join(cycles)
+
+
+MAX_LINES = 450
+"""A module past ~400 lines is doing more than one job (docs/architecture.md); this leaves some slack."""
+
+
+def test_no_module_is_long() -> None:
+    long = {
+        name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, long
