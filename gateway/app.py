@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 
 from gateway import errors
 from gateway.backends import BackendPool
+from gateway.dashboard import FEED_TTL_S, FeedCache, Sampler, build_feed, dashboard_router
 from gateway.dispatcher import Dispatcher
 from gateway.errors import GatewayError
 from gateway.intake import Intake
@@ -77,6 +78,9 @@ class Gateway:
             settings, self.dispatcher, self.pool, self.client, self.metrics, self.recorder
         )
         self.metrics.attach_state(self._state_metrics)
+        cfg = self.dispatcher.cfg
+        self.feed = FeedCache(lambda now: build_feed(self, cfg, now), self.clock, FEED_TTL_S)
+        self.sampler = Sampler(self, lambda: len(self.queue), self.clock)
         self.draining = False
         self.started = False
 
@@ -91,11 +95,13 @@ class Gateway:
         await asyncio.to_thread(count_text, "warm up", self.settings.tokenizer)  # loads the BPE (~1 s)
         await self.predictor.astart()
         await self.pool.start()
+        self.sampler.start()
         self.started = True
         self.dispatcher.kick()
 
     async def stop(self) -> None:
         self.draining = True
+        await self.sampler.stop()
         await self.pool.stop()
         await self.recorder.drain()
         await self.predictor.aclose()
@@ -276,6 +282,7 @@ def create_app(settings: GatewaySettings, *, policy: Policy | None = None, predi
             raise GatewayError(403, "admin key required", type="authentication_error", reason="forbidden")
         return JSONResponse(gw.queue_snapshot(max(0, min(limit, 10_000))))
 
+    app.include_router(dashboard_router(gw.feed, lambda: settings.admin_key))
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

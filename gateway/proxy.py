@@ -314,7 +314,7 @@ class Forwarder:
         self.dispatcher.first_byte(req)
         now = self.dispatcher.clock()
         b.answered_at = now
-        self.metrics.ttft.observe(now - req.arrival_s)
+        self.metrics.first_token(now - req.arrival_s)
 
     # --- the end of a dispatched request -------------------------------------------------------
     def plausible(self, req: GatewayRequest, b: Backend, usage: object) -> int | None:
@@ -334,7 +334,7 @@ class Forwarder:
         self.dispatcher.release(req)
         self.metrics.requests.labels(req.route, outcome).inc()
         if outcome == "ok" and output is not None:
-            self.metrics.outcome(req.prediction.mean if req.prediction is not None else None, output)
+            self.metrics.outcome(req.prediction, output, self.dispatcher.clock() - req.arrival_s)
             self.recorder.record(inp, output)
 
     def close_all(self, message: str = SHUTDOWN_MESSAGE) -> None:
