@@ -23,6 +23,8 @@ STEP_S = 1.0
 """The timeline's resolution."""
 RECENT = 500
 """Completed requests kept for prediction quality (predicted against actual)."""
+QUALITY_EVERY_S = 2.0
+"""Prediction quality (an O(n²) tau over ``RECENT`` pairs, a few ms) is recomputed at most this often."""
 MAX_PER_STEP = 2_000
 """Latency samples kept per step; beyond it a step's percentiles use the first ones (bounded memory
 at any request rate)."""
@@ -76,6 +78,16 @@ def counter_totals(registry: CollectorRegistry, name: str, label: str) -> dict[s
     return out
 
 
+def tau_b(x: np.ndarray, y: np.ndarray) -> float | None:
+    """Kendall's tau-b (ties corrected), by all pairs: O(n²) but vectorised, and n ≤ ``RECENT``
+    keeps it to a few milliseconds. (scipy's would cost a second-long import on the event loop.)"""
+    sx = np.sign(np.subtract.outer(x, x)).astype(np.int8)
+    sy = np.sign(np.subtract.outer(y, y)).astype(np.int8)
+    concordance = int(np.einsum("ij,ij->", sx, sy, dtype=np.int64))
+    norm = math.sqrt(float(np.count_nonzero(sx)) * float(np.count_nonzero(sy)))
+    return None if norm == 0 else concordance / norm
+
+
 class Telemetry:
     """The gateway's recent history, for the dashboard."""
 
@@ -94,6 +106,7 @@ class Telemetry:
         self._open = _Open()
         self._admitted = 0.0
         self._rejected: dict[str, float] = {}
+        self._quality: tuple[float, dict[str, object]] | None = None
 
     # --- the request path: O(1) appends ---------------------------------------------------------
     def first_token(self, ttft_s: float) -> None:
@@ -154,23 +167,25 @@ class Telemetry:
             "ttlt_p90": [s.ttlt_p90 for s in steps],
         }
 
-    def quality(self, points: int = 200) -> dict[str, object]:
+    def quality(self, now: float, points: int = 200) -> dict[str, object]:
         """Predicted against actual over the recent completions that had a prediction: Kendall's
-        tau-b of predicted mean against actual, and how often the actual fell in the 10–90% band."""
+        tau-b of predicted mean against actual, and how often the actual fell in the 10–90% band
+        (the same answer for ``QUALITY_EVERY_S``)."""
+        if self._quality is not None and now - self._quality[0] < QUALITY_EVERY_S:
+            return self._quality[1]
         rows = [o for o in self.outcomes if o.mean is not None]
         tau: float | None = None
         coverage: float | None = None
         if len(rows) >= 2:
-            from scipy.stats import kendalltau
-
-            value = kendalltau([o.mean for o in rows], [o.actual for o in rows]).statistic
-            tau = None if value is None or math.isnan(value) else float(value)
+            tau = tau_b(np.array([o.mean for o in rows]), np.array([o.actual for o in rows], dtype=float))
         if rows:
             inside = sum(1 for o in rows if (o.p10 or 0.0) <= o.actual <= (o.p90 or 0.0))
             coverage = inside / len(rows)
-        return {
+        out: dict[str, object] = {
             "n": len(rows),
             "tau": tau,
             "coverage": coverage,
             "points": [[o.p50, o.p10, o.p90, o.actual] for o in rows[-points:]],
         }
+        self._quality = (now, out)
+        return out

@@ -3,14 +3,18 @@ tests/test_dashboard_browser.py for the page itself)."""
 
 from __future__ import annotations
 
+import json
+import math
+
 import httpx
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from core.distribution import LengthDistribution
 from gateway.app import create_app
-from gateway.dashboard import COOKIE, FeedCache, cookie_token
-from gateway.telemetry import Telemetry
+from gateway.dashboard import COOKIE, FeedCache, cookie_token, encode
+from gateway.telemetry import QUALITY_EVERY_S, Telemetry, tau_b
 from tests.gateway_support import FakeBackend, ServerThread, chat_body, settings_for, wait_until
 
 KEY = "admin-secret"
@@ -44,23 +48,46 @@ def test_prediction_quality_ranks_and_covers() -> None:
     for actual in (10, 20, 40, 80, 160):
         band = LengthDistribution((actual // 2, actual, actual * 2), (0.2, 0.6, 0.2))
         tel.completed(1.0, band, actual)
-    good = tel.quality()
+    good = tel.quality(0.0)
     assert good["n"] == 5 and good["tau"] == pytest.approx(1.0) and good["coverage"] == 1.0
     tel.completed(1.0, LengthDistribution.point(5), 1000)  # an order inverted, far outside its band
     tel.completed(1.0, None, 3)  # no prediction: not judged
-    worse = tel.quality()
+    assert tel.quality(1.0) is good  # recomputed at most every QUALITY_EVERY_S
+    worse = tel.quality(1.0 + QUALITY_EVERY_S)
     assert worse["n"] == 6 and worse["tau"] < 1.0 and worse["coverage"] == pytest.approx(5 / 6)
     assert worse["points"][-1] == [5.0, 5.0, 5.0, 1000]
+
+
+def test_tau_b_agrees_with_scipy_ties_included() -> None:
+    from scipy.stats import kendalltau
+
+    x = np.array([1.0, 2.0, 2.0, 3.0, 4.0, 4.0])
+    y = np.array([1.0, 3.0, 2.0, 2.0, 5.0, 4.0])
+    assert tau_b(x, y) == pytest.approx(10 / math.sqrt(13 * 14))  # C - D = 10; 2 ties in x, 1 in y
+    rng = np.random.default_rng(3)
+    for n in (2, 7, 60, 400):
+        a = rng.integers(1, 20, n).astype(float)
+        b = a + rng.integers(-10, 10, n)
+        assert tau_b(a, b) == pytest.approx(kendalltau(a, b).statistic, abs=1e-12)
+    assert tau_b(np.ones(4), np.arange(4.0)) is None
+
+
+def test_the_feed_is_strict_json_even_with_non_finite_numbers() -> None:
+    assert json.loads(encode({"a": [1.0, float("nan")], "b": {"c": float("inf")}})) == {
+        "a": [1.0, None],
+        "b": {"c": None},
+    }
 
 
 def test_the_feed_is_built_at_most_once_per_ttl() -> None:
     now = [0.0]
     cache = FeedCache(lambda t: {"t": t}, lambda: now[0], ttl_s=0.5)
-    assert cache.get() == {"t": 0.0}
+    first = cache.get()
+    assert first["t"] == 0.0 and first["build_ms"] >= 0
     now[0] = 0.4
-    assert cache.get() == {"t": 0.0} and cache.builds == 1
+    assert cache.get() is first and cache.builds == 1
     now[0] = 0.6
-    assert cache.get() == {"t": 0.6} and cache.builds == 2
+    assert cache.get()["t"] == 0.6 and cache.builds == 2
 
 
 def test_the_dashboard_needs_the_admin_key_and_never_stores_it() -> None:
