@@ -649,10 +649,12 @@ def _capacity_rps(engine: dict[str, Any], engines: int, requests: list[Any]) -> 
     return float(simulate(fast, SimSetup(perf=perf, engine=cfg, engines=engines)).summary["throughput_req_s"])
 
 
-def _preemptions(urls: Sequence[str]) -> int:
-    from gateway.scrape import parse_metrics
+def _preemptions(urls: Sequence[str]) -> str:
+    """The backends' preemptions, as the table prints them ("?" when a backend does not say)."""
+    from loadgen.scrape import scrape_preemptions
 
-    return sum(parse_metrics(httpx.get(u + "/metrics").text).preemptions for u in urls)
+    count = scrape_preemptions([u + "/metrics" for u in urls])
+    return "?" if count is None else str(int(count))
 
 
 async def _replay_split(requests: list[Any], urls: Sequence[str], time_scale: float) -> list[Any]:

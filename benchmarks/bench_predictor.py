@@ -36,6 +36,7 @@ from predictor.index import IndexConfig
 from predictor.lexical import extract_terms
 from predictor.memory_store import MemoryStore
 from predictor.semantic import SemanticConfig, SemanticPredictor
+from predictor.semantic_async import AsyncSemantic
 
 PROMPT = (
     "I am preparing a short training session for new support engineers at a company that sells "
@@ -210,11 +211,13 @@ def main() -> None:
         timed(lambda: pred.predict_features(feats, 200), args.runs),
     )
 
+    face = AsyncSemantic(pred)
+
     async def sequential() -> list[float]:
         out = []
         for _ in range(args.runs):
             t0 = time.perf_counter()
-            await pred.apredict(PROMPT, 200)
+            await face.predict(PROMPT, 200)
             out.append(1000 * (time.perf_counter() - t0))
         return out
 
@@ -225,7 +228,7 @@ def main() -> None:
 
         async def one() -> None:
             t0 = time.perf_counter()
-            await pred.apredict(PROMPT, 200)
+            await face.predict(PROMPT, 200)
             lat.append(1000 * (time.perf_counter() - t0))
 
         t0 = time.perf_counter()
@@ -263,9 +266,11 @@ def compare(pred: SemanticPredictor, embedders: list[MiniLMEmbedder], runs: int,
     for e in embedders:
         timed(lambda e=e: e.embed([PROMPT]), 0, warm=5)
 
+    face = AsyncSemantic(pred)
+
     async def apredict_ms() -> float:
         t0 = time.perf_counter()
-        await pred.apredict(PROMPT, 200)
+        await face.predict(PROMPT, 200)
         return 1000 * (time.perf_counter() - t0)
 
     own = pred.embedder

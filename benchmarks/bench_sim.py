@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--level", default="engine")
     args = ap.parse_args()
     from policies.registry import parse_policy
-    from predictor.baselines import make_predictor
+    from predictor.factory import make_predictor
 
     perf = PerfModel(get_model("llama-3.1-8b"), get_gpu("h100"))
     t0 = time.perf_counter()

@@ -98,20 +98,12 @@ def capacity(work: Sequence[TraceRequest], args: argparse.Namespace) -> dict[str
 
 
 # --- live runs --------------------------------------------------------------------------------------
-def scrape_backends(urls: Sequence[str]) -> dict[str, float]:
-    """Counters summed over the backends: preemptions, prompt and generated tokens."""
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
+def scrape_backends(urls: Sequence[str]) -> dict[str, float | None]:
+    """Counters summed over the backends: preemptions and generated tokens (None: a backend did not say)."""
+    from loadgen.scrape import PREEMPTIONS, scrape_counters
 
-    wanted = {"vllm:num_preemptions": "preemptions", "vllm:generation_tokens": "generation_tokens"}
-    out = dict.fromkeys(wanted.values(), 0.0)
-    for url in urls:
-        text = httpx.get(url + "/metrics", timeout=10.0, trust_env=False).text
-        for fam in text_string_to_metric_families(text):
-            key = wanted.get(fam.name)
-            if key is not None:
-                out[key] += sum(s.value for s in fam.samples if s.name.endswith("_total"))
-    return out
+    counters = scrape_counters([u + "/metrics" for u in urls], [PREEMPTIONS, "vllm:generation_tokens"])
+    return {"preemptions": counters[PREEMPTIONS], "generation_tokens": counters["vllm:generation_tokens"]}
 
 
 def run_live(work: Sequence[TraceRequest], setup: Setup, args: argparse.Namespace) -> dict[str, Any]:

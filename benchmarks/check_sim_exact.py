@@ -25,7 +25,7 @@ import numpy as np
 
 from core.request import TraceRequest, answer_key
 from policies.registry import parse_policy
-from predictor.baselines import make_predictor
+from predictor.factory import make_predictor
 from sim.config import EngineConfig
 from sim.des import SimResult, SimSetup, simulate
 from sim.hardware import get_gpu, get_model

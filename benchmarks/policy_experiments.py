@@ -82,7 +82,7 @@ def run_one(
     seed: int = 0,
 ) -> dict[str, float]:
     from policies.registry import parse_policy
-    from predictor.baselines import make_predictor
+    from predictor.factory import make_predictor
     from sim.config import EngineConfig
     from sim.des import SimSetup, client_view, simulate
 
@@ -116,6 +116,7 @@ def saturated_rate(work: list[TraceRequest], setup: str) -> float:
 
 def panel(quick: bool) -> list[tuple[str, str, str | float | None]]:
     """(policy, level, predictor) for every registered policy at each level it supports."""
+    from policies.capabilities import Capability
     from policies.registry import registry
 
     rows: list[tuple[str, str, str | float | None]] = []
@@ -123,7 +124,7 @@ def panel(quick: bool) -> list[tuple[str, str, str | float | None]]:
         for level in sorted(info.cls.levels):
             if (name, level) == ("fcfs", "engine"):
                 continue  # the baseline
-            if info.cls.uses_prediction:
+            if Capability.USES_PREDICTION in info.cls.capabilities:
                 errors: Iterable[str | float] = (0.2,) if quick else ERRORS
                 rows.extend((name, level, e) for e in errors)
             elif level == "gateway":

@@ -21,7 +21,7 @@ import policy_experiments as pe
 from loadgen.records import scale_rate
 from policies.admission import AdmissionConfig
 from policies.registry import parse_policy
-from predictor.baselines import make_predictor
+from predictor.factory import make_predictor
 from sim.config import EngineConfig
 from sim.des import SimSetup, simulate
 

@@ -1,7 +1,8 @@
 """The gateway as an ASGI app: ``create_app(settings)`` wires the pieces and declares the routes.
 
-Request path: intake (limits, validation, identity, token count, prediction) → dispatcher queue
-(policy order, memory-aware admission) → forwarder (pooled upstream client, retries, streaming).
+Request path: the director (``gateway.director``) takes a request through its phases: intake (limits,
+validation), identity, token count, prediction → dispatcher queue (policy order, memory-aware
+admission) → proxy (pooled upstream client, retries, streaming) → settle.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -17,23 +18,25 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CONTENT_TYPE_LATEST
-from prometheus_client.core import GaugeMetricFamily
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
+from core.outcomes import Reason
 from gateway import errors
+from gateway.admin import MAX_LIMIT, queue_snapshot
 from gateway.backends import BackendPool
 from gateway.dashboard import FEED_TTL_S, FeedCache, Sampler, build_feed, dashboard_router
+from gateway.director import Director
 from gateway.dispatcher import Dispatcher
 from gateway.errors import GatewayError
 from gateway.intake import Intake
 from gateway.metrics import GatewayMetrics
-from gateway.openai_schema import ChatCompletionRequest, CompletionRequest, ErrorBody
-from gateway.predict import Recorder, build_predictor
-from gateway.proxy import DisconnectGuard, Forwarder
+from gateway.openai_schema import ChatCompletionRequest, CompletionRequest, ErrorBody, Route
+from gateway.predict import GatewayPredictor, Recorder, build_predictor
+from gateway.proxy import Proxy
 from gateway.queue import BoundedQueue
 from gateway.settings import GatewaySettings
+from gateway.state_metrics import StateGauges
 from gateway.tenants import is_admin
 from gateway.tokens import count_text
 from gateway.upstream import UpstreamClients
@@ -47,7 +50,10 @@ class Gateway:
     """Everything one gateway process holds; ``app.state.gateway``."""
 
     def __init__(
-        self, settings: GatewaySettings, policy: Policy | None = None, predictor: Any = None
+        self,
+        settings: GatewaySettings,
+        policy: Policy | None = None,
+        predictor: GatewayPredictor | None = None,
     ) -> None:
         self.settings = settings
         self.clock = time.monotonic
@@ -73,11 +79,19 @@ class Gateway:
             clock=self.clock,
         )
         self.recorder = Recorder(self.predictor)
-        self.intake = Intake(settings, self.predictor, self.metrics, self._known_models, self.clock)
-        self.forwarder = Forwarder(
-            settings, self.dispatcher, self.pool, self.client, self.metrics, self.recorder
+        self.proxy = Proxy(settings, self.dispatcher, self.pool, self.client, self.metrics, self.recorder)
+        self.director = Director(
+            settings,
+            Intake(settings),
+            self.predictor,
+            self.dispatcher,
+            self.pool,
+            self.proxy,
+            self.metrics,
+            self._known_models,
+            lambda: self.draining,
         )
-        self.metrics.attach_state(self._state_metrics)
+        self.metrics.attach_state(StateGauges(self.queue, self.pool))
         cfg = self.dispatcher.cfg
         self.feed = FeedCache(lambda now: build_feed(self, cfg, now), self.clock, FEED_TTL_S)
         self.sampler = Sampler(self, lambda: len(self.queue), self.clock)
@@ -110,106 +124,13 @@ class Gateway:
     def ready(self) -> bool:
         return self.started and not self.draining and self.pool.any_healthy()
 
-    async def handle(self, request: Request, route: str) -> Response:
-        if self.draining:
-            raise errors.unavailable("draining", "the gateway is shutting down", retry_after=1)
-        try:
-            raw = await self.intake.read_body(request)
-        except ClientDisconnect:  # the client left mid-upload: nothing to answer, nothing to log
-            self.metrics.cancellations.labels("upload").inc()
-            self.metrics.requests.labels(route, "client_gone").inc()
-            return Response(status_code=499)
-        body = self.intake.parse(raw, route)
-        async with DisconnectGuard(request.receive):
-            req, inp = await self.intake.build(request, route, body)
-            return await self.forwarder.run(req, inp)
-        self.metrics.requests.labels(route, "client_gone").inc()
-        return Response(status_code=499)
-
     def queue_snapshot(self, limit: int) -> dict[str, Any]:
-        now = self.clock()
-        items = []
-        for rank, r in enumerate(self.queue.ordered(now, limit)):
-            pred = r.prediction
-            items.append(
-                {
-                    "rank": rank,
-                    "id": r.rid,
-                    "key": repr(r.key_cache),
-                    "tenant": r.tenant,
-                    "model": r.model,
-                    "prompt_tokens": r.prompt_tokens,
-                    "priority": r.priority,
-                    "deadline_in_s": None if r.deadline_s is None else r.deadline_s - now,
-                    "prediction": None if pred is None else pred.summary(),
-                    "predictor_path": r.path,
-                    "wait_s": now - r.t_enqueue,
-                    "attempt": r.attempt,
-                }
-            )
-        backends = [
-            {
-                "name": b.name,
-                "url": b.url,
-                "healthy": b.healthy,
-                "inflight": b.inflight,
-                "reserved_tokens": b.load.charged_tokens,
-                "capacity_tokens": b.load.capacity_tokens,
-                "waiting": b.load.waiting,
-                "prompt_share": b.prompt_share.value,
-                "prompt_share_samples": b.prompt_share.samples,
-                "circuit_open": b.breaker.is_open,
-            }
-            for b in self.pool.backends
-        ]
-        return {
-            "policy": self.policy.name,
-            "queued": len(self.queue),
-            "queued_tokens": self.queue.tokens,
-            "prompt_share": self.pool.prompt_share,
-            "requests": items,
-            "backends": backends,
-        }
-
-    def _state_metrics(self) -> Iterable[GaugeMetricFamily]:
-        depth = GaugeMetricFamily("sagegate_queue_depth", "Requests waiting in the gateway's queue.")
-        depth.add_metric([], len(self.queue))
-        tokens = GaugeMetricFamily("sagegate_queue_prompt_tokens", "Prompt tokens waiting in the queue.")
-        tokens.add_metric([], self.queue.tokens)
-        share = GaugeMetricFamily(
-            "sagegate_prompt_share", "Share of a prompt's tokens charged to a backend's KV (prefix sharing)."
-        )
-        share.add_metric([], self.pool.prompt_share)
-        labels = ["backend"]
-        inflight = GaugeMetricFamily(
-            "sagegate_backend_inflight", "Requests in flight per backend.", labels=labels
-        )
-        reserved = GaugeMetricFamily(
-            "sagegate_backend_reserved_kv_tokens",
-            "KV tokens charged to a backend's in-flight requests.",
-            labels=labels,
-        )
-        capacity = GaugeMetricFamily(
-            "sagegate_backend_capacity_kv_tokens", "Backend KV capacity.", labels=labels
-        )
-        healthy = GaugeMetricFamily(
-            "sagegate_backend_healthy", "1 if the backend takes requests.", labels=labels
-        )
-        waiting = GaugeMetricFamily(
-            "sagegate_backend_waiting",
-            "Backend's waiting requests (scraped, plus sent since).",
-            labels=labels,
-        )
-        for b in self.pool.backends:
-            inflight.add_metric([b.name], b.inflight)
-            reserved.add_metric([b.name], b.load.charged_tokens)
-            capacity.add_metric([b.name], b.load.capacity_tokens)
-            healthy.add_metric([b.name], 1.0 if b.healthy else 0.0)
-            waiting.add_metric([b.name], b.load.waiting)
-        return [depth, tokens, share, inflight, reserved, capacity, healthy, waiting]
+        return queue_snapshot(self.policy.name, self.queue, self.pool, self.clock(), limit)
 
 
-def create_app(settings: GatewaySettings, *, policy: Policy | None = None, predictor: Any = None) -> FastAPI:
+def create_app(
+    settings: GatewaySettings, *, policy: Policy | None = None, predictor: GatewayPredictor | None = None
+) -> FastAPI:
     """The gateway app. ``policy``/``predictor`` override the ones ``settings`` names (tests)."""
     gw = Gateway(settings, policy, predictor)
 
@@ -233,7 +154,7 @@ def create_app(settings: GatewaySettings, *, policy: Policy | None = None, predi
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         return GatewayError(
-            exc.status_code, str(exc.detail), reason="http_error", headers=exc.headers
+            exc.status_code, str(exc.detail), reason=Reason.HTTP_ERROR, headers=exc.headers
         ).response()
 
     @app.exception_handler(RequestValidationError)
@@ -248,15 +169,17 @@ def create_app(settings: GatewaySettings, *, policy: Policy | None = None, predi
     @app.exception_handler(Exception)
     async def _crash(request: Request, exc: Exception) -> Response:
         log.exception("internal error")
-        return GatewayError(500, "internal error", type="internal_error", reason="internal_error").response()
+        return GatewayError(
+            500, "internal error", type="internal_error", reason=Reason.INTERNAL_ERROR
+        ).response()
 
     @app.post("/v1/chat/completions", openapi_extra=_body_doc("ChatCompletionRequest"), responses=_RESPONSES)
     async def chat_completions(request: Request) -> Response:
-        return await gw.handle(request, "chat")
+        return await gw.director.handle(request, Route.CHAT)
 
     @app.post("/v1/completions", openapi_extra=_body_doc("CompletionRequest"), responses=_RESPONSES)
     async def completions(request: Request) -> Response:
-        return await gw.handle(request, "completions")
+        return await gw.director.handle(request, Route.COMPLETIONS)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -279,8 +202,10 @@ def create_app(settings: GatewaySettings, *, policy: Policy | None = None, predi
     @app.get("/admin/queue")
     async def admin_queue(request: Request, limit: int = 100) -> Response:
         if not is_admin(request.headers, settings.admin_key):
-            raise GatewayError(403, "admin key required", type="authentication_error", reason="forbidden")
-        return JSONResponse(gw.queue_snapshot(max(0, min(limit, 10_000))))
+            raise GatewayError(
+                403, "admin key required", type="authentication_error", reason=Reason.FORBIDDEN
+            )
+        return JSONResponse(gw.queue_snapshot(max(0, min(limit, MAX_LIMIT))))
 
     app.include_router(dashboard_router(gw.feed, lambda: settings.admin_key))
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

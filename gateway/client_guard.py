@@ -6,7 +6,7 @@ half a head, or half a body, holds its socket and task for ever. The head is gua
 protocol (a timer from the connection, or from a request's first byte, to its last header: ``408``
 and the connection closed); the body in an ASGI wrapper around the app (``receive`` under a
 deadline: the request is answered ``408`` through the gateway's own error handler). How far a
-streaming client may fall behind is bounded in the relay (``gateway.proxy.SseResponse``), which drops
+streaming client may fall behind is bounded in the relay (``gateway.stream.SseResponse``), which drops
 a client past it through :data:`CLIENT_ABORT`.
 """
 
@@ -21,6 +21,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from core.outcomes import Reason
 from gateway import errors
 from gateway.settings import GatewaySettings, LimitSettings
 
@@ -66,7 +67,7 @@ class _HeadGuard:
             self._disarm_head()
         elif self._head_bytes > self.max_head_bytes:
             message = f"the request head exceeds {self.max_head_bytes} bytes"
-            self._refuse(431, "request_header_too_large", message)
+            self._refuse(431, Reason.REQUEST_HEADER_TOO_LARGE, message)
 
     def _awaiting_head(self) -> bool:
         cycle = self.cycle
@@ -87,7 +88,7 @@ class _HeadGuard:
         if self.transport.is_closing() or not self._awaiting_head():
             return
         if self._head_bytes:
-            self._refuse(408, "request_timeout", f"the request head took over {self.head_timeout_s:g} s")
+            self._refuse(408, Reason.REQUEST_TIMEOUT, f"the request head took over {self.head_timeout_s:g} s")
         else:
             self.transport.close()  # connected and said nothing
 

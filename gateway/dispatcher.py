@@ -20,7 +20,7 @@ from gateway.backends import BackendPool
 from gateway.metrics import GatewayMetrics
 from gateway.queue import BoundedQueue, Dispatched, GatewayRequest
 from policies.admission import AdmissionConfig, Charge, choose_backend, usage_after
-from policies.base import ADMIT, LoadView, Policy, Verdict
+from policies.base import ADMIT, Capability, LoadView, Policy, Verdict
 from policies.prompt_share import charged_prompt
 
 
@@ -52,7 +52,7 @@ class Dispatcher:
         self.capacity_requests = capacity_requests * max(1, len(pool))
         self.pending_s = pending_s
         self._scheduled = False
-        self._screens = type(policy).screen is not Policy.screen
+        self._screens = Capability.SCREEN in policy.capabilities
         """Only a policy that screens gets a :class:`LoadView` (building one costs O(backends))."""
         self.decisions = 0
 
@@ -68,7 +68,7 @@ class Dispatcher:
         req.t_enqueue = now
         self.policy.on_arrival(req, now)
         self.queue.push(req, now)
-        if self.policy.dynamic:
+        if Capability.DYNAMIC_KEY in self.policy.capabilities:
             self.kick()  # a rescan of the queue (O(n)) once per loop iteration, not per arrival
         else:
             self.dispatch()  # at once (O(log n)): an idle fleet adds no loop iteration to the first byte
@@ -168,8 +168,8 @@ class Dispatcher:
         return [i not in req.excluded and b.serves(req.model) for i, b in enumerate(backends)]
 
     # --- life of a dispatched request ---------------------------------------------------------
-    def first_byte(self, req: GatewayRequest) -> None:
-        """The backend answered: the request no longer waits there."""
+    def stop_waiting(self, req: GatewayRequest) -> None:
+        """The request no longer waits in its backend's queue: the backend answered, or the try failed."""
         if req.backend is not None:
             self.pool.backends[req.backend].started(req.rid)
             self.kick()

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 
 from starlette.responses import Response
 
+from core.outcomes import Reason
+
 REASON_HEADER = "x-sagegate-reason"
 
 
@@ -62,15 +64,17 @@ class GatewayError(Exception):
 
 
 def bad_request(message: str, param: str | None = None) -> GatewayError:
-    return GatewayError(400, message, reason="invalid_request", param=param)
+    return GatewayError(400, message, reason=Reason.INVALID_REQUEST, param=param)
 
 
 def too_large(limit: int) -> GatewayError:
-    return GatewayError(413, f"request body exceeds {limit} bytes", reason="body_too_large", close=True)
+    return GatewayError(413, f"request body exceeds {limit} bytes", reason=Reason.BODY_TOO_LARGE, close=True)
 
 
 def unauthorized() -> GatewayError:
-    return GatewayError(401, "invalid or missing API key", type="authentication_error", reason="unauthorized")
+    return GatewayError(
+        401, "invalid or missing API key", type="authentication_error", reason=Reason.UNAUTHORIZED
+    )
 
 
 def busy(reason: str, message: str, retry_after: int) -> GatewayError:
@@ -85,19 +89,19 @@ def unavailable(reason: str, message: str, retry_after: int | None = None) -> Ga
 def rate_limited(message: str, retry_after: str | None) -> GatewayError:
     """Every backend that could take the request said 429: passed on, with the backend's Retry-After."""
     return GatewayError(
-        429, message, type="rate_limit_error", reason="upstream_rate_limited", retry_after=retry_after
+        429, message, type="rate_limit_error", reason=Reason.UPSTREAM_RATE_LIMITED, retry_after=retry_after
     )
 
 
 def timeout(message: str) -> GatewayError:
-    return GatewayError(408, message, reason="request_timeout", close=True)
+    return GatewayError(408, message, reason=Reason.REQUEST_TIMEOUT, close=True)
 
 
 def upstream_failed(message: str) -> GatewayError:
-    return GatewayError(502, message, type="upstream_error", reason="upstream_failed")
+    return GatewayError(502, message, type="upstream_error", reason=Reason.UPSTREAM_FAILED)
 
 
-def sse_error_event(message: str, code: str = "upstream_failed", type: str = "upstream_error") -> bytes:
+def sse_error_event(message: str, code: str = Reason.UPSTREAM_FAILED, type: str = "upstream_error") -> bytes:
     """The event sent when a stream breaks after it started: an OpenAI error object as SSE data."""
     body = {"error": {"message": message, "type": type, "param": None, "code": code}}
     return b"data: " + json.dumps(body).encode() + b"\n\n"

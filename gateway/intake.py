@@ -1,50 +1,62 @@
-"""From HTTP request to :class:`GatewayRequest`: size limit, JSON, validation, identity, token count,
-prediction. Every refusal here is a 4xx :class:`GatewayError`; nothing a client sends becomes a 500.
+"""From HTTP request to a validated :class:`ClientRequest`: size limit, strict JSON, the route's schema,
+the gateway's limits. Every refusal here is a 4xx :class:`GatewayError`; nothing a client sends becomes
+a 500.
 """
 
 from __future__ import annotations
 
-import itertools
-import logging
-import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from starlette.requests import Request
 
 from gateway import errors, jsonbody
-from gateway.metrics import GatewayMetrics
-from gateway.openai_schema import ChatCompletionRequest, CompletionRequest
-from gateway.predict import PredictInput, cap
-from gateway.queue import GatewayRequest
+from gateway.openai_schema import ChatCompletionRequest, CompletionRequest, OpenAIRequest, Route
 from gateway.settings import GatewaySettings
-from gateway.tenants import identify
-from gateway.tokens import acount_prompt
-
-log = logging.getLogger("sagegate.gateway")
 
 DRAIN_FACTOR = 4
 """How much of an over-limit body is read and dropped before the ``413`` (see ``Intake.read_body``)."""
 
-MODELS: dict[str, type[BaseModel]] = {"chat": ChatCompletionRequest, "completions": CompletionRequest}
+MODELS: dict[Route, type[ChatCompletionRequest] | type[CompletionRequest]] = {
+    Route.CHAT: ChatCompletionRequest,
+    Route.COMPLETIONS: CompletionRequest,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ClientRequest:
+    """A request body that passed validation: ``body`` as sent (forwarded untouched, unknown fields
+    included), ``params`` the validated model the gateway reads its fields from."""
+
+    route: Route
+    body: dict[str, Any]
+    params: OpenAIRequest
+
+    @property
+    def prompt(self) -> Any:
+        """The chat messages or the completion prompt, as sent (what the tokenizer counts)."""
+        return self.body["messages"] if self.route is Route.CHAT else self.body["prompt"]
+
+    @property
+    def max_tokens(self) -> int | None:
+        """The client's cap on the output: ``max_completion_tokens``, else ``max_tokens``."""
+        p = self.params
+        return getattr(p, "max_completion_tokens", None) or p.max_tokens
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.params.stream)
+
+    @property
+    def want_usage(self) -> bool:
+        opts = self.params.stream_options
+        return bool(opts is not None and opts.include_usage)
 
 
 class Intake:
-    def __init__(
-        self,
-        settings: GatewaySettings,
-        predictor: Any,
-        metrics: GatewayMetrics,
-        known_models: Callable[[], set[str]],
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
-        self.predictor = predictor
-        self.metrics = metrics
-        self.known_models = known_models
-        self.clock = clock
-        self._ids = itertools.count()
 
     async def read_body(self, request: Request) -> bytes:
         """The body, at most ``limits.max_body_bytes``. A body over the limit is refused with ``413``
@@ -71,8 +83,8 @@ class Intake:
             raise errors.too_large(limit)
         return b"".join(parts)
 
-    def parse(self, raw: bytes, route: str) -> dict[str, Any]:
-        """The body as a dict, validated against the route's schema and the gateway's limits."""
+    def parse(self, raw: bytes, route: Route) -> ClientRequest:
+        """The body, validated against the route's schema and the gateway's limits."""
         try:
             body = jsonbody.loads(raw, self.settings.limits.max_json_depth)
         except jsonbody.BodyError as exc:
@@ -80,7 +92,7 @@ class Intake:
         if not isinstance(body, dict):
             raise errors.bad_request("the request body must be a JSON object")
         try:
-            MODELS[route].model_validate(body, strict=True)  # JSON types as sent: "5" is no integer
+            params = MODELS[route].model_validate(body, strict=True)  # JSON types as sent: "5" is no integer
         except ValidationError as exc:
             first = exc.errors()[0]
             param = ".".join(str(p) for p in first.get("loc", ())) or None
@@ -105,49 +117,4 @@ class Intake:
             and isinstance(prompt[0], str | list)
         ) and len(prompt) != 1:
             raise errors.bad_request("batched prompts are not supported; send one prompt", "prompt")
-        return body
-
-    async def build(
-        self, request: Request, route: str, body: dict[str, Any]
-    ) -> tuple[GatewayRequest, PredictInput]:
-        now = self.clock()
-        who = identify(request.headers, self.settings.api_keys, now)
-        model = body["model"]
-        known = self.known_models()
-        if known and model not in known:
-            raise errors.GatewayError(
-                404, f"the model {model!r} does not exist", reason="model_not_found", param="model"
-            )
-        prompt = body["messages"] if route == "chat" else body["prompt"]
-        try:
-            prompt_tokens = await acount_prompt(prompt, self.settings.tokenizer)
-        except (TypeError, ValueError, AttributeError, IndexError, KeyError):
-            raise errors.bad_request("the prompt could not be tokenised", "prompt") from None
-        inp = PredictInput(prompt, max(1, prompt_tokens), model, who.tenant)
-        try:
-            dist, path = await self.predictor.predict(inp)
-        except Exception:
-            log.exception("the predictor failed; the request goes on without a prediction")
-            dist, path = None, "error"
-        self.metrics.predictor_paths.labels(path).inc()
-        if dist is not None:
-            self.metrics.predicted.observe(dist.mean)
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-        rid = next(self._ids)
-        if self.settings.log_prompts:
-            log.info("request %d from %s: %r", rid, who.tenant, prompt)
-        req = GatewayRequest(
-            rid,
-            now,
-            inp.prompt_tokens,
-            body=body,
-            route=route,
-            model=model,
-            prompt=prompt,
-            tenant=who.tenant,
-            priority=who.priority,
-            deadline_s=who.deadline_s,
-            prediction=cap(dist, max_tokens) if self.settings.cap_at_max_tokens else dist,
-            path=path,
-        )
-        return req, inp
+        return ClientRequest(route, body, params)

@@ -6,7 +6,8 @@ Only the fields the gateway acts on are declared; everything else a client sends
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -58,4 +59,11 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
-Route = Literal["chat", "completions"]
+class Route(StrEnum):
+    """The two generation endpoints; the value is the ``route`` metric label."""
+
+    CHAT = "chat"
+    COMPLETIONS = "completions"
+
+
+OpenAIRequest = ChatCompletionRequest | CompletionRequest

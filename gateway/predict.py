@@ -3,7 +3,8 @@
 ``none``: no prediction (the policy sees prompt length only). ``global`` / ``length-bucket``: the
 history baselines of ``predictor.baselines`` (cheap, run inline). ``semantic``: the product's predictor
 (similar past prompts), whose embedding runs off the event loop; its history is in-process, or in
-Redis when ``redis_url`` is set so several gateway replicas learn from each other.
+Redis when ``redis_url`` is set so several gateway replicas learn from each other. Each is built by
+the one factory (:func:`predictor.factory.make_predictor`) and wrapped here in a :class:`GatewayPredictor`.
 """
 
 from __future__ import annotations
@@ -11,10 +12,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from core.distribution import LengthDistribution
+from core.predictor import LengthPredictor
 from core.request import PredictionQuery
+from gateway.settings import DEFAULT_BUDGET_S, PredictorSettings
+from predictor.embedder import PromptLike
+from predictor.factory import make_predictor
+from predictor.semantic import PromptFeatures, SemanticPredictor
+from predictor.semantic_async import AsyncSemantic
+from predictor.semantic_sim import SemanticLengthPredictor
 
 log = logging.getLogger("sagegate.gateway")
 
@@ -24,14 +32,14 @@ DRAIN_S = 1.0
 
 @dataclass(slots=True)
 class PredictInput:
-    prompt: Any
+    prompt: PromptLike
     """The completion prompt or the chat messages."""
     prompt_tokens: int
     model: str
     tenant: str = "default"
-    features: Any = None
-    """What the predictor computed from the prompt (the embedding), kept to record the outcome
-    without computing it again."""
+    features: PromptFeatures | asyncio.Future[PromptFeatures] | None = None
+    """What the predictor computed from the prompt (the embedding; still being computed when the
+    prediction ran late), kept to record the outcome without computing it again."""
 
 
 class GatewayPredictor(Protocol):
@@ -71,7 +79,7 @@ class NoPredictor:
 class BaselinePredictor:
     """A ``predictor.baselines`` history predictor (sync, microseconds), fed prompt lengths only."""
 
-    def __init__(self, inner: Any, name: str) -> None:
+    def __init__(self, inner: LengthPredictor, name: str) -> None:
         self.inner = inner
         self.name = name
 
@@ -93,7 +101,8 @@ class BaselinePredictor:
 
 
 class SemanticAdapter:
-    """``predictor.semantic.SemanticPredictor``: its async face keeps the embedding off the loop.
+    """The semantic predictor's async face (:class:`predictor.semantic_async.AsyncSemantic`) as a
+    :class:`GatewayPredictor`.
 
     A prediction waits at most ``budget_s`` for the embedding: past that the request is ranked from
     the prompt-length prior at once (path ``late``), so a busy embedder delays no request. The
@@ -102,78 +111,59 @@ class SemanticAdapter:
 
     name = "semantic"
 
-    def __init__(self, inner: Any, budget_s: float = 0.05) -> None:
-        self.inner = inner
+    def __init__(self, face: AsyncSemantic, budget_s: float = DEFAULT_BUDGET_S) -> None:
+        self.face = face
         self.budget_s = budget_s
 
+    @property
+    def core(self) -> SemanticPredictor:
+        return self.face.core
+
     async def predict(self, inp: PredictInput) -> tuple[LengthDistribution | None, str]:
-        task = asyncio.ensure_future(self.inner.afeatures(inp.prompt))
+        task = asyncio.ensure_future(self.face.features(inp.prompt))
         try:
             feats = await asyncio.wait_for(asyncio.shield(task), self.budget_s)
         except TimeoutError:
             inp.features = task  # resolved in record()
-            pred = self.inner.fallback(inp.prompt_tokens, inp.model)
+            pred = self.face.core.fallback(inp.prompt_tokens, inp.model)
             return pred.distribution, "late"
         except Exception:  # the embedder failed: the predictor's own fallback answers
-            pred = await self.inner.apredict(inp.prompt, inp.prompt_tokens, model=inp.model)
+            pred = await self.face.predict(inp.prompt, inp.prompt_tokens, model=inp.model)
             return pred.distribution, str(pred.path)
-        pred = self.inner.predict_features(feats, inp.prompt_tokens, inp.model)
+        pred = self.face.core.predict_features(feats, inp.prompt_tokens, inp.model)
         inp.features = feats
         return pred.distribution, str(pred.path)
 
     async def record(self, inp: PredictInput, output_tokens: int) -> None:
-        given = inp.features if inp.features is not None else inp.prompt  # one embedding per request
-        if isinstance(given, asyncio.Future):
+        given: PromptLike | PromptFeatures = inp.prompt  # one embedding per request
+        if isinstance(inp.features, asyncio.Future):
             try:
-                given = await given
+                given = await inp.features
             except Exception:
                 given = inp.prompt
-        await self.inner.arecord(given, inp.prompt_tokens, output_tokens, model=inp.model, tenant=inp.tenant)
+        elif inp.features is not None:
+            given = inp.features
+        await self.face.record(given, inp.prompt_tokens, output_tokens, model=inp.model, tenant=inp.tenant)
 
     async def astart(self) -> None:
-        await asyncio.to_thread(self.inner.start)  # reads the history window (Redis I/O)
-        await asyncio.to_thread(self.inner.warm_up)  # the model loads before /ready, not on a request
+        await self.face.start()  # the history window and the model load before /ready, not on a request
 
     async def aclose(self) -> None:
-        await asyncio.to_thread(self.inner.close)
+        await self.face.close()
 
 
-def build_predictor(name: str, redis_url: str | None = None, options: dict[str, Any] | None = None) -> Any:
-    """A :class:`GatewayPredictor` by name (``none``, ``global``, ``length-bucket``, ``semantic``)."""
-    opts = dict(options or {})
+def build_predictor(
+    name: str, redis_url: str | None = None, options: PredictorSettings | None = None
+) -> GatewayPredictor:
+    """The gateway's predictor ``name`` (``none`` or one of ``predictor.factory.LIVE_PREDICTORS``),
+    built by the one factory and wrapped in its async adapter."""
     if name == "none":
         return NoPredictor()
-    if name == "global":
-        from predictor.baselines import GlobalPredictor
-
-        return BaselinePredictor(GlobalPredictor(**opts), name)
-    if name == "length-bucket":
-        from predictor.baselines import LengthBucketPredictor
-
-        return BaselinePredictor(LengthBucketPredictor(**opts), name)
-    if name == "semantic":
-        from predictor.embedder import DEFAULT_QUANTIZE, DEFAULT_WINDOW, MiniLMEmbedder
-        from predictor.semantic import make_semantic
-
-        # One torch thread: on a busy CPU more threads oversubscribe it (measured: 800 ms per
-        # embedding with the default on a loaded 2-core machine, 38 ms with one).
-        threads = int(opts.pop("embed_threads", 1))
-        budget = float(opts.pop("predict_budget_s", 0.05))
-        # The embedding's window (word pieces) and int8 layers; the defaults are the fast ones.
-        # ``embed_window: 256, embed_quantize: false`` is the first, slower configuration (its own
-        # history: the Redis stream is keyed by embedding version).
-        window = int(opts.pop("embed_window", DEFAULT_WINDOW))
-        quantize = _flag(opts.pop("embed_quantize", DEFAULT_QUANTIZE))
-        opts.setdefault("embedder", MiniLMEmbedder(threads=threads, window=window, quantize=quantize))
-        return SemanticAdapter(make_semantic(redis_url=redis_url, **opts), budget)
-    raise ValueError(f"unknown predictor {name!r}")
-
-
-def _flag(value: Any) -> bool:
-    """A boolean option that may arrive as text (environment variables, JSON strings)."""
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
+    opts = options or PredictorSettings()
+    built = make_predictor(name, opts.for_predictor(name, redis_url))
+    if isinstance(built, SemanticLengthPredictor):
+        return SemanticAdapter(AsyncSemantic(built.core), opts.predict_budget_s)
+    return BaselinePredictor(built, name)
 
 
 def cap(dist: LengthDistribution | None, max_tokens: int | None) -> LengthDistribution | None:
@@ -184,7 +174,7 @@ def cap(dist: LengthDistribution | None, max_tokens: int | None) -> LengthDistri
 class Recorder:
     """Fire-and-forget history updates: a response never waits for the predictor to learn."""
 
-    def __init__(self, predictor: Any) -> None:
+    def __init__(self, predictor: GatewayPredictor) -> None:
         self.predictor = predictor
         self._tasks: set[asyncio.Task[None]] = set()
 

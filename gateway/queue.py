@@ -10,6 +10,7 @@ import asyncio
 from typing import Any
 
 from core.distribution import LengthDistribution
+from core.outcomes import PredictionPath
 from policies.admission import Charge
 from policies.base import Policy, SchedRequest
 from policies.queue import PolicyQueue
@@ -24,7 +25,8 @@ class Dispatched(Exception):
 
 
 class GatewayRequest(SchedRequest):
-    """A live request: what the policy reads, plus the HTTP side of it."""
+    """A live request: what the policy reads, plus the HTTP side of it (``body`` is forwarded as
+    sent; what the gateway acts on is read once, from the validated request, into typed fields)."""
 
     __slots__ = (
         "attempt",
@@ -34,8 +36,9 @@ class GatewayRequest(SchedRequest):
         "charged_prompt",
         "excluded",
         "future",
+        "max_tokens",
         "model",
-        "path",
+        "prediction_path",
         "prompt",
         "route",
         "stream",
@@ -58,7 +61,10 @@ class GatewayRequest(SchedRequest):
         priority: int = 1,
         deadline_s: float | None = None,
         prediction: LengthDistribution | None = None,
-        path: str = "none",
+        prediction_path: str = PredictionPath.NONE,
+        stream: bool = False,
+        want_usage: bool = False,
+        max_tokens: int | None = None,
     ) -> None:
         super().__init__(
             rid, arrival_s, prompt_tokens, tenant=tenant, priority=priority, deadline_s=deadline_s,
@@ -68,10 +74,13 @@ class GatewayRequest(SchedRequest):
         self.route = route
         self.model = model
         self.prompt = prompt
-        self.path = path
-        self.stream = bool(body.get("stream"))
-        opts = body.get("stream_options")
-        self.want_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
+        self.prediction_path = prediction_path
+        """How the predictor made ``prediction`` (a :class:`PredictionPath` value)."""
+        self.stream = stream
+        self.want_usage = want_usage
+        """The client asked for the usage chunk (``stream_options.include_usage``)."""
+        self.max_tokens = max_tokens
+        """The client's cap on the output (``max_completion_tokens`` or ``max_tokens``)."""
         self.charge: Charge | None = None
         self.charged_prompt = 0
         """The prompt tokens ``charge`` counts (the prompt's share, see ``policies.prompt_share``)."""

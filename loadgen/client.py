@@ -26,7 +26,8 @@ from core.record import RequestRecord
 from core.request import FORCED_OUTPUT_FIELD, TraceRequest
 from loadgen.httppool import ClientPool
 from loadgen.progress import ProgressView
-from loadgen.sse import DONE, ERROR, TOKEN, EventSplitter, classify
+from loadgen.response import fail, finish, http_failure, read_headers, read_stream, unsent
+from loadgen.scrape import GaugeSamples, poll_gauge, read_preemptions
 
 log = logging.getLogger(__name__)
 
@@ -189,14 +190,6 @@ def request_headers(req: TraceRequest, cfg: ReplayConfig) -> dict[str, str]:
     return out
 
 
-def gauge_value(text: str, name: str) -> float | None:
-    """The sum over label sets of gauge ``name`` in a Prometheus exposition, None when absent."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    values = [s.value for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name]
-    return float(sum(values)) if values else None
-
-
 async def prime(client: httpx.AsyncClient, cfg: ReplayConfig, model: str | None) -> None:
     """One small request, answered before the replay starts; its outcome does not matter."""
     warm = TraceRequest(0.0, 2, 1, prompt="warm up")
@@ -205,35 +198,6 @@ async def prime(client: httpx.AsyncClient, cfg: ReplayConfig, model: str | None)
     body.update(stream=False, max_tokens=1)
     with contextlib.suppress(httpx.HTTPError):
         await client.post(cfg.endpoint, json=body, timeout=min(cfg.timeout_s, 60.0))
-
-
-def counter_total(text: str, name: str) -> float | None:
-    """The sum over label sets of counter ``name`` (its ``_total`` samples), None when absent."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    values = [
-        s.value
-        for fam in text_string_to_metric_families(text)
-        if fam.name == name
-        for s in fam.samples
-        if s.name == name + "_total"
-    ]
-    return float(sum(values)) if values else None
-
-
-async def read_preemptions(client: httpx.AsyncClient, urls: Sequence[str]) -> float | None:
-    """``vllm:num_preemptions`` summed over ``urls``; None when any of them does not say."""
-    total = 0.0
-    for url in urls:
-        try:
-            resp = await client.get(url, timeout=10.0)
-            value = counter_total(resp.text, "vllm:num_preemptions") if resp.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
-            value = None
-        if value is None:
-            return None
-        total += value
-    return total
 
 
 async def discover_model(client: httpx.AsyncClient, base_url: str) -> str | None:
@@ -258,25 +222,13 @@ class _Replay:
         self.sem = asyncio.Semaphore(cfg.max_connections)
         self.loop = asyncio.get_running_loop()
         self.t0 = 0.0
-        self.records = [
-            RequestRecord(
-                rid=r.rid,
-                arrival_s=r.arrival_s,
-                prompt_tokens=r.prompt_tokens,
-                output_tokens=0,
-                status="cancelled",
-                reason="not sent",
-                tenant=r.tenant,
-                deadline_s=r.deadline_s,
-            )
-            for r in self.requests
-        ]
+        self.records = [unsent(r) for r in self.requests]
         self.delayed = 0
         self.max_delay = 0.0
         self.finished = self.ok = self.failed = self.tokens = 0
         self.recent_ttft: collections.deque[float] = collections.deque(maxlen=200)
-        self.samples: list[tuple[float, float]] = []
-        self.metrics_failures = 0
+        self.queue = GaugeSamples()
+        """The queue-depth gauge polled during the run."""
         self.stop = asyncio.Event()
 
     def now(self) -> float:
@@ -287,8 +239,19 @@ class _Replay:
         headers = [request_headers(r, self.cfg) for r in self.requests]
         self.t0 = self.loop.time() + self.cfg.start_delay_s
         helpers = []
-        if self.cfg.queue_metric:
-            helpers.append(asyncio.create_task(self._poll_metrics()))
+        cfg = self.cfg
+        if cfg.queue_metric:
+            url = cfg.metrics_url or cfg.base_url + "/metrics"
+            poll = poll_gauge(
+                url,
+                cfg.queue_metric,
+                self.queue,
+                now=self.now,
+                stop=self.stop,
+                interval_s=cfg.metrics_interval_s,
+                headers=_auth(cfg),
+            )
+            helpers.append(asyncio.create_task(poll))
         view = ProgressView(self) if self.cfg.progress else None
         if view is not None:
             helpers.append(asyncio.create_task(view.run(self.stop)))
@@ -321,15 +284,15 @@ class _Replay:
                 async with asyncio.timeout(self.cfg.timeout_s):
                     await self._exchange(rec, body, headers, self.endpoints[i % len(self.endpoints)])
             except TimeoutError:
-                _fail(rec, "timeout", f"no end of stream within {self.cfg.timeout_s}s")
+                fail(rec, "timeout", f"no end of stream within {self.cfg.timeout_s}s")
             except httpx.ConnectError as exc:
-                _fail(rec, "connect", str(exc))
+                fail(rec, "connect", str(exc))
             except httpx.RemoteProtocolError as exc:
-                _fail(rec, "protocol", str(exc))
+                fail(rec, "protocol", str(exc))
             except httpx.HTTPError as exc:
-                _fail(rec, type(exc).__name__.lower(), str(exc))
+                fail(rec, type(exc).__name__.lower(), str(exc))
             except asyncio.CancelledError:
-                _fail(rec, "cancelled", "replay stopped")
+                fail(rec, "cancelled", "replay stopped")
                 rec.status = "cancelled"
                 raise
             finally:
@@ -360,101 +323,16 @@ class _Replay:
         async with client.stream("POST", url, content=body, headers=headers) as resp:
             rec.first_byte_s = self.now()
             rec.http_status = resp.status_code
-            _read_headers(rec, resp.headers, self.cfg)
+            read_headers(rec, resp.headers, self.cfg.predicted_header, self.cfg.backend_header)
             if resp.status_code != 200:
-                _http_failure(rec, resp.status_code, resp.headers, await resp.aread())
+                http_failure(rec, resp.status_code, resp.headers, await resp.aread())
                 return
-            splitter = EventSplitter()
-            usage: dict[str, Any] | None = None
-            done = False
-            error = ""
-            chat = self.chat
-            times = rec.chunk_times
-            async for chunk in resp.aiter_bytes():
-                t = self.now()
-                for payload in splitter.feed(chunk):
-                    ev = classify(payload, chat)
-                    if ev.kind == TOKEN:
-                        times.append(t)
-                    elif ev.kind == DONE:
-                        done = True
-                    elif ev.kind == ERROR:
-                        error = ev.message
-                    if ev.usage is not None:
-                        usage = ev.usage
-        _finish(rec, usage, done, error)
-
-    async def _poll_metrics(self) -> None:
-        cfg = self.cfg
-        assert cfg.queue_metric is not None
-        url = cfg.metrics_url or cfg.base_url + "/metrics"
-        async with httpx.AsyncClient(timeout=2.0, headers=_auth(cfg)) as client:
-            while not self.stop.is_set():
-                t = self.now()
-                try:
-                    resp = await client.get(url)
-                    value = gauge_value(resp.text, cfg.queue_metric) if resp.status_code == 200 else None
-                    if value is None:
-                        self.metrics_failures += 1
-                    else:
-                        self.samples.append((t, value))
-                except (httpx.HTTPError, ValueError):
-                    self.metrics_failures += 1
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.stop.wait(), cfg.metrics_interval_s)
+            end = await read_stream(resp, rec.chunk_times, self.now, self.chat)
+        finish(rec, end)
 
 
 def _auth(cfg: ReplayConfig) -> dict[str, str]:
     return {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
-
-
-def _fail(rec: RequestRecord, kind: str, message: str) -> None:
-    rec.status, rec.error_kind, rec.reason = "error", kind, message[:200]
-
-
-def _read_headers(rec: RequestRecord, headers: httpx.Headers, cfg: ReplayConfig) -> None:
-    pred = headers.get(cfg.predicted_header)
-    if pred is not None:
-        with contextlib.suppress(ValueError):
-            rec.predicted_mean = float(pred)
-    rec.backend = headers.get(cfg.backend_header, rec.backend)
-
-
-def _http_failure(rec: RequestRecord, status: int, headers: httpx.Headers, body: bytes) -> None:
-    """A non-200 answer: ``rejected`` when the server turned the request away (429, or a 503 naming a
-    reason), else an error of kind ``http_<status>``."""
-    message = body[:200].decode(errors="replace")
-    try:
-        err = json.loads(body).get("error")
-        message = str(err.get("message", message) if isinstance(err, dict) else err)[:200]
-    except (ValueError, AttributeError):
-        pass
-    reason = headers.get("x-sagegate-reason")
-    if status == 429 or (status == 503 and reason):
-        rec.status, rec.error_kind, rec.reason = "rejected", reason or f"http_{status}", message
-    else:
-        _fail(rec, f"http_{status}", message)
-
-
-def _finish(rec: RequestRecord, usage: dict[str, Any] | None, done: bool, error: str) -> None:
-    times = rec.chunk_times
-    rec.output_tokens = len(times)
-    if usage is not None:
-        rec.output_tokens = int(usage.get("completion_tokens") or rec.output_tokens)
-        rec.prompt_tokens = int(usage.get("prompt_tokens") or rec.prompt_tokens)
-        details = usage.get("prompt_tokens_details")
-        if isinstance(details, dict) and details.get("cached_tokens"):
-            rec.cached_tokens = int(details["cached_tokens"])
-    if times:
-        rec.first_token_s, rec.finish_s = times[0], times[-1]
-    if error:
-        _fail(rec, "stream_error", error)
-    elif not done:
-        _fail(rec, "incomplete", "the stream ended without [DONE]")
-    elif not times:
-        _fail(rec, "no_tokens", "the stream carried no token")
-    else:
-        rec.status, rec.error_kind, rec.reason = "ok", "", ""
 
 
 async def replay_async(requests: Sequence[TraceRequest], cfg: ReplayConfig) -> ReplayResult:
@@ -489,8 +367,8 @@ async def replay_async(requests: Sequence[TraceRequest], cfg: ReplayConfig) -> R
         delayed_sends=run.delayed,
         max_send_delay_s=run.max_delay,
         queue_metric=cfg.queue_metric,
-        queue_samples=run.samples,
-        metrics_failures=run.metrics_failures,
+        queue_samples=run.queue.samples,
+        metrics_failures=run.queue.failures,
         preemptions=None if before is None or after is None else after - before,
         forced_mismatch=_forced_mismatch(run.requests, run.records, cfg),
     )

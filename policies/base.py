@@ -5,6 +5,8 @@ A policy sees a :class:`SchedRequest` (what it is allowed to know of a request) 
 questions: *who goes first* (:meth:`Policy.key`, lower first), *may this request go now*
 (:meth:`Policy.screen`, gateway level) and *who gives way* (:meth:`Policy.pick_victim`, engine level).
 It is told of a request's life through ``on_*`` hooks so it can keep counters (VTC, FastServe).
+What it does beyond ordering it declares in ``Policy.capabilities`` (:mod:`policies.capabilities`);
+drivers read that, never which methods a policy overrides.
 Policies are pure: they take ``now`` from the caller and any randomness from a seeded generator.
 """
 
@@ -16,16 +18,18 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 from core.distribution import LengthDistribution
+from policies.capabilities import ENGINE as ENGINE  # re-exported: the levels every policy names
+from policies.capabilities import GATEWAY as GATEWAY
+from policies.capabilities import Capability as Capability
+from policies.capabilities import check_declaration
 
-GATEWAY = "gateway"
-ENGINE = "engine"
 Level = str
 
 
 class SchedRequest:
     """What a policy may read of one request.
 
-    ``true_output`` is the real output length: only the oracle policies (``uses_oracle``) read it.
+    ``true_output`` is the real output length: only the oracle policies (``USES_ORACLE``) read it.
     ``pstate`` belongs to the policy (one slot of per-request scratch), ``key_cache`` to the queue.
     Drivers subclass this with their own fields (engine progress, HTTP futures).
     """
@@ -107,7 +111,7 @@ class LoadView:
 
 
 class Placement(NamedTuple):
-    """Where a queued request of a ``lanes`` policy sits in the queue's index (see :meth:`Policy.place`)."""
+    """Where a queued ``LANE_KEY`` policy's request sits in the queue's index (see :meth:`Policy.place`)."""
 
     lane: Hashable
     rank: Any
@@ -118,34 +122,49 @@ class Placement(NamedTuple):
 
 
 class Policy:
-    """Base class and default behaviour (FCFS). Subclasses override what they change.
+    """Base class and default behaviour (FCFS). Subclasses override what they change and declare it.
 
-    Class attributes describe a policy to drivers and to ``sagegate policies``:
-    ``levels`` where it may run; ``dynamic`` whether :meth:`key` changes with time or with other
-    requests (the queue then keeps a lane index, for ``lanes`` policies, or re-evaluates keys before
-    each pick, instead of keeping a heap);
-    ``uses_prediction`` / ``uses_oracle`` what it reads; ``preemptive`` whether, at engine level, a
-    better waiting request may displace a running one.
+    Class attributes describe a policy to drivers and to ``sagegate policies``: ``levels`` where it
+    may run; ``capabilities`` what it does beyond a static order (each :class:`Capability` states
+    its invariant); ``reject_reasons`` the reasons a ``SCREEN`` policy may REJECT with;
+    ``max_preempt_share`` and ``engine_variant`` / ``engine_chunk_size`` tune the engine. A class's
+    declaration is checked when the class is created; an instance whose parameters change it calls
+    :meth:`declare` from ``__init__``.
     """
 
     name: ClassVar[str] = "base"
     levels: ClassVar[frozenset[Level]] = frozenset({GATEWAY, ENGINE})
-    dynamic: ClassVar[bool] = False
-    uses_prediction: ClassVar[bool] = False
-    uses_oracle: ClassVar[bool] = False
-    preemptive: ClassVar[bool] = False
-    rekey_on_progress: ClassVar[bool] = False
-    """Key of a *running* request changes as it generates (engine level): re-sort the running list."""
-    lanes: ClassVar[bool] = False
-    """A ``dynamic`` policy whose key has the lane form of :meth:`place`: the queue keeps an index
-    (O(lanes · log n) a pick) instead of rescanning every key (O(n))."""
+    capabilities: frozenset[Capability] = frozenset()
+    """Per class; an instance may narrow or widen its own with :meth:`declare`."""
+    reject_reasons: ClassVar[frozenset[str]] = frozenset()
+    """``SCREEN`` policies: every REJECT carries one of these reasons."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._check(cls.__name__, cls.capabilities)
+
+    @classmethod
+    def _check(cls, owner: str, capabilities: frozenset[Capability]) -> None:
+        check_declaration(
+            owner,
+            capabilities,
+            cls.levels,
+            reject_reasons=cls.reject_reasons,
+            max_preempt_share=cls.max_preempt_share,
+            engine_variant=cls.engine_variant,
+        )
+
+    def declare(self, capabilities: frozenset[Capability]) -> None:
+        """Replace this instance's capabilities (a parameter turned one on or off), checked as a class's."""
+        self._check(f"{type(self).__name__} instance", capabilities)
+        self.capabilities = capabilities
 
     def key(self, req: SchedRequest, now: float) -> Any:
         """Sort key, lower served first. Must be totally ordered among one policy's keys."""
         return (req.arrival_s, _tiebreak(req.rid))
 
     def place(self, req: SchedRequest, now: float) -> Placement:
-        """``lanes`` policies: the lane and rank of ``req`` as it enters a queue.
+        """``LANE_KEY`` policies: the lane and rank of ``req`` as it enters a queue.
 
         The contract that lets the queue pick by lane heads and still agree with a scan of every key:
 
@@ -161,19 +180,19 @@ class Policy:
         raise NotImplementedError(f"policy {self.name!r} does not declare lanes")
 
     def primary(self, lane: Hashable, rank: Any, now: float) -> tuple[Any, ...]:
-        """``lanes`` policies: the key, less its first-come-first-served tail, of a request placed so."""
+        """``LANE_KEY`` policies: the key, less its first-come-first-served tail, of a request placed so."""
         raise NotImplementedError(f"policy {self.name!r} does not declare lanes")
 
     def flipped(self, flip: float, now: float) -> bool:
-        """``lanes`` policies: has a request whose placement carries ``flip`` moved on at ``now``."""
+        """``LANE_KEY`` policies: has a request whose placement carries ``flip`` moved on at ``now``."""
         return False
 
     def after_flip(self, placed: Placement) -> Placement:
-        """``lanes`` policies: where a request placed at ``placed`` goes when it flips."""
+        """``LANE_KEY`` policies: where a request placed at ``placed`` goes when it flips."""
         raise NotImplementedError(f"policy {self.name!r} does not declare flips")
 
     def screen(self, req: SchedRequest, now: float, load: LoadView) -> Screening:
-        """Gateway level: may ``req`` be dispatched now? Default: always."""
+        """Gateway level, ``SCREEN`` policies: may ``req`` be dispatched now? Default: always."""
         return ADMIT
 
     def pick_victim(self, running: Sequence[SchedRequest], now: float) -> SchedRequest | None:
@@ -187,21 +206,20 @@ class Policy:
         return max(running, key=lambda r: self.key(r, now))
 
     def may_preempt(self, victim: SchedRequest, now: float) -> bool:
-        """Engine level, ``preemptive`` policies: may ``victim`` be displaced by a better waiting one."""
+        """Engine level, ``PREEMPT`` policies: may ``victim`` be displaced by a better waiting one."""
         return True
 
     max_preempt_share: ClassVar[float] = 1.0
-    """Engine level: at most this share of the running batch is preempted in one step."""
+    """Engine level, ``PREEMPT`` policies: at most this share of the running batch is preempted in one
+    step (in (0, 1])."""
 
     engine_variant: ClassVar[str | None] = None
     """Engine level: run the engine as this variant (``v1``, ``v0``, ``sarathi``) with
     ``engine_chunk_size`` as its per-step token budget when set (the engine-variant policies)."""
     engine_chunk_size: ClassVar[int | None] = None
-    defers_decode: ClassVar[bool] = False
-    """Engine level: :meth:`defer_decode` may hold a decoding request out of a step (SLAI)."""
 
     def defer_decode(self, req: SchedRequest, now: float) -> bool:
-        """Engine level, ``defers_decode`` policies: skip ``req``'s decode token this step."""
+        """Engine level, ``DEFER_DECODE`` policies: skip ``req``'s decode token this step."""
         return False
 
     # --- life-cycle hooks ----------------------------------------------------------------------
@@ -212,7 +230,9 @@ class Policy:
         """It left the queue: dispatched to a backend (gateway) or scheduled into the batch (engine)."""
 
     def on_progress(self, req: SchedRequest, new_tokens: int, now: float) -> None:
-        """It generated ``new_tokens`` more tokens (``req.generated`` already counts them)."""
+        """It generated ``new_tokens`` more tokens (``req.generated`` already counts them).
+
+        Drivers may skip this unless the policy declares ``PROGRESS_HOOK``."""
 
     def on_preempt(self, req: SchedRequest, now: float) -> None:
         """It was preempted (engine level) and goes back to waiting."""

@@ -12,17 +12,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from policies.base import ENGINE, GATEWAY, Policy, SchedRequest, fcfs_tiebreak
+from policies.base import ENGINE, GATEWAY, Capability, Policy, SchedRequest, fcfs_tiebreak
+from policies.params import NonNegative, checked
 from policies.prediction import expected_remaining, predicted_output, prior_of
 from policies.registry import register
 
 S_PER_PROMPT_TOKEN = 0.0004
 S_PER_OUTPUT_TOKEN = 0.02
-
-
-def _check_costs(s_per_prompt_token: float, s_per_output_token: float) -> None:
-    if s_per_prompt_token < 0 or s_per_output_token < 0:
-        raise ValueError("per-token service costs must be >= 0")
 
 
 def remaining_service_s(
@@ -86,12 +82,14 @@ class LLF(Policy):
     """
 
     levels = frozenset({GATEWAY, ENGINE})
-    uses_prediction = True
+    capabilities = frozenset({Capability.USES_PREDICTION})
 
+    @checked
     def __init__(
-        self, s_per_prompt_token: float = S_PER_PROMPT_TOKEN, s_per_output_token: float = S_PER_OUTPUT_TOKEN
+        self,
+        s_per_prompt_token: NonNegative = S_PER_PROMPT_TOKEN,
+        s_per_output_token: NonNegative = S_PER_OUTPUT_TOKEN,
     ) -> None:
-        _check_costs(s_per_prompt_token, s_per_output_token)
         self.s_in = s_per_prompt_token
         self.s_out = s_per_output_token
 
@@ -108,11 +106,10 @@ class ESTF(Policy):
     """Estimated service time first: ``0.5·I + 1.0·predicted O`` (LSSP panel)."""
 
     levels = frozenset({GATEWAY, ENGINE})
-    uses_prediction = True
+    capabilities = frozenset({Capability.USES_PREDICTION})
 
-    def __init__(self, prompt_weight: float = 0.5, output_weight: float = 1.0) -> None:
-        if prompt_weight < 0 or output_weight < 0:
-            raise ValueError("prompt_weight and output_weight must be >= 0")
+    @checked
+    def __init__(self, prompt_weight: NonNegative = 0.5, output_weight: NonNegative = 1.0) -> None:
         self.prompt_weight = prompt_weight
         self.output_weight = output_weight
 

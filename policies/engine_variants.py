@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from policies.base import ENGINE, Policy, SchedRequest, fcfs_tiebreak
+from policies.base import ENGINE, Capability, Policy, SchedRequest, fcfs_tiebreak
 from policies.fifo import FCFS
+from policies.params import NonNegative, Positive, checked
 from policies.registry import register
 
 
@@ -93,13 +94,10 @@ class SLAI(Policy):
     levels = frozenset({ENGINE})
     engine_variant = "sarathi"
     engine_chunk_size = 512
-    defers_decode = True
+    capabilities = frozenset({Capability.DEFER_DECODE, Capability.PROGRESS_HOOK})
 
-    def __init__(self, tpot_slo_s: float = 0.1, step_estimate_s: float = 0.03) -> None:
-        if not tpot_slo_s > 0:
-            raise ValueError(f"tpot_slo_s must be positive, got {tpot_slo_s!r}")
-        if step_estimate_s < 0:
-            raise ValueError(f"step_estimate_s must be >= 0, got {step_estimate_s!r}")
+    @checked
+    def __init__(self, tpot_slo_s: Positive = 0.1, step_estimate_s: NonNegative = 0.03) -> None:
         self.tpot_slo_s = tpot_slo_s
         self.step_estimate_s = step_estimate_s
         self._engines: dict[Any, _EngineView] = {}

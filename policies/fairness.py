@@ -1,6 +1,6 @@
 """Fair-share orderings at the gateway: VTC (per-tenant virtual token counters) and LSSP's WFS.
 
-Both keep per-tenant counters fed by the life-cycle hooks, so both are ``dynamic``: a request's key
+Both keep per-tenant counters fed by the life-cycle hooks, so both declare ``DYNAMIC_KEY``: a request's key
 depends on what other tenants have been served. Both declare lanes (one per tenant): the counters move
 a tenant's requests together, so the queue only compares the tenants' best requests.
 """
@@ -11,8 +11,9 @@ from collections import defaultdict
 from collections.abc import Hashable
 from typing import Any, cast
 
-from policies.base import GATEWAY, Placement, Policy, SchedRequest, fcfs_tiebreak
+from policies.base import GATEWAY, Capability, Placement, Policy, SchedRequest, fcfs_tiebreak
 from policies.deadline import priority_weight
+from policies.params import NonNegative, checked
 from policies.prediction import predicted_output
 from policies.registry import register
 
@@ -31,12 +32,10 @@ class VTC(Policy):
     """
 
     levels = frozenset({GATEWAY})
-    dynamic = True
-    lanes = True
+    capabilities = frozenset({Capability.DYNAMIC_KEY, Capability.LANE_KEY, Capability.PROGRESS_HOOK})
 
-    def __init__(self, input_weight: float = 1.0, output_weight: float = 2.0) -> None:
-        if input_weight < 0 or output_weight < 0:
-            raise ValueError("input_weight and output_weight must be >= 0")
+    @checked
+    def __init__(self, input_weight: NonNegative = 1.0, output_weight: NonNegative = 2.0) -> None:
         self.input_weight = input_weight
         self.output_weight = output_weight
         self.counters: dict[str, float] = defaultdict(float)
@@ -90,9 +89,7 @@ class WFS(Policy):
     """
 
     levels = frozenset({GATEWAY})
-    dynamic = True
-    lanes = True
-    uses_prediction = True
+    capabilities = frozenset({Capability.DYNAMIC_KEY, Capability.LANE_KEY, Capability.USES_PREDICTION})
 
     def __init__(self) -> None:
         self.queued: dict[str, int] = defaultdict(int)

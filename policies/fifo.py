@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import random as _random
-from typing import Any, ClassVar
+from typing import Any
 
-from policies.base import Policy, SchedRequest, fcfs_tiebreak
+from policies.base import Capability, Policy, SchedRequest, fcfs_tiebreak
 from policies.registry import register
 
 
@@ -13,7 +13,7 @@ from policies.registry import register
 class FCFS(Policy):
     """First come, first served: arrival order (vLLM's default scheduling)."""
 
-    fcfs: ClassVar[bool] = True
+    capabilities = frozenset({Capability.ARRIVAL_ORDER})
 
     def __init__(self) -> None:
         pass

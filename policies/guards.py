@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable
-from typing import Any, ClassVar, cast
+from typing import Annotated, Any, cast
 
 from policies.base import (
     ADMIT,
     GATEWAY,
+    Capability,
     LoadView,
     Placement,
     Policy,
@@ -30,18 +31,20 @@ from policies.deadline import (
     laxity,
     priority_weight,
 )
+from policies.params import NonNegative, Positive, Range, checked
 from policies.prediction import predicted_output
 from policies.registry import register
 
 _QUEUED, _IN_FLIGHT, _DONE = 0, 1, 2
+Share = Annotated[float, Range(gt=0, le=1)]
+"""A share of KV capacity: in (0, 1]."""
 
 
 class _Guard(Policy):
     """Counts requests in flight (dispatched, not finished) so a HOLD never starves an idle fleet."""
 
     levels = frozenset({GATEWAY})
-    uses_prediction = True
-    reject_reasons: ClassVar[frozenset[str]] = frozenset()
+    capabilities = frozenset({Capability.USES_PREDICTION, Capability.SCREEN})
 
     def __init__(self) -> None:
         self.in_flight = 0
@@ -71,27 +74,23 @@ class KVConstrained(_Guard):
     laxity.
 
     Laxity uses the LSSP deadline rule's service estimate (``policies.deadline``); requests without a
-    deadline are never urgent. Urgency depends on the clock, hence ``dynamic``; laxity is the static
+    deadline are never urgent. Urgency depends on the clock, hence ``DYNAMIC_KEY``; laxity is the static
     latest start minus the clock, so the queue indexes requests by (size, latest start) in two lanes,
     relaxed and urgent, and moves each to the urgent lane as the clock reaches its latest start − 0.25 s.
     """
 
-    dynamic = True
-    lanes = True
+    capabilities = _Guard.capabilities | {Capability.DYNAMIC_KEY, Capability.LANE_KEY}
 
+    @checked
     def __init__(
         self,
-        kv_threshold: float = 0.82,
+        kv_threshold: Share = 0.82,
         urgent_laxity_s: float = 0.25,
-        output_weight: float = 0.25,
-        s_per_prompt_token: float = S_PER_PROMPT_TOKEN,
-        s_per_output_token: float = S_PER_OUTPUT_TOKEN,
+        output_weight: NonNegative = 0.25,
+        s_per_prompt_token: NonNegative = S_PER_PROMPT_TOKEN,
+        s_per_output_token: NonNegative = S_PER_OUTPUT_TOKEN,
     ) -> None:
         super().__init__()
-        if not 0.0 < kv_threshold <= 1.0:
-            raise ValueError(f"kv_threshold must be in (0, 1], got {kv_threshold!r}")
-        if output_weight < 0 or s_per_prompt_token < 0 or s_per_output_token < 0:
-            raise ValueError("weights and per-token costs must be >= 0")
         self.kv_threshold = kv_threshold
         self.urgent_laxity_s = urgent_laxity_s
         self.output_weight = output_weight
@@ -144,17 +143,14 @@ class AdmissionControl(_Guard):
 
     reject_reasons = frozenset({"laxity_below_threshold"})
 
+    @checked
     def __init__(
         self,
-        min_laxity_s: float | None = None,
-        s_per_prompt_token: float = S_PER_PROMPT_TOKEN,
-        s_per_output_token: float = S_PER_OUTPUT_TOKEN,
+        min_laxity_s: Annotated[float | None, Range()] = None,
+        s_per_prompt_token: NonNegative = S_PER_PROMPT_TOKEN,
+        s_per_output_token: NonNegative = S_PER_OUTPUT_TOKEN,
     ) -> None:
         super().__init__()
-        if min_laxity_s is not None and math.isnan(min_laxity_s):
-            raise ValueError("min_laxity_s must be a number or None")
-        if s_per_prompt_token < 0 or s_per_output_token < 0:
-            raise ValueError("per-token service costs must be >= 0")
         self.min_laxity_s = min_laxity_s
         self.s_in = s_per_prompt_token
         self.s_out = s_per_output_token
@@ -189,36 +185,26 @@ class ScorpioGuard(_Guard):
       more than ``queue_factor`` (3) × the fleet's running capacity, only urgent requests (slack ≤
       ``urgent_slack_s``) are admitted; the rest wait.
 
-    Time-dependent, hence ``dynamic``. Slack is a static *latest prefill start* minus the clock, so
+    Time-dependent, hence ``DYNAMIC_KEY``. Slack is a static *latest prefill start* minus the clock, so
     the queue indexes requests by latest prefill start in one lane per priority, moving each to a
     first-come-first-served lane once its slack reaches ``slack_floor_s`` (where urgency stops growing).
     """
 
-    dynamic = True
-    lanes = True
+    capabilities = _Guard.capabilities | {Capability.DYNAMIC_KEY, Capability.LANE_KEY}
     reject_reasons = frozenset({"ttft_slack_exhausted"})
 
+    @checked
     def __init__(
         self,
-        kv_threshold: float = 0.65,
-        queue_factor: float = 3.0,
-        ttft_slo_s: float | None = None,
+        kv_threshold: Share = 0.65,
+        queue_factor: Positive = 3.0,
+        ttft_slo_s: Positive | None = None,
         urgent_slack_s: float = 0.5,
-        slack_floor_s: float = 0.01,
-        s_per_prompt_token: float = S_PER_PROMPT_TOKEN,
-        s_per_output_token: float = S_PER_OUTPUT_TOKEN,
+        slack_floor_s: Positive = 0.01,
+        s_per_prompt_token: NonNegative = S_PER_PROMPT_TOKEN,
+        s_per_output_token: NonNegative = S_PER_OUTPUT_TOKEN,
     ) -> None:
         super().__init__()
-        if not 0.0 < kv_threshold <= 1.0:
-            raise ValueError(f"kv_threshold must be in (0, 1], got {kv_threshold!r}")
-        if not queue_factor > 0:
-            raise ValueError(f"queue_factor must be positive, got {queue_factor!r}")
-        if ttft_slo_s is not None and not ttft_slo_s > 0:
-            raise ValueError(f"ttft_slo_s must be positive or None, got {ttft_slo_s!r}")
-        if not slack_floor_s > 0:
-            raise ValueError(f"slack_floor_s must be positive, got {slack_floor_s!r}")
-        if s_per_prompt_token < 0 or s_per_output_token < 0:
-            raise ValueError("per-token service costs must be >= 0")
         self.kv_threshold = kv_threshold
         self.queue_factor = queue_factor
         self.ttft_slo_s = ttft_slo_s

@@ -1,6 +1,6 @@
 """The index behind :class:`~policies.queue.PolicyQueue` for dynamic policies that declare lanes.
 
-A ``lanes`` policy (contract: :meth:`policies.base.Policy.place`) puts each queued request in a lane
+A ``LANE_KEY`` policy (contract: :meth:`policies.base.Policy.place`) puts each queued request in a lane
 at a static rank; its key is ``(*primary(lane, rank, now), arrival, id)``, and the primary never
 decreases along the ranks of a lane, whatever the clock or the policy's counters say. So the best
 request of a lane is the first rank's earliest request, unless the next ranks' primaries tie with it

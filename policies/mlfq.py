@@ -10,9 +10,10 @@ goes back to the top queue. Within a queue, first come first served.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Any
+from typing import Annotated, Any
 
-from policies.base import ENGINE, GATEWAY, Placement, Policy, SchedRequest, fcfs_tiebreak
+from policies.base import ENGINE, GATEWAY, Capability, Placement, Policy, SchedRequest, fcfs_tiebreak
+from policies.params import NonNegative, Positive, Range, checked
 from policies.registry import register
 
 
@@ -43,26 +44,25 @@ class FastServe(Policy):
     """
 
     levels = frozenset({GATEWAY, ENGINE})
-    dynamic = True
-    lanes = True  # one per queue level; a waiting request flips to the top one when it starves
-    preemptive = True
-    rekey_on_progress = True
+    # lanes: one per queue level; a waiting request flips to the top one when it starves
+    capabilities = frozenset(
+        {
+            Capability.DYNAMIC_KEY,
+            Capability.LANE_KEY,
+            Capability.PREEMPT,
+            Capability.REKEY_ON_PROGRESS,
+            Capability.PROGRESS_HOOK,
+        }
+    )
 
+    @checked
     def __init__(
         self,
-        base_quantum_ms: float = 10.0,
-        queues: int = 8,
-        starvation_s: float = 3.0,
-        prefill_s_per_token: float = 25e-6,
+        base_quantum_ms: Positive = 10.0,
+        queues: Annotated[int, Range(ge=1)] = 8,
+        starvation_s: Positive = 3.0,
+        prefill_s_per_token: NonNegative = 25e-6,
     ) -> None:
-        if not base_quantum_ms > 0:
-            raise ValueError(f"base_quantum_ms must be positive, got {base_quantum_ms!r}")
-        if queues < 1:
-            raise ValueError(f"queues must be >= 1, got {queues!r}")
-        if not starvation_s > 0:
-            raise ValueError(f"starvation_s must be positive, got {starvation_s!r}")
-        if prefill_s_per_token < 0:
-            raise ValueError(f"prefill_s_per_token must be >= 0, got {prefill_s_per_token!r}")
         self.base_quantum_s = base_quantum_ms / 1000.0
         self.queues = queues
         self.starvation_s = starvation_s

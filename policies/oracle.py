@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies.base import ENGINE, GATEWAY, Policy, SchedRequest, fcfs_tiebreak
+from policies.base import ENGINE, GATEWAY, Capability, Policy, SchedRequest, fcfs_tiebreak
 from policies.cost import service_cost
 from policies.prediction import predicted_output
 from policies.registry import register
@@ -26,7 +26,7 @@ class SJFOracle(Policy):
     """Shortest true cost first, ``C(I, O_true)``, non-preemptive: a bound, not deployable (POLICIES.md)."""
 
     levels = frozenset({GATEWAY, ENGINE})
-    uses_oracle = True
+    capabilities = frozenset({Capability.USES_ORACLE})
 
     def __init__(self) -> None:
         pass
@@ -46,9 +46,7 @@ class SRPTOracle(Policy):
     """
 
     levels = frozenset({GATEWAY, ENGINE})
-    uses_oracle = True
-    preemptive = True
-    rekey_on_progress = True
+    capabilities = frozenset({Capability.USES_ORACLE, Capability.PREEMPT, Capability.REKEY_ON_PROGRESS})
 
     def __init__(self) -> None:
         pass

@@ -9,10 +9,11 @@ or a cold start) is treated as drawn from the predictors' own cold-start prior,
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 from core.distribution import DEFAULT_PRIOR, LengthDistribution
-from policies.base import ENGINE, GATEWAY, Placement, Policy, SchedRequest, fcfs_tiebreak
+from policies.base import ENGINE, GATEWAY, Capability, Placement, Policy, SchedRequest, fcfs_tiebreak
+from policies.params import Positive, Range, checked
 from policies.registry import register
 
 UNKNOWN_OUTPUT: float = DEFAULT_PRIOR.mean
@@ -53,11 +54,6 @@ def expected_remaining(dist: LengthDistribution, generated: int) -> float:
     return cond - generated
 
 
-def _check_positive(name: str, value: float) -> None:
-    if not value > 0:
-        raise ValueError(f"{name} must be positive, got {value!r}")
-
-
 # --- SSJF ---------------------------------------------------------------------------------------
 @register("ssjf")
 class SSJF(Policy):
@@ -66,16 +62,15 @@ class SSJF(Policy):
     Non-preemptive, as published. The paper states no starvation guard; ours: a request that has
     waited ``starvation_s`` seconds (since it last entered a queue) goes ahead of every
     non-starving request, first come first served among the starving. Time-dependent, hence
-    ``dynamic``.
+    ``DYNAMIC_KEY``.
     """
 
     levels = frozenset({GATEWAY, ENGINE})
-    dynamic = True
-    lanes = True  # waiting by prediction; starving (flipped after starvation_s) by waiting time
-    uses_prediction = True
+    # lanes: waiting by prediction; starving (flipped after starvation_s) by waiting time
+    capabilities = frozenset({Capability.DYNAMIC_KEY, Capability.LANE_KEY, Capability.USES_PREDICTION})
 
-    def __init__(self, starvation_s: float = 30.0) -> None:
-        _check_positive("starvation_s", starvation_s)
+    @checked
+    def __init__(self, starvation_s: Positive = 30.0) -> None:
         self.starvation_s = starvation_s
 
     def on_arrival(self, req: SchedRequest, now: float) -> None:
@@ -124,17 +119,17 @@ class LearningToRank(Policy):
     or tokens produced (at engine level, one engine step; at gateway level, one dispatch pass). A
     request's count restarts whenever it (re)enters a queue. Promoted requests go first, first come
     first served. Non-preemptive. The promotion depends on other requests' progress, hence
-    ``dynamic``.
+    ``DYNAMIC_KEY``.
     """
 
     levels = frozenset({GATEWAY, ENGINE})
-    dynamic = True
-    lanes = True  # waiting by score; promoted (flipped after starvation_rounds) by round entered
-    uses_prediction = True
+    # lanes: waiting by score; promoted (flipped after starvation_rounds) by round entered
+    capabilities = frozenset(
+        {Capability.DYNAMIC_KEY, Capability.LANE_KEY, Capability.USES_PREDICTION, Capability.PROGRESS_HOOK}
+    )
 
-    def __init__(self, starvation_rounds: int = 200) -> None:
-        if starvation_rounds < 1:
-            raise ValueError(f"starvation_rounds must be >= 1, got {starvation_rounds!r}")
+    @checked
+    def __init__(self, starvation_rounds: Annotated[int, Range(ge=1)] = 200) -> None:
         self.starvation_rounds = starvation_rounds
         self.rounds = 0
         self._last_now: float | None = None
@@ -225,14 +220,18 @@ class Trail(Policy):
     """
 
     levels = frozenset({GATEWAY, ENGINE})
-    uses_prediction = True
-    preemptive = True
-    rekey_on_progress = True
+    capabilities = frozenset(
+        {
+            Capability.USES_PREDICTION,
+            Capability.PREEMPT,
+            Capability.REKEY_ON_PROGRESS,
+            Capability.PROGRESS_HOOK,
+        }
+    )
     max_preempt_share = 0.5
 
-    def __init__(self, preempt_limit: float = 0.8) -> None:
-        if not 0.0 <= preempt_limit <= 1.0:
-            raise ValueError(f"preempt_limit must be in [0, 1], got {preempt_limit!r}")
+    @checked
+    def __init__(self, preempt_limit: Annotated[float, Range(ge=0, le=1)] = 0.8) -> None:
         self.preempt_limit = preempt_limit
 
     def _state(self, req: SchedRequest) -> _TrailState:

@@ -11,7 +11,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
-from policies.base import Policy, SchedRequest
+from policies.base import Capability, Policy, SchedRequest
 from policies.lanes import LaneIndex
 
 R = TypeVar("R", bound=SchedRequest)
@@ -21,19 +21,22 @@ class PolicyQueue(Generic[R]):
     """Requests in ``policy.key`` order (lower first).
 
     Static policies: each request's key is computed once on push and kept in a heap, so ``peek`` and
-    ``pop`` are O(log n). Dynamic policies (``policy.dynamic``) whose keys declare lanes
-    (``policy.lanes``): a :class:`~policies.lanes.LaneIndex`, O(lanes · log n) a pick, the same pick
-    as a scan. Other dynamic policies, or ``scan=True``: keys are recomputed on every ``peek`` (O(n)),
+    ``pop`` are O(log n). Policies that declare ``DYNAMIC_KEY`` and ``LANE_KEY``: a
+    :class:`~policies.lanes.LaneIndex`, O(lanes · log n) a pick, the same pick
+    as a scan. Other ``DYNAMIC_KEY`` policies, or ``scan=True``: keys are recomputed on every ``peek`` (O(n)),
     because they depend on the clock or on other requests.
     """
 
     def __init__(self, policy: Policy, *, scan: bool = False) -> None:
         self.policy = policy
+        self._dynamic = Capability.DYNAMIC_KEY in policy.capabilities
         self._heap: list[tuple[Any, int, R]] = []
         self._members: dict[int, R] = {}
         self._counter = itertools.count()
         self._index: LaneIndex[R] | None = (
-            LaneIndex(policy) if policy.dynamic and policy.lanes and not scan else None
+            LaneIndex(policy)
+            if self._dynamic and Capability.LANE_KEY in policy.capabilities and not scan
+            else None
         )
 
     def __len__(self) -> int:
@@ -52,7 +55,7 @@ class PolicyQueue(Generic[R]):
         self._members[id(req)] = req
         if self._index is not None:
             self._index.add(req, now)
-        elif not self.policy.dynamic:
+        elif not self._dynamic:
             key = self.policy.key(req, now)
             req.key_cache = key
             heapq.heappush(self._heap, (key, next(self._counter), req))
@@ -74,7 +77,7 @@ class PolicyQueue(Generic[R]):
             key, req = found
             req.key_cache = key
             return req
-        if self.policy.dynamic:
+        if self._dynamic:
             return min(self._members.values(), key=lambda r: self._rekey(r, now))
         heap = self._heap
         while heap and id(heap[0][2]) not in self._members:
@@ -90,7 +93,7 @@ class PolicyQueue(Generic[R]):
     def ordered(self, now: float, limit: int | None = None) -> list[R]:
         """The first ``limit`` requests in order, without removing them (for the admin snapshot: a
         dynamic policy's keys are all computed once, O(n log limit))."""
-        if self.policy.dynamic:
+        if self._dynamic:
             members, key = self._members.values(), lambda r: self._rekey(r, now)
             items = heapq.nsmallest(limit, members, key=key) if limit else sorted(members, key=key)
         else:
@@ -100,7 +103,7 @@ class PolicyQueue(Generic[R]):
 
     def rekey(self, now: float) -> None:
         """Recompute every key (a static policy whose state changed, e.g. a bucket boundary)."""
-        if self.policy.dynamic:
+        if self._dynamic:
             return
         self._heap = []
         for req in self._members.values():

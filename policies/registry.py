@@ -1,18 +1,22 @@
 """Name → factory registry with typed parameters.
 
-``parse_policy("fastserve:base_quantum_ms=10,levels=4")`` builds a policy from a spec string; every
-parameter is a typed keyword of the policy's ``__init__`` and a bad name or value fails with a message
-that lists what is valid. Policies register with the :func:`register` decorator.
+``parse_policy("fastserve:base_quantum_ms=10,queues=4")`` builds a policy from a spec string; every
+parameter is a typed keyword of the policy's ``__init__``, its bounds declared beside it
+(:mod:`policies.params`), and a bad name or value fails with a message that lists what is valid.
+Policies register with the :func:`register` decorator.
 """
 
 from __future__ import annotations
 
 import inspect
+import types
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, get_type_hints
 
 from policies.base import Policy
+from policies.params import Bound, bounds_of, is_checked
 
 P = TypeVar("P", bound=type[Policy])
 
@@ -24,8 +28,15 @@ class PolicySpecError(ValueError):
 @dataclass(frozen=True)
 class ParamInfo:
     name: str
-    type: type
+    type: Any
+    """The annotation less its bounds: ``int``, ``float``, ``bool``, ``str`` or ``X | None``."""
     default: Any
+    bound: Bound | None = None
+    """The declared bounds (checked by the policy's ``__init__``), if any."""
+
+    def describe(self) -> str:
+        bound = f" {self.bound.range.describe()}" if self.bound is not None else ""
+        return f"{self.name}: {_type_name(self.type)}{bound} = {self.default!r}"
 
 
 @dataclass(frozen=True)
@@ -55,15 +66,19 @@ def _first_line(doc: str | None) -> str:
 
 
 def _params_of(cls: type[Policy]) -> tuple[ParamInfo, ...]:
-    sig = inspect.signature(cls.__init__)
-    hints = get_type_hints(cls.__init__)
+    init = cls.__init__
+    sig = inspect.signature(init)
+    hints = get_type_hints(init)
+    bounds = bounds_of(init)
+    if bounds and not is_checked(init):
+        raise RuntimeError(f"{cls.__name__}.__init__ declares bounds but is not decorated with @checked")
     out = []
     for p in sig.parameters.values():
         if p.name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
         if p.default is inspect.Parameter.empty:
             raise RuntimeError(f"{cls.__name__}.{p.name} needs a default (policies take keywords only)")
-        out.append(ParamInfo(p.name, hints.get(p.name, type(p.default)), p.default))
+        out.append(ParamInfo(p.name, hints.get(p.name, type(p.default)), p.default, bounds.get(p.name)))
     return tuple(out)
 
 
@@ -104,7 +119,7 @@ def parse_policy(spec: str, defaults: Mapping[str, Any] | None = None, **overrid
 
 def build(info: PolicyInfo, raw: dict[str, Any]) -> Policy:
     by_name = {p.name: p for p in info.params}
-    valid = ", ".join(f"{p.name}: {_type_name(p.type)} = {p.default!r}" for p in info.params) or "none"
+    valid = ", ".join(p.describe() for p in info.params) or "none"
     typed: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in by_name:
@@ -117,27 +132,46 @@ def build(info: PolicyInfo, raw: dict[str, Any]) -> Policy:
 
 
 def _type_name(t: Any) -> str:
-    return getattr(t, "__name__", str(t))
+    if _optional_of(t) is not None:
+        return " | ".join(_type_name(a) for a in typing.get_args(t))
+    return "None" if t is type(None) else getattr(t, "__name__", str(t))
+
+
+def _optional_of(t: Any) -> Any:
+    """``X`` for an ``X | None`` annotation, else None."""
+    if typing.get_origin(t) not in (typing.Union, types.UnionType):
+        return None
+    args = [a for a in typing.get_args(t) if a is not type(None)]
+    return args[0] if len(args) == 1 and len(args) < len(typing.get_args(t)) else None
+
+
+def _parse_bool(text: str) -> bool:
+    low = text.lower()
+    if low not in _TRUE | _FALSE:
+        raise ValueError(text)
+    return low in _TRUE
+
+
+_TRUE = frozenset({"true", "1", "yes"})
+_FALSE = frozenset({"false", "0", "no"})
+_NONE = frozenset({"none", "null", ""})
+_PARSERS: dict[Any, Callable[[str], Any]] = {bool: _parse_bool, int: int, float: float, str: str}
+"""How a spec's text becomes each parameter type; ``X | None`` also takes ``none``/``null``/empty."""
 
 
 def _coerce(policy: str, param: ParamInfo, value: Any, valid: str) -> Any:
+    """A spec's text as the parameter's type (values that are not text pass as they are)."""
     if not isinstance(value, str):
         return value
-    t = param.type
+    inner = _optional_of(param.type)
     try:
-        if t is bool:
-            low = value.lower()
-            if low not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError(value)
-            return low in ("true", "1", "yes")
-        if t in (int, float, str):
-            return t(value)
-        if value.lower() in ("none", "null", ""):
-            return None
-        # Optional[float] and similar unions: try float, then int.
-        return float(value)
+        if inner is not None:
+            if value.lower() in _NONE:
+                return None
+            return _PARSERS.get(inner, float)(value)
+        return _PARSERS.get(param.type, float)(value)
     except ValueError as exc:
         raise PolicySpecError(
-            f"policy {policy!r}: {param.name}={value!r} is not a valid {_type_name(t)}; "
+            f"policy {policy!r}: {param.name}={value!r} is not a valid {_type_name(param.type)}; "
             f"valid parameters: {valid}"
         ) from exc

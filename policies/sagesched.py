@@ -11,39 +11,45 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable
-from typing import Any
+from typing import Annotated, Any
 
 from core.distribution import LengthDistribution
-from policies.base import ENGINE, GATEWAY, Placement, Policy, SchedRequest, fcfs_tiebreak
+from policies.base import ENGINE, GATEWAY, Capability, Placement, Policy, SchedRequest, fcfs_tiebreak
 from policies.cost import service_cost
 from policies.gittins import GittinsTable, GittinsTracker
+from policies.params import Positive, Range, checked
 from policies.prediction import prior_of
 from policies.registry import register
 
 _NEVER = 1 << 62
 
 
-def _check_buckets(buckets: int) -> int | None:
-    if buckets < 0:
-        raise ValueError(f"buckets must be >= 0 (0 = support points only), got {buckets!r}")
-    return buckets or None
+Buckets = Annotated[int, Range(ge=0, note="0 = support points only")]
+"""The first output-token bucket boundary (then doubling); 0: the support points only."""
 
 
 class _GittinsPolicy(Policy):
     """Shared body of ``sagesched`` and ``gittins-length``: a :class:`GittinsTracker` per request."""
 
     levels = frozenset({GATEWAY, ENGINE})
-    uses_prediction = True
-    preemptive = True
-    rekey_on_progress = True
+    capabilities = frozenset(
+        {
+            Capability.USES_PREDICTION,
+            Capability.PREEMPT,
+            Capability.REKEY_ON_PROGRESS,
+            Capability.PROGRESS_HOOK,
+        }
+    )
     length_only = False
 
-    def __init__(self, buckets: int = 16, max_points: int = 64, preempt: bool = True) -> None:
-        self.bucket_base = _check_buckets(buckets)
-        if max_points < 1:
-            raise ValueError(f"max_points must be >= 1, got {max_points!r}")
+    @checked
+    def __init__(
+        self, buckets: Buckets = 16, max_points: Annotated[int, Range(ge=1)] = 64, preempt: bool = True
+    ) -> None:
+        self.bucket_base = buckets or None
         self.max_points = max_points
-        self.preemptive = preempt  # type: ignore[misc]  # per-instance override of the class default
+        if not preempt:
+            self.declare(self.capabilities - {Capability.PREEMPT})
 
     def distribution(self, req: SchedRequest) -> LengthDistribution:
         """The prediction (the cold-start prior if none), merged onto at most ``max_points`` points."""
@@ -91,19 +97,21 @@ class SageSched(_GittinsPolicy):
     ``max_wait_s`` (off by default, as published): a request that arrived that long ago goes ahead of
     every one that did not, oldest first. Serving the cheapest expected work first leaves long requests
     behind for as long as cheaper ones keep arriving; this bounds their wait under sustained overload,
-    at the price of some mean latency. It makes the key time-dependent (``dynamic``, kept in lanes).
+    at the price of some mean latency. It makes the key time-dependent (``DYNAMIC_KEY``, kept in lanes).
     """
 
+    @checked
     def __init__(
-        self, buckets: int = 16, max_points: int = 64, preempt: bool = True, max_wait_s: float | None = None
+        self,
+        buckets: Buckets = 16,
+        max_points: Annotated[int, Range(ge=1)] = 64,
+        preempt: bool = True,
+        max_wait_s: Positive | None = None,
     ) -> None:
         super().__init__(buckets, max_points, preempt)
-        if max_wait_s is not None and not max_wait_s > 0:
-            raise ValueError(f"max_wait_s must be positive, got {max_wait_s!r}")
         self.max_wait_s = max_wait_s
-        if max_wait_s is not None:  # per-instance overrides of the class defaults
-            self.dynamic = True  # type: ignore[misc]
-            self.lanes = True  # type: ignore[misc]
+        if max_wait_s is not None:  # the key ages with the clock
+            self.declare(self.capabilities | {Capability.DYNAMIC_KEY, Capability.LANE_KEY})
 
     def key(self, req: SchedRequest, now: float) -> Any:
         if self.max_wait_s is None:
@@ -164,13 +172,20 @@ class MeanCost(Policy):
     """
 
     levels = frozenset({GATEWAY, ENGINE})
-    uses_prediction = True
-    preemptive = True
-    rekey_on_progress = True
+    capabilities = frozenset(
+        {
+            Capability.USES_PREDICTION,
+            Capability.PREEMPT,
+            Capability.REKEY_ON_PROGRESS,
+            Capability.PROGRESS_HOOK,
+        }
+    )
 
-    def __init__(self, buckets: int = 16, preempt: bool = True) -> None:
-        self.bucket_base = _check_buckets(buckets)
-        self.preemptive = preempt  # type: ignore[misc]  # per-instance override of the class default
+    @checked
+    def __init__(self, buckets: Buckets = 16, preempt: bool = True) -> None:
+        self.bucket_base = buckets or None
+        if not preempt:
+            self.declare(self.capabilities - {Capability.PREEMPT})
 
     @staticmethod
     def expected_cost(req: SchedRequest) -> float:

@@ -11,9 +11,8 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from statistics import NormalDist
-from typing import Any, cast
 
 from core.distribution import DEFAULT_PRIOR, LengthDistribution
 from core.predictor import LengthPredictor
@@ -283,55 +282,3 @@ class PrecomputedPredictor:
     def observe(self, req: PredictionQuery, output_tokens: int) -> None:
         if self.fallback is not None:
             self.fallback.observe(req, output_tokens)
-
-
-# --- registry ---------------------------------------------------------------------------------
-PredictorFactory = Callable[..., LengthPredictor]
-"""Called as ``factory(relative_error=..., seed=..., **kw)``; a factory ignores what it has no use for."""
-
-
-def _oracle(*, relative_error: float, seed: int, **kw: Any) -> LengthPredictor:
-    return OraclePredictor(**kw)
-
-
-def _noisy(*, relative_error: float, seed: int, **kw: Any) -> LengthPredictor:
-    return NoisyOraclePredictor(relative_error, seed, **kw)
-
-
-def _global(*, relative_error: float, seed: int, **kw: Any) -> LengthPredictor:
-    return GlobalPredictor(**kw)
-
-
-def _bucket(*, relative_error: float, seed: int, **kw: Any) -> LengthPredictor:
-    return LengthBucketPredictor(**kw)
-
-
-PREDICTORS: dict[str, PredictorFactory] = {
-    "oracle": _oracle,
-    "noisy-oracle": _noisy,
-    "global": _global,
-    "length-bucket": _bucket,
-}
-"""Name → factory. Other modules add theirs (``PREDICTORS["semantic"] = ...``) at import."""
-
-
-ORACLES = frozenset({"oracle", "noisy-oracle"})
-"""The predictors that must be handed an answer key (``truth=``): simulation only."""
-
-
-def make_predictor(name: str, *, relative_error: float = 0.2, seed: int = 0, **kw: Any) -> LengthPredictor:
-    """Build a predictor by name; extra keywords go to its constructor."""
-    factory = PREDICTORS.get(name)
-    if factory is None:
-        raise ValueError(f"unknown predictor {name!r}; valid predictors: {', '.join(sorted(PREDICTORS))}")
-    return factory(relative_error=relative_error, seed=seed, **kw)
-
-
-def _semantic(*, relative_error: float = 0.0, seed: int = 0, **kw: Any) -> LengthPredictor:
-    """The product's predictor (similar past prompts); imported late: it loads the embedding model."""
-    from predictor.semantic import make_semantic
-
-    return cast(LengthPredictor, make_semantic(**kw))
-
-
-PREDICTORS["semantic"] = _semantic

@@ -16,11 +16,10 @@ other replicas' through the history store's background consumer.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import threading
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,9 +27,7 @@ from typing import Any
 import numpy as np
 
 from core.distribution import DEFAULT_PRIOR, LengthDistribution, mixture
-from core.request import PredictionQuery, TraceRequest
 from predictor.embedder import (
-    EMBED_VERSION,
     BatchingEmbedder,
     MiniLMEmbedder,
     PromptLike,
@@ -38,11 +35,10 @@ from predictor.embedder import (
     flatten_prompt,
 )
 from predictor.history import Completion, HistoryStore, WindowBounds, wall_clock
-from predictor.index import IndexConfig, WindowIndex
+from predictor.index import IndexConfig
 from predictor.lexical import DocFreq, extract_terms
 from predictor.memory_store import MemoryStore
-from predictor.priors import WindowPriors
-from predictor.probe import LengthProbe
+from predictor.semantic_shard import ModelShard
 
 log = logging.getLogger(__name__)
 
@@ -115,53 +111,12 @@ class PredictorStats:
     errors: int = 0
 
 
-class _Shard:
-    """One model's index, its length priors and (optional) linear probe."""
-
-    def __init__(self, config: SemanticConfig) -> None:
-        self.priors = WindowPriors(
-            config.bounds, min_samples=config.bucket_min_samples, max_points=config.max_points
-        )
-        self.index = WindowIndex(config.bounds, config.index, on_add=self._observe)
-        self.probe = LengthProbe(config.probe_alpha)
-        self.refit_every = config.probe_refit_every
-        self.since_fit = 0
-        self._fitting: threading.Thread | None = None
-
-    def maybe_refit(self) -> None:
-        """Refit the probe every ``refit_every`` additions or a tenth of the window, whichever is more
-        (a fit costs O(window): ~6 s at 100k entries), on a thread unless replays are synchronous."""
-        self.since_fit += 1
-        if self.since_fit < max(self.refit_every, len(self.index) // 10):
-            return
-        if self._fitting is not None and self._fitting.is_alive():
-            return
-        self.since_fit = 0
-        if not self.index.config.background:
-            self._refit()
-            return
-        self._fitting = threading.Thread(target=self._refit, name="sagegate-probe-fit", daemon=True)
-        self._fitting.start()
-
-    def _refit(self) -> None:
-        idx = self.index
-        with idx.lock:
-            snap = idx.lexical.snapshot()
-            lengths = idx.out_tokens.copy()
-        terms, rows, weights = idx.lexical.build(snap).expand()
-        self.probe = LengthProbe(self.probe.alpha).fit(rows, terms, weights.astype(np.float32), lengths)
-
-    def _observe(self, rec: Completion, now: float) -> None:
-        self.priors.add(rec.ts, rec.prompt_tokens, rec.output_tokens, now)
-
-    def prior_for(self, prompt_tokens: int, now: float) -> tuple[LengthDistribution, str]:
-        self.priors.expire(now)
-        return self.priors.prior(prompt_tokens)
-
-
 class SemanticPredictor:
-    """Sync core (``predict_features`` / ``record_features``), an async face for the gateway
-    (``apredict`` / ``arecord``) and the simulator's ``LengthPredictor`` face (``predict`` / ``observe``).
+    """The semantic core: predict from a prompt's features, record an outcome under them.
+
+    It has no I/O on the request path and no request type of its own; its faces are thin adapters:
+    :mod:`predictor.semantic_async` (embeddings off the event loop, for the gateway) and
+    :mod:`predictor.semantic_sim` (the simulator's ``LengthPredictor``).
     """
 
     name = "semantic"
@@ -187,11 +142,10 @@ class SemanticPredictor:
         self.counters = PredictorStats()
         self._docfreq = DocFreq(half_life=max(1000.0, self.config.bounds.max_entries / 2))
         self._df_lock = threading.Lock()
-        self._shards: dict[str, _Shard] = {}
+        self._shards: dict[str, ModelShard] = {}
         self._shards_lock = threading.Lock()
         self._started = False
         self._start_lock = threading.Lock()
-        self._sim_cache: OrderedDict[int, PromptFeatures | None] = OrderedDict()
 
     # --- life cycle ---------------------------------------------------------------------------
     def start(self) -> SemanticPredictor:
@@ -233,11 +187,6 @@ class SemanticPredictor:
         terms, counts = extract_terms(text)
         return PromptFeatures(np.asarray(embedding, dtype=np.float32), terms, counts)
 
-    async def afeatures(self, prompt: PromptLike) -> PromptFeatures:
-        text = flatten_prompt(prompt)
-        vec = await self.embedder.aembed(text)
-        return self.features_from(vec, text)
-
     # --- prediction ---------------------------------------------------------------------------
     def predict_features(
         self, feats: PromptFeatures | None, prompt_tokens: int, model: str | None = None
@@ -247,22 +196,22 @@ class SemanticPredictor:
             self.start()
         shard = self._shards.get(model or self.default_model)
         if shard is None:
-            return self._count(Prediction(DEFAULT_PRIOR, "cold", features=feats))
+            return self.tally(Prediction(DEFAULT_PRIOR, "cold", features=feats))
         cfg = self.config
         with shard.index.lock:
             prior, prior_path = shard.prior_for(prompt_tokens, self.clock())
             if feats is None:
-                return self._count(Prediction(prior, prior_path))
+                return self.tally(Prediction(prior, prior_path))
             with self._df_lock:
                 q_w = self._docfreq.weigh(feats.terms, feats.counts)
             cand = shard.index.search(feats.embedding, feats.terms, q_w, cfg.k_dense, cfg.k_lexical)
         if not cand.rows.size:
-            return self._count(Prediction(prior, prior_path, features=feats))
+            return self.tally(Prediction(prior, prior_path, features=feats))
         sim = cfg.dense_weight * cand.dense + (1.0 - cfg.dense_weight) * cand.lexical
         keep = np.flatnonzero(sim >= cfg.floor)
         best = float(sim.max())
         if keep.size < cfg.min_neighbours:
-            return self._count(Prediction(prior, prior_path, int(keep.size), best, feats))
+            return self.tally(Prediction(prior, prior_path, int(keep.size), best, feats))
         if keep.size > cfg.k:
             keep = keep[np.argpartition(-sim[keep], cfg.k)[: cfg.k]]
         s = sim[keep]
@@ -284,11 +233,17 @@ class SemanticPredictor:
             dist = mixture([(1.0 - lam, knn), (lam, prior)])
             if len(dist.support) > cfg.max_points:
                 dist = LengthDistribution.from_samples(dist.support, dist.probs, max_points=cfg.max_points)
-        return self._count(Prediction(dist, "semantic", int(keep.size), best, feats))
+        return self.tally(Prediction(dist, "semantic", int(keep.size), best, feats))
 
-    def _count(self, p: Prediction) -> Prediction:
+    def tally(self, p: Prediction) -> Prediction:
+        """Count the path an answer took (``stats``) and return it."""
         self.counters.paths[p.path] += 1
         return p
+
+    def failed(self, what: str) -> None:
+        """A failure swallowed to keep the request path alive: counted and logged, never raised."""
+        self.counters.errors += 1
+        log.exception(what)
 
     def fallback(self, prompt_tokens: int, model: str | None = None) -> Prediction:
         """Prior-only answer (used when the embedder fails)."""
@@ -298,18 +253,6 @@ class SemanticPredictor:
         with shard.index.lock:
             dist, path = shard.prior_for(prompt_tokens, self.clock())
         return Prediction(dist, path)
-
-    async def apredict(self, prompt: PromptLike, prompt_tokens: int, model: str | None = None) -> Prediction:
-        """Gateway entry point: the embedding runs on the worker thread (micro-batched); never raises."""
-        try:
-            feats = await self.afeatures(prompt)
-            return self.predict_features(feats, prompt_tokens, model)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            self.counters.errors += 1
-            log.exception("semantic prediction failed; answering from the prior")
-            return self._count(self.fallback(prompt_tokens, model))
 
     # --- history ------------------------------------------------------------------------------
     def record_features(
@@ -355,30 +298,12 @@ class SemanticPredictor:
             self.record_features(feats, prompt_tokens, output_tokens, model, tenant, rid)
             return True
         except Exception:
-            self.counters.errors += 1
-            log.exception("recording a completion failed")
+            self.failed("recording a completion failed")
             return False
 
-    async def arecord(
-        self,
-        prompt: PromptLike | PromptFeatures,
-        prompt_tokens: int,
-        output_tokens: int,
-        model: str | None = None,
-        tenant: str = "default",
-        rid: str | None = None,
-    ) -> bool:
-        """Async :meth:`record`: embeds on the worker thread when given text. Never raises."""
-        try:
-            feats = prompt if isinstance(prompt, PromptFeatures) else await self.afeatures(prompt)
-            self.record_features(feats, prompt_tokens, output_tokens, model, tenant, rid)
-            return True
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            self.counters.errors += 1
-            log.exception("recording a completion failed")
-            return False
+    def record_length(self, prompt_tokens: int, output_tokens: int, model: str | None = None) -> None:
+        """A request without prompt text completed: only its model's length priors learn from it."""
+        self._shard(model or self.default_model).observe_length(prompt_tokens, output_tokens, self.clock())
 
     def ingest(self, records: Iterable[Completion]) -> int:
         return sum(self._ingest_one(r) for r in records)
@@ -387,8 +312,7 @@ class SemanticPredictor:
         try:
             self.counters.received += self.ingest(records)
         except Exception:
-            self.counters.errors += 1
-            log.exception("indexing delivered completions failed")
+            self.failed("indexing delivered completions failed")
 
     def _ingest_one(self, rec: Completion) -> bool:
         shard = self._shard(rec.model)
@@ -402,11 +326,11 @@ class SemanticPredictor:
             shard.maybe_refit()
         return added
 
-    def _shard(self, model: str) -> _Shard:
+    def _shard(self, model: str) -> ModelShard:
         shard = self._shards.get(model)
         if shard is None:
             with self._shards_lock:
-                shard = self._shards.setdefault(model, _Shard(self.config))
+                shard = self._shards.setdefault(model, ModelShard(self.config))
         return shard
 
     def expire(self) -> int:
@@ -435,59 +359,3 @@ class SemanticPredictor:
         )
         out.update({f"store_{k}": v for k, v in self.store.stats().as_dict().items()})
         return out
-
-    # --- the simulator's LengthPredictor face -------------------------------------------------
-    def predict(self, req: PredictionQuery) -> LengthDistribution:
-        feats = self._sim_features(req)
-        return self.predict_features(feats, req.prompt_tokens, req.model or self.default_model).distribution
-
-    def observe(self, req: PredictionQuery, output_tokens: int) -> None:
-        feats = self._sim_features(req)
-        self._sim_cache.pop(req.rid, None)
-        if feats is None:  # no text: only the priors learn
-            shard = self._shard(req.model or self.default_model)
-            with shard.index.lock:
-                now = self.clock()
-                shard.priors.add(now, req.prompt_tokens, output_tokens, now)
-            return
-        model = req.model or self.default_model
-        self.record_features(feats, req.prompt_tokens, output_tokens, model, req.tenant, rid=f"sim-{req.rid}")
-
-    def prime(self, requests: Iterable[TraceRequest], batch: int = 64) -> None:
-        """Embed a workload's prompts ahead, in batches (a simulator calling ``predict`` one request at
-        a time would otherwise pay one forward pass each)."""
-        todo = [r for r in requests if r.prompt and r.rid not in self._sim_cache]
-        for i in range(0, len(todo), batch):
-            chunk = todo[i : i + batch]
-            for req, feats in zip(chunk, self.features_many([r.prompt or "" for r in chunk]), strict=True):
-                self._sim_cache[req.rid] = feats
-
-    def _sim_features(self, req: PredictionQuery | TraceRequest) -> PromptFeatures | None:
-        if req.rid in self._sim_cache:
-            return self._sim_cache[req.rid]
-        feats = None if not req.prompt else self.features(req.prompt)
-        self._sim_cache[req.rid] = feats
-        while len(self._sim_cache) > 100_000:
-            self._sim_cache.popitem(last=False)
-        return feats
-
-
-def make_semantic(**kw: Any) -> SemanticPredictor:
-    """Factory for ``predictor.baselines.PREDICTORS["semantic"]`` (ignores the oracle knobs; takes
-    ``redis_url``/``redis_prefix`` to share a history, and any :class:`SemanticPredictor` keyword).
-    The history lives under ``{redis_prefix}:{embedder version}``."""
-    kw.pop("relative_error", None)
-    kw.pop("seed", None)
-    redis_url = kw.pop("redis_url", None)
-    prefix = kw.pop("redis_prefix", "sagegate:history")
-    if redis_url:
-        from predictor.redis_store import RedisStore
-
-        bounds = (kw.get("config") or SemanticConfig()).bounds
-        if kw.get("embedder") is None:
-            kw["embedder"] = MiniLMEmbedder()
-        # One stream per embedding version: replicas (or a restart) on another model, window or
-        # precision never read vectors they cannot compare with their own.
-        version = getattr(kw["embedder"], "version", EMBED_VERSION)
-        kw["store"] = RedisStore(redis_url, prefix=f"{prefix}:{version}", bounds=bounds)
-    return SemanticPredictor(**kw)

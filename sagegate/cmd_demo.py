@@ -178,15 +178,9 @@ def _predictor_paths(url: str) -> dict[str, float]:
 
 
 def _preemptions(urls: list[str]) -> float | None:
-    from loadgen.client import read_preemptions
+    from loadgen.scrape import scrape_preemptions
 
-    async def read() -> float | None:
-        import httpx
-
-        async with httpx.AsyncClient(trust_env=False) as client:
-            return await read_preemptions(client, [u + "/metrics" for u in urls])
-
-    return asyncio.run(read())
+    return scrape_preemptions([u + "/metrics" for u in urls])
 
 
 def _diff(a: float | None, b: float | None) -> float | None:

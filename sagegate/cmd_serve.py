@@ -98,7 +98,7 @@ def run(settings: Any) -> None:
                 # At the drain deadline the gateway ends what is left itself, before uvicorn's own
                 # shutdown timeout (DRAIN_GRACE_S later) would cut streams without an SSE error event.
                 loop, delay = self.loop, settings.drain_timeout_s
-                loop.call_soon_threadsafe(loop.call_later, delay, gateway.forwarder.close_all)
+                loop.call_soon_threadsafe(loop.call_later, delay, gateway.director.close_all)
             gateway.draining = True
             super().handle_exit(sig, frame)
 

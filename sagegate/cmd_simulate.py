@@ -135,17 +135,18 @@ def make_predictor(
     """The named predictor; by default noisy-oracle when the policy or the gateway's admission needs one.
     An oracle is handed the workload's answer key (the simulator knows every outcome)."""
     from core.request import answer_key
+    from policies.capabilities import Capability
     from policies.registry import parse_policy
-    from predictor.baselines import ORACLES
-    from predictor.baselines import make_predictor as build
+    from predictor.factory import ORACLES
+    from predictor.factory import make_predictor as build
 
     if name is None:
-        needs = level == "gateway" or parse_policy(policy).uses_prediction
+        needs = level == "gateway" or Capability.USES_PREDICTION in parse_policy(policy).capabilities
         if not needs:
             return None
         name = "noisy-oracle"
-    keyed = {"truth": answer_key(workload)} if name in ORACLES else {}
-    return build(name, relative_error=error, seed=seed, **keyed)
+    truth = answer_key(workload) if name in ORACLES else None
+    return build(name, relative_error=error, seed=seed, truth=truth)
 
 
 def print_summary(summary: dict[str, float], title: str) -> None:

@@ -196,7 +196,7 @@ class BackendSampler:
 
         import httpx
 
-        from loadgen.client import gauge_value
+        from loadgen.scrape import gauge_value
 
         t0 = time.monotonic()
         with httpx.Client(timeout=2.0, trust_env=False) as client:

@@ -13,6 +13,7 @@ from core.request import TraceRequest
 from loadgen.records import scale_rate
 
 if TYPE_CHECKING:
+    from core.predictor import LengthPredictor
     from sim.des import SimResult
 
 
@@ -24,18 +25,15 @@ def perf_and_engine(model: str, gpu: str) -> tuple[Any, Any]:
     return PerfModel(get_model(model), get_gpu(gpu)), EngineConfig(model=model, gpu=gpu)
 
 
-def sim_predictor(name: str, seed: int = 0) -> Any:
-    """The gateway's predictor ``name`` with the live gateway's configuration, on its simulator face."""
-    from predictor.baselines import make_predictor
+def sim_predictor(name: str, seed: int = 0) -> LengthPredictor | None:
+    """The gateway's predictor ``name`` with the live gateway's default options, on its simulator
+    face (None for ``none``)."""
+    from gateway.settings import PredictorSettings
+    from predictor.factory import make_predictor
 
-    if name == "semantic":
-        from predictor.embedder import DEFAULT_QUANTIZE, DEFAULT_WINDOW, MiniLMEmbedder
-
-        embedder = MiniLMEmbedder(threads=1, window=DEFAULT_WINDOW, quantize=DEFAULT_QUANTIZE)
-        return make_predictor(name, seed=seed, embedder=embedder)
     if name == "none":
         return None
-    return make_predictor(name, seed=seed)
+    return make_predictor(name, PredictorSettings().for_predictor(name), seed=seed)
 
 
 def simulate_run(
@@ -55,6 +53,7 @@ def simulate_run(
     front end's cost added as a client sees it."""
     from gateway.settings import AdmissionSettings, QueueSettings
     from policies.registry import parse_policy
+    from predictor.semantic_sim import SemanticLengthPredictor
     from sim.des import QueueLimits, SimSetup, client_view, simulate
 
     perf, engine = perf_and_engine(model, gpu)
@@ -62,7 +61,7 @@ def simulate_run(
         setup = SimSetup(perf, engine, engines=engines, level="engine", policy=parse_policy("fcfs"))
     else:
         pred = sim_predictor(predictor, seed)
-        if pred is not None and hasattr(pred, "prime"):
+        if isinstance(pred, SemanticLengthPredictor):
             pred.prime(work)  # embed the prompts in batches, ahead
         q = QueueSettings()
         setup = SimSetup(

@@ -24,7 +24,7 @@ from core.record import RequestRecord
 from core.request import PredictionQuery, TraceRequest
 from core.summary import summarize
 from policies.admission import AdmissionConfig, BackendLoad, Charge, choose_backend, usage_after
-from policies.base import ENGINE, GATEWAY, LoadView, Policy, Verdict
+from policies.base import ENGINE, GATEWAY, Capability, LoadView, Policy, Verdict
 from policies.fifo import FCFS
 from policies.queue import PolicyQueue
 from sim.config import EngineConfig
@@ -123,7 +123,7 @@ class Simulation:
         self.area_system = 0.0
         self.area_queued = 0.0
         self.capacity_requests = setup.engine.max_num_seqs * setup.engines
-        self.progress_hook = type(setup.policy).on_progress is not Policy.on_progress
+        self.progress_hook = Capability.PROGRESS_HOOK in setup.policy.capabilities
         self.head_charges: dict[EngineRequest, Charge] = {}  # queued requests' charges, built once
         self.peak_rule = gateway and setup.admission.rule == "peak"
         self.limits = setup.queue_limits if gateway else None

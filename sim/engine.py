@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from policies.base import Policy, SchedRequest
+from policies.base import Capability, Policy, SchedRequest
 from policies.fifo import FCFS
 from policies.queue import PolicyQueue
 from sim.config import EngineConfig
@@ -149,7 +149,7 @@ class Engine:
         self.perf = perf
         self.config = config = config or EngineConfig()
         self.policy = policy or FCFS()
-        self.fcfs = bool(getattr(self.policy, "fcfs", False))
+        self.fcfs = Capability.ARRIVAL_ORDER in self.policy.capabilities
         self.name = name
         blocks = config.num_gpu_blocks_override or perf.num_gpu_blocks(
             config.block_size, config.gpu_memory_utilization
@@ -163,7 +163,7 @@ class Engine:
         self.finished_total = 0
         self._on_preempt = on_preempt
         self.fold_decode = fold_decode
-        self._progress_hook = type(self.policy).on_progress is not Policy.on_progress
+        self._progress_hook = Capability.PROGRESS_HOOK in self.policy.capabilities
 
     # --- public state -------------------------------------------------------------------------
     @property
@@ -246,7 +246,7 @@ class Engine:
         step = Step(now, 0.0)
         sched = step.scheduled
         displaced = 0
-        if self.policy.preemptive and self.waiting:
+        if Capability.PREEMPT in self.policy.capabilities and self.waiting:
             # Preemptions the policy chose to make room for a better request do not stop admission
             # (only running out of memory mid-step does, as in vLLM).
             displaced = self._preempt_for_waiting(now)
@@ -254,10 +254,10 @@ class Engine:
         if decode_first:
             # decodes first
             order = sorted(order, key=lambda r: r.num_computed + 1 < r.prompt_tokens + r.generated)
-        elif self.policy.rekey_on_progress and self._budget_binds(budget):
+        elif Capability.REKEY_ON_PROGRESS in self.policy.capabilities and self._budget_binds(budget):
             # Order only matters when the budget cannot cover everyone running.
             order = sorted(order, key=lambda r: self.policy.key(r, now))
-        defer = self.policy.defers_decode
+        defer = Capability.DEFER_DECODE in self.policy.capabilities
         bs = self.pool.block_size
         prefill: list[tuple[int, int]] = []
         chunked: list[EngineRequest] = []
@@ -460,7 +460,9 @@ class Engine:
             # Admission was tried this step and stopped: blocks only get scarcer while decoding and
             # the sequence cap holds until someone finishes, unless the policy may preempt for the
             # waiting requests, reorders them over time, or defers decodes to make room for them.
-            return not (policy.preemptive or policy.dynamic or policy.defers_decode)
+            return not (
+                policy.capabilities & {Capability.PREEMPT, Capability.DYNAMIC_KEY, Capability.DEFER_DECODE}
+            )
         # Nobody waiting (and nobody arrives before ``horizon``): no admission, no preemption for a
         # waiting request, no deferral (it only yields budget to waiting prefills). A running
         # request's key, which may move with its progress, then orders nothing: the budget covers

@@ -84,6 +84,7 @@ class Dataset:
 
 def load(rows: Iterable[Mapping[str, Any]], cfg: StudyConfig) -> Dataset:
     """Index result rows (from the sweep's store or the results CSV)."""
+    from policies.capabilities import Capability
     from policies.registry import registry
 
     rows = list(rows)
@@ -112,9 +113,13 @@ def load(rows: Iterable[Mapping[str, Any]], cfg: StudyConfig) -> Dataset:
             v = r.get(m)
             per_entry[r["entry"]][m][i] = math.nan if v is None or v == "" else float(v)
         util[(s, r["region"])][int(r["window"])] = float(r["utilisation"])
-    oracle = {e for e, (p, _) in order.items() if p in reg and reg[p].cls.uses_oracle}
+    oracle = {
+        e for e, (p, _) in order.items() if p in reg and Capability.USES_ORACLE in reg[p].cls.capabilities
+    }
     dependent = {
-        e for e, (p, lvl) in order.items() if lvl == "gateway" or (p in reg and reg[p].cls.uses_prediction)
+        e
+        for e, (p, lvl) in order.items()
+        if lvl == "gateway" or (p in reg and Capability.USES_PREDICTION in reg[p].cls.capabilities)
     }
     utilisation = {k: np.array([v[w] for w in sorted(v)]) for k, v in util.items()}
     return Dataset(cfg, sources, regions, entries, wins, cube, oracle, dependent, utilisation)

@@ -57,9 +57,10 @@ def panel(cfg: StudyConfig) -> list[Entry]:
 def depends_on_prediction(entry: Entry) -> bool:
     """Whether the entry's behaviour reads the predictor: every gateway entry (the admission charge
     reads it) and engine entries whose policy does."""
+    from policies.capabilities import Capability
     from policies.registry import registry
 
-    return entry.level == "gateway" or registry()[entry.policy].cls.uses_prediction
+    return entry.level == "gateway" or Capability.USES_PREDICTION in registry()[entry.policy].cls.capabilities
 
 
 def predictor_label(predictor: str, error: float) -> str:

@@ -12,12 +12,17 @@ from core.distribution import DEFAULT_PRIOR, LengthDistribution
 from core.predictor import LengthPredictor
 from core.request import PredictionQuery, TraceRequest, answer_key
 from predictor.baselines import (
-    PREDICTORS,
     GlobalPredictor,
     LengthBucketPredictor,
     NoisyOraclePredictor,
     OraclePredictor,
     PrecomputedPredictor,
+)
+from predictor.factory import (
+    OPTIONS,
+    GlobalOptions,
+    LengthBucketOptions,
+    NoisyOracleOptions,
     make_predictor,
 )
 
@@ -217,11 +222,29 @@ def test_all_predictors_emit_valid_distributions() -> None:
 
 
 def test_make_predictor_passes_options_and_rejects_unknown_names() -> None:
-    p = make_predictor("noisy-oracle", relative_error=0.3, seed=9, point=True, truth={})
+    p = make_predictor("noisy-oracle", NoisyOracleOptions(point=True), relative_error=0.3, seed=9, truth={})
     assert isinstance(p, NoisyOraclePredictor) and p.relative_error == 0.3 and p.seed == 9 and p.point
-    g = make_predictor("global", window=10)
+    g = make_predictor("global", GlobalOptions(window=10))
     assert isinstance(g, GlobalPredictor) and g.window.samples.maxlen == 10
+    b = make_predictor("length-bucket", LengthBucketOptions(buckets=(10, 100), min_samples=2))
+    assert isinstance(b, LengthBucketPredictor) and b.edges == (10, 100) and b.min_samples == 2
     with pytest.raises(ValueError) as err:
         make_predictor("psychic")
-    for valid in PREDICTORS:
+    for valid in OPTIONS:
         assert valid in str(err.value)
+
+
+def test_options_must_be_the_named_predictors_own() -> None:
+    with pytest.raises(ValueError, match="'global' takes GlobalOptions, not LengthBucketOptions"):
+        make_predictor("global", LengthBucketOptions())
+    with pytest.raises(ValueError, match="'oracle' takes no options"):
+        make_predictor("oracle", GlobalOptions(), truth={})
+
+
+def test_only_an_oracle_is_handed_the_answer_key_and_it_must_be() -> None:
+    for oracle in ("oracle", "noisy-oracle"):
+        with pytest.raises(ValueError, match="needs an answer key"):
+            make_predictor(oracle)
+    for name in ("global", "length-bucket", "semantic"):
+        with pytest.raises(ValueError, match="must not be handed an answer key"):
+            make_predictor(name, truth={0: 5})

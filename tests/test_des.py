@@ -155,7 +155,7 @@ def test_the_simulated_gateway_applies_the_live_queue_limits():
     """The live gateway's bounds, modelled: a request queued past ``max_wait_s`` is rejected with
     ``queue_timeout``, arrivals beyond ``max_requests`` with ``queue_full_requests``; nothing is lost."""
     from policies.registry import parse_policy
-    from predictor.baselines import make_predictor
+    from predictor.factory import make_predictor
     from sim.des import QueueLimits
 
     work = [TraceRequest(0.001 * i, 2000, 400, rid=i) for i in range(300)]  # a burst far beyond capacity

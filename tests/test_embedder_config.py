@@ -11,7 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from gateway.predict import build_predictor
+from gateway.predict import SemanticAdapter, build_predictor
+from gateway.settings import PredictorSettings
 from predictor.embedder import (
     DEFAULT_QUANTIZE,
     DEFAULT_WINDOW,
@@ -20,8 +21,9 @@ from predictor.embedder import (
     MiniLMEmbedder,
     embed_version,
 )
+from predictor.factory import SemanticOptions, semantic_core
 from predictor.history import WindowBounds
-from predictor.semantic import SemanticConfig, SemanticPredictor, make_semantic
+from predictor.semantic import SemanticConfig, SemanticPredictor
 from tests.semantic_support import real_embedder
 
 FIRST_VERSION = "minilm-l6-v2/head128-tail122/v1"  # histories built before the fast default
@@ -84,20 +86,23 @@ def test_fast_default_stays_close_to_the_first_configuration() -> None:
 
 def test_gateway_options_choose_the_embedder() -> None:
     fast = build_predictor("semantic")
-    first = build_predictor("semantic", options={"embed_window": "256", "embed_quantize": "false"})
+    options = PredictorSettings.model_validate({"embed_window": "256", "embed_quantize": "false"})
+    first = build_predictor("semantic", options=options)
+    assert isinstance(fast, SemanticAdapter) and isinstance(first, SemanticAdapter)
     try:
-        assert fast.inner.embedder.version == EMBED_VERSION
-        assert first.inner.embedder.version == FIRST_VERSION
+        assert fast.core.embedder.version == EMBED_VERSION
+        assert first.core.embedder.version == FIRST_VERSION
     finally:
-        fast.inner.close()
-        first.inner.close()
+        fast.core.close()
+        first.core.close()
 
 
 def test_redis_history_is_kept_per_embedding_version(redis_url: str, redis_prefix: str) -> None:
     cfg = SemanticConfig(bounds=WindowBounds(1000, math.inf))
 
     def replica(emb: MiniLMEmbedder) -> SemanticPredictor:
-        return make_semantic(redis_url=redis_url, redis_prefix=redis_prefix, embedder=emb, config=cfg).start()
+        opts = SemanticOptions(embedder=emb, config=cfg, redis_url=redis_url, redis_prefix=redis_prefix)
+        return semantic_core(opts).start()
 
     live = [replica(real_embedder()), replica(real_embedder()), replica(legacy())]
     writer, same, other = live

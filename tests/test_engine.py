@@ -238,7 +238,7 @@ def test_folded_decode_steps_are_exact(level, blocks):
         )
     ]
     cfg = EngineConfig(num_gpu_blocks_override=blocks)
-    from predictor.baselines import make_predictor
+    from predictor.factory import make_predictor
 
     def run(fold: bool):
         pred = make_predictor("noisy-oracle", seed=1, truth=answer_key(work)) if level == "gateway" else None

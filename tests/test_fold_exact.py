@@ -15,7 +15,7 @@ import pytest
 from core.request import TraceRequest, answer_key
 from policies.admission import AdmissionConfig, Rule
 from policies.registry import parse_policy
-from predictor.baselines import make_predictor
+from predictor.factory import make_predictor
 from sim.config import EngineConfig
 from sim.des import SimSetup, simulate
 from sim.hardware import get_gpu, get_model

@@ -42,7 +42,7 @@ def sse_events(url: str, body: dict[str, Any], timeout: float = 20) -> list[str]
 # --- row 1: whatever the upstream client raises is the backend failing ------------------------------
 def test_an_unexpected_exception_from_the_upstream_send_is_retried_not_a_cancellation() -> None:
     with stack(FakeBackend(blocks=8192), FakeBackend(blocks=1024)) as (url, gw):
-        gw.forwarder.client = httpx.AsyncClient(transport=FaultyTransport(fail_sends=1))
+        gw.proxy.client = httpx.AsyncClient(transport=FaultyTransport(fail_sends=1))
         r = httpx.post(url + "/v1/chat/completions", json=chat_body(), timeout=10)
         assert r.status_code == 200, r.text
         assert r.headers["x-sagegate-backend"] == "backend-1"  # retried on the other backend
@@ -54,7 +54,7 @@ def test_an_unexpected_exception_from_the_upstream_send_is_retried_not_a_cancell
 
 def test_an_unexpected_exception_mid_stream_ends_it_with_an_sse_error_event() -> None:
     with stack(FakeBackend(tokens=20, delay_s=0.01)) as (url, gw):
-        gw.forwarder.client = httpx.AsyncClient(transport=FaultyTransport(break_after=4))
+        gw.proxy.client = httpx.AsyncClient(transport=FaultyTransport(break_after=4))
         events = sse_events(url, chat_body(stream=True, max_tokens=20))
         assert json.loads(events[-1])["error"]["code"] == "upstream_failed"
         assert all("choices" in json.loads(e) for e in events[:-1])

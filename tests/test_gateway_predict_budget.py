@@ -10,31 +10,36 @@ from core.distribution import LengthDistribution
 from gateway.predict import PredictInput, SemanticAdapter
 
 
-class _SlowInner:
-    def __init__(self, delay_s: float) -> None:
-        self.delay_s = delay_s
-        self.embedded = 0
-        self.recorded: list[object] = []
-
-    async def afeatures(self, prompt: object) -> str:
-        await asyncio.sleep(self.delay_s)
-        self.embedded += 1
-        return f"features-of-{prompt}"
-
+class _PriorCore:
     def fallback(self, prompt_tokens: int, model: str | None = None):
         return type("P", (), {"distribution": LengthDistribution.point(100), "path": "bucket"})()
 
     def predict_features(self, feats: object, prompt_tokens: int, model: str | None = None):
         return type("P", (), {"distribution": LengthDistribution.point(7), "path": "semantic"})()
 
-    async def arecord(self, given: object, *args: object, **kw: object) -> bool:
+
+class _SlowFace:
+    """An async semantic face whose embedding takes ``delay_s``."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self.core = _PriorCore()
+        self.embedded = 0
+        self.recorded: list[object] = []
+
+    async def features(self, prompt: object) -> str:
+        await asyncio.sleep(self.delay_s)
+        self.embedded += 1
+        return f"features-of-{prompt}"
+
+    async def record(self, given: object, *args: object, **kw: object) -> bool:
         self.recorded.append(given)
         return True
 
 
 def test_late_embedding_answers_from_the_prior_and_records_once():
-    async def run() -> tuple[float, str, float, _SlowInner]:
-        inner = _SlowInner(delay_s=0.3)
+    async def run() -> tuple[float, str, float, _SlowFace]:
+        inner = _SlowFace(delay_s=0.3)
         adapter = SemanticAdapter(inner, budget_s=0.02)
         inp = PredictInput(prompt="p", prompt_tokens=10, model="m")
         t0 = time.perf_counter()
@@ -51,8 +56,8 @@ def test_late_embedding_answers_from_the_prior_and_records_once():
 
 
 def test_prompt_embedding_within_budget_is_used():
-    async def run() -> tuple[str, float, _SlowInner]:
-        inner = _SlowInner(delay_s=0.0)
+    async def run() -> tuple[str, float, _SlowFace]:
+        inner = _SlowFace(delay_s=0.0)
         adapter = SemanticAdapter(inner, budget_s=1.0)
         inp = PredictInput(prompt="q", prompt_tokens=10, model="m")
         dist, path = await adapter.predict(inp)

@@ -34,11 +34,12 @@ class BagOfWordsEmbedder:
 
 
 def _replica(backend: str, redis_url: str, prefix: str) -> ServerThread:
-    from predictor.semantic import make_semantic
+    from predictor.factory import SemanticOptions, semantic_core
+    from predictor.semantic_async import AsyncSemantic
 
-    inner = make_semantic(redis_url=redis_url, redis_prefix=prefix, embedder=BagOfWordsEmbedder())
+    opts = SemanticOptions(embedder=BagOfWordsEmbedder(), redis_url=redis_url, redis_prefix=prefix)
     settings = settings_for([backend], predictor="semantic", redis_url=redis_url)
-    return ServerThread(create_app(settings, predictor=SemanticAdapter(inner)))
+    return ServerThread(create_app(settings, predictor=SemanticAdapter(AsyncSemantic(semantic_core(opts)))))
 
 
 def _ask(url: str, text: str) -> httpx.Response:
@@ -61,10 +62,10 @@ def test_a_completion_through_one_replica_informs_the_other(redis_url: str, redi
         _replica(be_b.url, redis_url, redis_prefix) as b,
     ):
         gw_b = b.app.state.gateway
-        assert gw_b.predictor.inner.size("fake") == 0  # B has served nothing and knows nothing
+        assert gw_b.predictor.core.size("fake") == 0  # B has served nothing and knows nothing
         for i in range(8):  # eight: enough for the window's own prior (fewer shrink to the cold default)
             assert _ask(a.url, f"{QUESTION} variant {i}").headers["x-sagegate-backend"] == "backend-0"
-        wait_until(lambda: gw_b.predictor.inner.size("fake") >= 8, timeout=10, what="history reached B")
+        wait_until(lambda: gw_b.predictor.core.size("fake") >= 8, timeout=10, what="history reached B")
         after = _ask(b.url, QUESTION)
         assert after.headers["x-sagegate-predicted-tokens"] == "77"
         metrics = httpx.get(b.url + "/metrics").text

@@ -11,7 +11,7 @@ import pytest
 from loadgen.client import ReplayConfig, replay
 from loadgen.schedule import prepare_workload
 from policies.registry import parse_policy
-from predictor.baselines import make_predictor
+from predictor.factory import make_predictor
 from sagegate.procs import spawned
 from sim.config import EngineConfig
 from sim.des import SimSetup, client_view, simulate

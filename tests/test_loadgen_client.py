@@ -248,7 +248,7 @@ def test_preemptions_come_from_the_backends_counters() -> None:
         result = replay(reqs, ReplayConfig(url=url, time_scale=50.0, queue_metric=None, prime=False))
         text = httpx.get(url + "/metrics", timeout=5).text
     assert all(r.status == "ok" for r in result.records)
-    from loadgen.client import counter_total
+    from loadgen.scrape import counter_total
 
     total = counter_total(text, "vllm:num_preemptions")
     assert total is not None and total > 0

@@ -16,7 +16,7 @@ from core.request import FORCED_OUTPUT_FIELD, TraceRequest, answer_key
 from gateway.app import create_app
 from loadgen.records import with_client_cap
 from policies.registry import parse_policy
-from predictor.baselines import make_predictor
+from predictor.factory import make_predictor
 from sim.config import EngineConfig
 from sim.des import SimSetup, simulate
 from sim.hardware import get_gpu, get_model

@@ -13,7 +13,7 @@ import pytest
 
 from core.distribution import LengthDistribution
 from core.request import TraceRequest, answer_key
-from policies.base import ENGINE, GATEWAY, LoadView, SchedRequest, Verdict
+from policies.base import ENGINE, GATEWAY, Capability, LoadView, SchedRequest, Verdict
 from policies.cost import cost_support, service_cost
 from policies.engine_variants import SLAI
 from policies.fairness import VTC, WFS
@@ -23,7 +23,7 @@ from policies.mlfq import FastServe
 from policies.prediction import SSJF, UNKNOWN_OUTPUT, LearningToRank, Trail, expected_remaining
 from policies.registry import parse_policy, registry
 from policies.sagesched import MeanCost, SageSched
-from predictor.baselines import make_predictor
+from predictor.factory import make_predictor
 from sim.config import EngineConfig
 from sim.des import SimSetup, engine_config_for, simulate
 from sim.hardware import get_gpu, get_model
@@ -118,7 +118,7 @@ def test_srpt_oracle_picks_least_remaining_cost():
 
     assert order(p, rs) == [r.rid for r in sorted(rs, key=remaining)]
     assert p.pick_victim(rs, 0.0) is max(rs, key=remaining)
-    assert p.preemptive and p.rekey_on_progress and p.uses_oracle
+    assert {Capability.PREEMPT, Capability.REKEY_ON_PROGRESS, Capability.USES_ORACLE} <= p.capabilities
 
 
 # --- SSJF / LTR -----------------------------------------------------------------------------------
@@ -130,7 +130,7 @@ def test_ssjf_shortest_prediction_first_until_a_request_starves():
     p.on_arrival(short, 5.0)
     assert order(p, [old_long, short], now=9.9) == [1, 0]
     assert order(p, [old_long, short], now=10.0) == [0, 1]
-    assert p.dynamic and not p.preemptive
+    assert Capability.DYNAMIC_KEY in p.capabilities and Capability.PREEMPT not in p.capabilities
 
 
 def test_ltr_promotes_a_request_passed_over_for_n_rounds():
@@ -150,7 +150,7 @@ def test_ltr_promotes_a_request_passed_over_for_n_rounds():
     newcomer = req(9, arrival=4.0, pred=10)
     p.on_arrival(newcomer, 4.0)
     assert min([long, newcomer], key=lambda r: p.key(r, 4.0)) is long  # promoted past a shorter one
-    assert p.dynamic and not p.preemptive
+    assert Capability.DYNAMIC_KEY in p.capabilities and Capability.PREEMPT not in p.capabilities
 
 
 # --- TRAIL ----------------------------------------------------------------------------------------
@@ -324,7 +324,8 @@ def test_sagesched_max_wait_puts_an_old_request_ahead_oldest_first():
         return [req(0, 0.0, pred=2000), req(1, 5.0, pred=10), req(2, 25.0, pred=10), req(3, 10.0, pred=3000)]
 
     plain, aging = SageSched(), parse_policy("sagesched:max_wait_s=30")
-    assert not plain.dynamic and aging.dynamic and aging.lanes
+    assert Capability.DYNAMIC_KEY not in plain.capabilities
+    assert {Capability.DYNAMIC_KEY, Capability.LANE_KEY} <= aging.capabilities
     assert order(plain, queue(), now=100.0) == [1, 2, 0, 3]  # as published: the long one waits on
     assert order(aging, queue(), now=20.0) == [1, 2, 0, 3]  # nobody has waited 30 s: the same order
     assert order(aging, queue(), now=32.0) == [0, 1, 2, 3]  # request 0 has: it goes first
@@ -350,9 +351,9 @@ def test_mean_cost_orders_by_expected_cost():
 
 
 def test_preemption_is_a_parameter():
-    assert parse_policy("sagesched").preemptive
-    assert not parse_policy("sagesched:preempt=false").preemptive
-    assert not parse_policy("mean-cost:preempt=false").preemptive
+    assert Capability.PREEMPT in parse_policy("sagesched").capabilities
+    assert Capability.PREEMPT not in parse_policy("sagesched:preempt=false").capabilities
+    assert Capability.PREEMPT not in parse_policy("mean-cost:preempt=false").capabilities
 
 
 # --- deadlines ------------------------------------------------------------------------------------
@@ -514,7 +515,8 @@ def test_scorpio_guard_filters_orders_and_throttles():
 )
 def test_engine_variants_are_fcfs_engines(name, variant, chunk):
     p = parse_policy(name)
-    assert p.fcfs and p.engine_variant == variant and p.engine_chunk_size == chunk  # type: ignore[attr-defined]
+    assert Capability.ARRIVAL_ORDER in p.capabilities
+    assert p.engine_variant == variant and p.engine_chunk_size == chunk
     assert p.levels == {ENGINE}
     cfg = engine_config_for(EngineConfig(), p)
     assert cfg.variant == variant
@@ -528,7 +530,7 @@ def test_slai_admits_shortest_prefill_first_on_a_512_budget():
     assert order(p, rs) == [1, 2, 0]
     cfg = engine_config_for(EngineConfig(), p)
     assert (cfg.variant, cfg.chunk_size) == ("sarathi", 512)
-    assert p.defers_decode and p.levels == {ENGINE}
+    assert Capability.DEFER_DECODE in p.capabilities and p.levels == {ENGINE}
 
 
 def _decoding(p: SLAI, n: int, last_token: float) -> list[SchedRequest]:

@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from core.distribution import LengthDistribution
-from policies.base import Policy, SchedRequest
+from policies.base import Capability, Policy, SchedRequest
 from policies.queue import PolicyQueue
 from policies.registry import parse_policy, registry
 
-DYNAMIC = sorted(name for name, info in registry().items() if info.cls.dynamic)
+DYNAMIC = sorted(name for name, info in registry().items() if Capability.DYNAMIC_KEY in info.cls.capabilities)
 # Lower thresholds so that flips happen within a short sequence.
 SPECS = {
     "fastserve": "fastserve:starvation_s=2.0,base_quantum_ms=5",
@@ -77,7 +77,7 @@ class World:
 def drive(spec: str, program: list[Op]) -> int:
     """Run ``program`` on an indexed and a scanning world; assert identical picks. Returns how many."""
     fast, slow = World(spec, scan=False), World(spec, scan=True)
-    if fast.policy.lanes:
+    if Capability.LANE_KEY in fast.policy.capabilities:
         assert fast.queue._index is not None  # the index is what is under test
     worlds = (fast, slow)
     queued: list[int] = []
@@ -252,7 +252,10 @@ def filled(spec: str, n: int, gap: float, seed: int) -> tuple[Policy, PolicyQueu
     return policy, queue
 
 
-@pytest.mark.parametrize("spec", [spec for spec in CASES if parse_policy(spec).lanes])
+LANE_CASES = [spec for spec in CASES if Capability.LANE_KEY in parse_policy(spec).capabilities]
+
+
+@pytest.mark.parametrize("spec", LANE_CASES)
 def test_a_pick_reads_few_keys_however_long_the_queue(spec: str) -> None:
     """Sublinear: a pick evaluates a handful of primaries (lane heads), not the keys of all 2,000."""
     policy, queue = filled(spec, 2000, 0.001, seed=5)

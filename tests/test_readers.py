@@ -630,3 +630,52 @@ def test_retime_keeps_order_lengths_and_slack() -> None:
         assert new.deadline_s - new.arrival_s == pytest.approx(old.deadline_s - old.arrival_s)
     assert fast == retime(base, rate=50.0, arrival="gamma", cv=2.0, seed=1)
     assert retime(list(reversed(base)), rate=50.0, seed=1) == retime(base, rate=50.0, seed=1)
+
+
+SHARED_LOOP = [
+    (
+        "azure",
+        "a.csv",
+        AZURE_HEADER + "2023-11-16 18:15:46.1,5,3\n2023-11-16 18:15:47.1,5,0\n"
+        "2023-11-16 18:15:48.1,6,4\n2023-11-16 18:15:49.1,x,4\n",
+        5,
+    ),
+    (
+        "burstgpt",
+        "b.csv",
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "1,m,5,3,8,t\n2,m,5,0,5,t\n3,m,6,4,10,t\n4,m,6\n",
+        5,
+    ),
+    (
+        "mooncake",
+        "m.jsonl",
+        '{"timestamp": 1, "input_length": 5, "output_length": 3}\n'
+        '{"timestamp": 2, "input_length": 5, "output_length": 0}\n'
+        '{"timestamp": 3, "input_length": 6, "output_length": 4}\n{"timestamp": 4}\n',
+        4,
+    ),
+    (
+        "jsonl",
+        "w.jsonl",
+        '{"arrival_s": 1, "prompt_tokens": 5, "output_tokens": 3}\n'
+        '{"arrival_s": 2, "prompt_tokens": 0, "output_tokens": 3}\n'
+        '{"arrival_s": 3, "prompt_tokens": 6, "output_tokens": 4}\n{"arrival_s": 4}\n',
+        4,
+    ),
+]
+
+
+@pytest.mark.parametrize(("fmt", "name", "text", "bad_line"), SHARED_LOOP)
+def test_every_reader_counts_drops_and_stops_the_same_way(
+    tmp_path: Path, fmt: str, name: str, text: str, bad_line: int
+) -> None:
+    """The shared read loop: a zero-token row is counted and dropped without using up the limit, and
+    reading stops at the limit, so a malformed row after the kept ones is never checked."""
+    path = write(tmp_path / name, text)
+    kept, stats = read_trace_with_stats(path, fmt, limit=2)
+    assert [r.prompt_tokens for r in kept] == [5, 6]
+    assert (stats.rows, stats.dropped_zero_tokens, stats.kept) == (3, 1, 2)
+    with pytest.raises(TraceFormatError) as info:
+        read_trace(path, fmt, limit=3)
+    assert info.value.line == bad_line

@@ -8,7 +8,7 @@ import re
 import pytest
 from conftest import data_path
 
-from policies.base import ENGINE, GATEWAY, Policy
+from policies.base import ENGINE, GATEWAY, Capability, Policy
 from policies.registry import PolicySpecError, names, parse_policy, registry
 
 # The panel as issue 3 lists it; checked against POLICIES.md's table below when the docs are present.
@@ -81,8 +81,8 @@ def test_typed_parameters_are_coerced():
     assert p.queues == 4 and isinstance(p.queues, int)  # type: ignore[attr-defined]
     s = parse_policy("sagesched:buckets=32,preempt=false")
     assert s.bucket_base == 32  # type: ignore[attr-defined]
-    assert s.preemptive is False
-    assert parse_policy("sagesched").preemptive is True
+    assert Capability.PREEMPT not in s.capabilities
+    assert Capability.PREEMPT in parse_policy("sagesched").capabilities
     a = parse_policy("admission-control:min_laxity_s=none")
     assert a.min_laxity_s is None  # type: ignore[attr-defined]
     assert parse_policy("admission-control:min_laxity_s=0.5").min_laxity_s == 0.5  # type: ignore[attr-defined]

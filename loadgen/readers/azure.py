@@ -8,13 +8,19 @@ the trace's 0.1 µs resolution.
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import re
 from pathlib import Path
 
 from core.request import TraceRequest
-from loadgen.readers.common import ReadStats, TraceFormatError, open_text, parse_tokens
+from loadgen.readers.common import (
+    ReadStats,
+    TraceFormatError,
+    collect_requests,
+    csv_rows,
+    in_column,
+    parse_tokens,
+)
 
 HEADER = ("timestamp", "contexttokens", "generatedtokens")
 
@@ -56,13 +62,8 @@ class TimestampParser:
 
 def read(path: Path, stats: ReadStats, *, limit: int | None = None) -> list[TraceRequest]:
     """Requests in file order (the first ``limit`` valid rows), arrivals in seconds, not rebased."""
-    out: list[TraceRequest] = []
     parse_ts = TimestampParser()
-    with open_text(path) as fh:
-        reader = csv.reader(fh)
-        header = next(reader, None)
-        if header is None:
-            raise TraceFormatError(path, 1, "empty file; expected header " + ",".join(HEADER))
+    with csv_rows(path, "header " + ",".join(HEADER)) as (header, rows):
         names = [h.strip().lower() for h in header]
         try:
             i_ts, i_in, i_out = (names.index(h) for h in HEADER)
@@ -71,25 +72,14 @@ def read(path: Path, stats: ReadStats, *, limit: int | None = None) -> list[Trac
                 path, 1, f"header {header!r} lacks TIMESTAMP, ContextTokens or GeneratedTokens"
             ) from None
         width = len(names)
-        for row in reader:
-            if not row:
-                continue
-            if limit is not None and len(out) >= limit:
-                break
+
+        def parse(row: list[str]) -> TraceRequest:
             if len(row) != width:
-                raise TraceFormatError(path, reader.line_num, f"expected {width} fields, got {len(row)}")
-            column = header[i_ts]
-            try:
-                arrival = parse_ts(row[i_ts])
-                column = header[i_in]
-                prompt = parse_tokens(row[i_in])
-                column = header[i_out]
-                output = parse_tokens(row[i_out])
-            except ValueError as exc:
-                raise TraceFormatError(path, reader.line_num, f"{column.strip()}: {exc}") from None
-            stats.rows += 1
-            if prompt == 0 or output == 0:
-                stats.dropped_zero_tokens += 1
-                continue
-            out.append(TraceRequest(arrival_s=arrival, prompt_tokens=prompt, output_tokens=output))
-    return out
+                raise ValueError(f"expected {width} fields, got {len(row)}")
+            return TraceRequest(
+                arrival_s=in_column(header[i_ts], parse_ts, row[i_ts]),
+                prompt_tokens=in_column(header[i_in], parse_tokens, row[i_in]),
+                output_tokens=in_column(header[i_out], parse_tokens, row[i_out]),
+            )
+
+        return collect_requests(path, stats, rows, parse, limit=limit)

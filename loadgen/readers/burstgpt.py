@@ -8,12 +8,18 @@ to ``extra``; ``tenant_column`` (e.g. ``"Model"`` or ``"Session ID"``) makes one
 
 from __future__ import annotations
 
-import csv
 import math
 from pathlib import Path
 
 from core.request import TraceRequest
-from loadgen.readers.common import ReadStats, TraceFormatError, open_text, parse_tokens
+from loadgen.readers.common import (
+    ReadStats,
+    TraceFormatError,
+    collect_requests,
+    csv_rows,
+    in_column,
+    parse_tokens,
+)
 
 REQUIRED = ("timestamp", "request tokens", "response tokens")
 _EXTRA = {"model": "model", "log type": "log_type", "session id": "session_id"}
@@ -28,12 +34,7 @@ def read(
     tenant_column: str | None = None,
 ) -> list[TraceRequest]:
     """Requests in file order (the first ``limit`` valid rows), arrivals in seconds, not rebased."""
-    out: list[TraceRequest] = []
-    with open_text(path) as fh:
-        reader = csv.reader(fh)
-        header = next(reader, None)
-        if header is None:
-            raise TraceFormatError(path, 1, "empty file; expected a BurstGPT header")
+    with csv_rows(path, "a BurstGPT header") as (header, rows):
         names = [h.strip().lower() for h in header]
         missing = [h for h in REQUIRED if h not in names]
         if missing:
@@ -47,46 +48,41 @@ def read(
                 raise ValueError(f"tenant_column {tenant_column!r} is not a column of {path}: {header}")
             i_tenant = names.index(tenant_column.strip().lower())
         width = len(names)
-        for row in reader:
-            if not row:
-                continue
-            if limit is not None and len(out) >= limit:
-                break
-            line = reader.line_num
+
+        def parse(row: list[str]) -> TraceRequest:
             if len(row) != width:
-                raise TraceFormatError(path, line, f"expected {width} fields, got {len(row)}")
-            try:
-                arrival = float(row[i_ts])
-            except ValueError:
-                raise TraceFormatError(path, line, f"Timestamp: not a number: {row[i_ts]!r}") from None
-            if not math.isfinite(arrival):
-                raise TraceFormatError(path, line, f"Timestamp: not finite: {row[i_ts]!r}")
-            column = header[i_in]
-            try:
-                prompt = parse_tokens(row[i_in])
-                column = header[i_out]
-                output = parse_tokens(row[i_out])
-            except ValueError as exc:
-                raise TraceFormatError(path, line, f"{column.strip()}: {exc}") from None
-            stats.rows += 1
-            if prompt == 0 or output == 0:
-                stats.dropped_zero_tokens += 1
-                continue
-            extra: dict[str, object] = {key: row[i].strip() for i, key in extras}
-            if i_elapsed is not None and row[i_elapsed].strip():
-                try:
-                    extra["elapsed_s"] = float(row[i_elapsed])
-                except ValueError:
-                    raise TraceFormatError(
-                        path, line, f"Elapsed time: not a number: {row[i_elapsed]!r}"
-                    ) from None
-            out.append(
-                TraceRequest(
-                    arrival_s=arrival,
-                    prompt_tokens=prompt,
-                    output_tokens=output,
-                    tenant=row[i_tenant].strip() if i_tenant is not None else "default",
-                    extra=extra,
-                )
+                raise ValueError(f"expected {width} fields, got {len(row)}")
+            arrival = _timestamp(row[i_ts])
+            prompt = in_column(header[i_in], parse_tokens, row[i_in])
+            output = in_column(header[i_out], parse_tokens, row[i_out])
+            extra: dict[str, object] = {}
+            if prompt and output:  # a failed request is dropped: its other fields are not read
+                extra = {key: row[i].strip() for i, key in extras}
+                if i_elapsed is not None and row[i_elapsed].strip():
+                    extra["elapsed_s"] = _elapsed(row[i_elapsed])
+            return TraceRequest(
+                arrival_s=arrival,
+                prompt_tokens=prompt,
+                output_tokens=output,
+                tenant=row[i_tenant].strip() if i_tenant is not None else "default",
+                extra=extra,
             )
-    return out
+
+        return collect_requests(path, stats, rows, parse, limit=limit)
+
+
+def _timestamp(text: str) -> float:
+    try:
+        arrival = float(text)
+    except ValueError:
+        raise ValueError(f"Timestamp: not a number: {text!r}") from None
+    if not math.isfinite(arrival):
+        raise ValueError(f"Timestamp: not finite: {text!r}")
+    return arrival
+
+
+def _elapsed(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"Elapsed time: not a number: {text!r}") from None

@@ -1,4 +1,5 @@
-"""What every reader shares: the error type, the per-read statistics and strict field parsing.
+"""What every reader shares: the error type, the per-read statistics, strict field parsing and the
+read loop (:func:`collect_requests`), so every format counts, drops and stops the same way.
 
 Readers fail loudly on a malformed row (naming file and 1-based line, header counted) because a
 silently skipped row changes a workload's rate and a study's result; the only rows dropped on purpose
@@ -7,13 +8,19 @@ are requests with zero prompt or output tokens (failed requests in BurstGPT), an
 
 from __future__ import annotations
 
+import csv
 import gzip
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
+
+from core.request import TraceRequest
+
+Row = TypeVar("Row")
 
 
 class TraceFormatError(ValueError):
@@ -114,3 +121,63 @@ def iter_json_lines(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
             if not isinstance(obj, dict):
                 raise TraceFormatError(path, lineno, f"expected a JSON object, got {type(obj).__name__}")
             yield lineno, obj
+
+
+@contextmanager
+def csv_rows(path: Path, expected: str) -> Iterator[tuple[list[str], Iterator[tuple[int, list[str]]]]]:
+    """The header of a (possibly gzipped) CSV trace and its non-blank rows as ``(line number, row)``.
+
+    An empty file fails with ``empty file; expected <expected>``.
+    """
+    with open_text(path) as fh:
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        if header is None:
+            raise TraceFormatError(path, 1, f"empty file; expected {expected}")
+        yield header, ((reader.line_num, row) for row in reader if row)
+
+
+def require_keys(obj: dict[str, object], keys: Sequence[str]) -> None:
+    """Fail (``ValueError``) when a JSON object lacks any of ``keys``."""
+    missing = [k for k in keys if k not in obj]
+    if missing:
+        raise ValueError(f"missing key(s) {missing}")
+
+
+def in_column(column: str, parse: Callable[[str], Row], text: str) -> Row:
+    """``parse(text)``, its ``ValueError`` prefixed with the column's name."""
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise ValueError(f"{column.strip()}: {exc}") from None
+
+
+def collect_requests(
+    path: Path,
+    stats: ReadStats,
+    rows: Iterable[tuple[int | None, Row]],
+    parse: Callable[[Row], TraceRequest],
+    *,
+    limit: int | None = None,
+) -> list[TraceRequest]:
+    """The read loop every reader shares: the requests ``parse`` makes of ``rows``, in order.
+
+    Each row parsed counts in ``stats.rows``; a request with no prompt or output tokens is dropped and
+    counted in ``stats.dropped_zero_tokens``; reading stops once ``limit`` requests are kept (the rest
+    of the file is not parsed). A ``ValueError`` from ``parse`` becomes a :class:`TraceFormatError`
+    naming the file and the row's line.
+    """
+    out: list[TraceRequest] = []
+    for line, row in rows:
+        if limit is not None and len(out) >= limit:
+            break
+        try:
+            req = parse(row)
+        except ValueError as exc:
+            raise TraceFormatError(path, line, str(exc)) from None
+        stats.rows += 1
+        if req.prompt_tokens <= 0 or req.output_tokens <= 0:
+            stats.dropped_zero_tokens += 1
+            continue
+        out.append(req)
+    return out

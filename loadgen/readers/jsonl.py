@@ -9,7 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from core.request import TraceRequest
-from loadgen.readers.common import ReadStats, TraceFormatError, iter_json_lines, json_seconds, json_tokens
+from loadgen.readers.common import (
+    ReadStats,
+    collect_requests,
+    iter_json_lines,
+    json_seconds,
+    json_tokens,
+    require_keys,
+)
 from loadgen.readers.mooncake import hash_id_tuple
 
 REQUIRED = ("arrival_s", "prompt_tokens", "output_tokens")
@@ -17,6 +24,7 @@ OPTIONAL = ("prompt", "tenant", "priority", "deadline_s", "hash_ids")
 
 
 def _parse(obj: dict[str, object]) -> TraceRequest:
+    require_keys(obj, REQUIRED)
     arrival = json_seconds(obj["arrival_s"], "arrival_s")
     prompt_tokens = json_tokens(obj["prompt_tokens"], "prompt_tokens")
     output_tokens = json_tokens(obj["output_tokens"], "output_tokens")
@@ -50,20 +58,4 @@ def _parse(obj: dict[str, object]) -> TraceRequest:
 
 def read(path: Path, stats: ReadStats, *, limit: int | None = None) -> list[TraceRequest]:
     """Requests in file order (the first ``limit`` valid lines), not rebased."""
-    out: list[TraceRequest] = []
-    for lineno, obj in iter_json_lines(path):
-        if limit is not None and len(out) >= limit:
-            break
-        missing = [k for k in REQUIRED if k not in obj]
-        if missing:
-            raise TraceFormatError(path, lineno, f"missing key(s) {missing}")
-        try:
-            req = _parse(obj)
-        except ValueError as exc:
-            raise TraceFormatError(path, lineno, str(exc)) from None
-        stats.rows += 1
-        if req.prompt_tokens == 0 or req.output_tokens == 0:
-            stats.dropped_zero_tokens += 1
-            continue
-        out.append(req)
-    return out
+    return collect_requests(path, stats, iter_json_lines(path), _parse, limit=limit)

@@ -10,7 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from core.request import TraceRequest
-from loadgen.readers.common import ReadStats, TraceFormatError, iter_json_lines, json_seconds, json_tokens
+from loadgen.readers.common import (
+    ReadStats,
+    collect_requests,
+    iter_json_lines,
+    json_seconds,
+    json_tokens,
+    require_keys,
+)
 
 REQUIRED = ("timestamp", "input_length", "output_length")
 
@@ -22,30 +29,17 @@ def hash_id_tuple(value: object) -> tuple[int, ...]:
     return tuple(value)
 
 
+def _parse(obj: dict[str, object]) -> TraceRequest:
+    require_keys(obj, REQUIRED)
+    return TraceRequest(
+        arrival_s=json_seconds(obj["timestamp"], "timestamp") / 1000.0,
+        prompt_tokens=json_tokens(obj["input_length"], "input_length"),
+        output_tokens=json_tokens(obj["output_length"], "output_length"),
+        hash_ids=hash_id_tuple(obj["hash_ids"]) if obj.get("hash_ids") is not None else None,
+        extra={k: v for k, v in obj.items() if k not in REQUIRED and k != "hash_ids"},
+    )
+
+
 def read(path: Path, stats: ReadStats, *, limit: int | None = None) -> list[TraceRequest]:
     """Requests in file order (the first ``limit`` valid lines), arrivals in seconds, not rebased."""
-    out: list[TraceRequest] = []
-    for lineno, obj in iter_json_lines(path):
-        if limit is not None and len(out) >= limit:
-            break
-        missing = [k for k in REQUIRED if k not in obj]
-        if missing:
-            raise TraceFormatError(path, lineno, f"missing key(s) {missing}")
-        try:
-            arrival = json_seconds(obj["timestamp"], "timestamp") / 1000.0
-            prompt = json_tokens(obj["input_length"], "input_length")
-            output = json_tokens(obj["output_length"], "output_length")
-            hashes = hash_id_tuple(obj["hash_ids"]) if obj.get("hash_ids") is not None else None
-        except ValueError as exc:
-            raise TraceFormatError(path, lineno, str(exc)) from None
-        stats.rows += 1
-        if prompt == 0 or output == 0:
-            stats.dropped_zero_tokens += 1
-            continue
-        extra = {k: v for k, v in obj.items() if k not in REQUIRED and k != "hash_ids"}
-        out.append(
-            TraceRequest(
-                arrival_s=arrival, prompt_tokens=prompt, output_tokens=output, hash_ids=hashes, extra=extra
-            )
-        )
-    return out
+    return collect_requests(path, stats, iter_json_lines(path), _parse, limit=limit)

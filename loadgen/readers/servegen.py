@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.request import TraceRequest
-from loadgen.readers.common import ReadStats, TraceFormatError
+from loadgen.readers.common import ReadStats, TraceFormatError, collect_requests
 
 if TYPE_CHECKING:
     import numpy as np
@@ -240,6 +240,27 @@ def _draw(rng: np.random.Generator, dist: tuple[list[float], list[float]], n: in
     return rng.choice(np.asarray(values), size=n, p=p / p.sum())
 
 
+@dataclass(frozen=True, slots=True)
+class _Drawn:
+    """One (client, window)'s generated arrivals, lengths and reasoning ratios, indexed alike."""
+
+    times: np.ndarray
+    prompts: np.ndarray
+    outputs: np.ndarray
+    ratios: np.ndarray | None
+    tenant: str
+
+    def request(self, k: int) -> TraceRequest:
+        extra: dict[str, object] = {} if self.ratios is None else {"reason_ratio": float(self.ratios[k])}
+        return TraceRequest(
+            arrival_s=float(self.times[k]),
+            prompt_tokens=int(self.prompts[k]),
+            output_tokens=int(self.outputs[k]),
+            tenant=self.tenant,
+            extra=extra,
+        )
+
+
 def read(
     path: Path,
     stats: ReadStats,
@@ -308,21 +329,7 @@ def read(
             ratios = None
             if dataset.has(i, "reason_ratio") and dataset.dist(i, "reason_ratio")[0]:
                 ratios = _draw(ratio_rng, dataset.dist(i, "reason_ratio"), n)
-            keep = times >= start_s
-            stats.rows += int(keep.sum())
-            for k in np.flatnonzero(keep):
-                p, o = int(prompts[k]), int(outs[k])
-                if p <= 0 or o <= 0:
-                    stats.dropped_zero_tokens += 1
-                    continue
-                extra: dict[str, object] = {} if ratios is None else {"reason_ratio": float(ratios[k])}
-                out.append(
-                    TraceRequest(
-                        arrival_s=float(times[k]),
-                        prompt_tokens=p,
-                        output_tokens=o,
-                        tenant=tenant,
-                        extra=extra,
-                    )
-                )
+            drawn = _Drawn(times, prompts, outs, ratios, tenant)
+            keep = np.flatnonzero(times >= start_s)
+            out += collect_requests(path, stats, ((None, int(k)) for k in keep), drawn.request)
     return out

@@ -13,10 +13,25 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from core.request import TraceRequest
-from loadgen.readers.common import ReadStats, TraceFormatError, iter_json_lines, json_tokens
+from loadgen.readers.common import ReadStats, collect_requests, iter_json_lines, json_tokens, require_keys
 
 REQUIRED = ("prompt", "prompt_tokens_cl100k", "response_tokens_cl100k")
 _EXTRA = ("id", "n_turns", "prompt_chars", "response_chars", "response_words")
+
+
+def _parse(obj: dict[str, object]) -> TraceRequest:
+    """A pair as a request at time 0 (its arrival is attached once every pair is read)."""
+    require_keys(obj, REQUIRED)
+    prompt = obj["prompt"]
+    if not isinstance(prompt, str):
+        raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
+    return TraceRequest(
+        arrival_s=0.0,
+        prompt_tokens=json_tokens(obj["prompt_tokens_cl100k"], "prompt_tokens_cl100k"),
+        output_tokens=json_tokens(obj["response_tokens_cl100k"], "response_tokens_cl100k"),
+        prompt=prompt,
+        extra={k: obj[k] for k in _EXTRA if k in obj},
+    )
 
 
 def read(
@@ -36,26 +51,7 @@ def read(
     cap = limit
     if arrivals_from is not None:
         cap = len(arrivals_from) if cap is None else min(cap, len(arrivals_from))
-    pairs: list[tuple[str, int, int, dict[str, object]]] = []
-    for lineno, obj in iter_json_lines(path):
-        if cap is not None and len(pairs) >= cap:
-            break
-        missing = [k for k in REQUIRED if k not in obj]
-        if missing:
-            raise TraceFormatError(path, lineno, f"missing key(s) {missing}")
-        prompt = obj["prompt"]
-        if not isinstance(prompt, str):
-            raise TraceFormatError(path, lineno, f"prompt must be a string, got {type(prompt).__name__}")
-        try:
-            p = json_tokens(obj["prompt_tokens_cl100k"], "prompt_tokens_cl100k")
-            o = json_tokens(obj["response_tokens_cl100k"], "response_tokens_cl100k")
-        except ValueError as exc:
-            raise TraceFormatError(path, lineno, str(exc)) from None
-        stats.rows += 1
-        if p == 0 or o == 0:
-            stats.dropped_zero_tokens += 1
-            continue
-        pairs.append((prompt, p, o, {k: obj[k] for k in _EXTRA if k in obj}))
+    pairs = collect_requests(path, stats, iter_json_lines(path), _parse, limit=cap)
     if arrivals_from is not None:
         times = [float(t) for t in arrivals_from[: len(pairs)]]
         if not all(math.isfinite(t) for t in times):
@@ -68,7 +64,4 @@ def read(
         assert rate is not None
         rng = np.random.default_rng(seed)
         times = arrival_times(len(pairs), rate=rate, arrival=arrival, cv=cv, rng=rng).tolist()
-    return [
-        TraceRequest(arrival_s=t, prompt_tokens=p, output_tokens=o, prompt=text, extra=extra)
-        for t, (text, p, o, extra) in zip(times, pairs, strict=True)
-    ]
+    return [pair.with_arrival(t) for t, pair in zip(times, pairs, strict=True)]

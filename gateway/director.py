@@ -1,0 +1,297 @@
+"""The director: one request's path through the gateway, phase by phase.
+
+:meth:`Director.handle` reads as the list of its phases: receive → authenticate → resolve the model →
+count tokens → predict → enqueue → wait for dispatch → forward (retrying on another backend while
+nothing has reached the client) → settle. Each phase is one method here; the request's state and its
+backend reservation are its :class:`~gateway.lifecycle.Lifecycle`, which releases the reservation
+exactly once on every way out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from core.distribution import LengthDistribution
+from core.outcomes import CancelStage, Outcome, PredictionPath, Reason
+from gateway import errors
+from gateway.backends import BackendPool
+from gateway.disconnect import DisconnectGuard
+from gateway.dispatcher import Dispatcher, QueueFull
+from gateway.intake import ClientRequest, Intake
+from gateway.lifecycle import Lifecycle
+from gateway.metrics import GatewayMetrics
+from gateway.openai_schema import Route
+from gateway.predict import GatewayPredictor, PredictInput, cap
+from gateway.proxy import Failed, Proxy
+from gateway.queue import Dispatched, GatewayRequest
+from gateway.settings import GatewaySettings
+from gateway.stream import SHUTDOWN_MESSAGE
+from gateway.tenants import Identity, identify
+from gateway.tokens import acount_prompt
+
+log = logging.getLogger("sagegate.gateway")
+
+
+class Director:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        intake: Intake,
+        predictor: GatewayPredictor,
+        dispatcher: Dispatcher,
+        pool: BackendPool,
+        proxy: Proxy,
+        metrics: GatewayMetrics,
+        known_models: Callable[[], set[str]],
+        draining: Callable[[], bool],
+    ) -> None:
+        self.settings = settings
+        self.intake = intake
+        self.predictor = predictor
+        self.dispatcher = dispatcher
+        self.pool = pool
+        self.proxy = proxy
+        self.metrics = metrics
+        self.known_models = known_models
+        self.draining = draining
+        self.clock = dispatcher.clock
+        self.max_attempts = settings.upstream.max_attempts
+        self.ledger: dict[int, Lifecycle] = {}
+        """Every request from enqueue to its end (streams included): empty when the gateway is idle."""
+        self.waiting: set[asyncio.Task[Any]] = set()
+        """Handlers in :meth:`serve` (queued, or waiting for a first byte or a whole answer)."""
+        self._ids = itertools.count()
+
+    @property
+    def closing(self) -> bool:
+        """:meth:`close_all` ran: the gateway is ending what is still running."""
+        return self.proxy.closing
+
+    async def handle(self, request: Request, route: Route) -> Response:
+        """Answer one ``POST`` to a generation route; raises :class:`GatewayError` for the gateway's
+        own refusals (the app turns them into responses)."""
+        self.refuse_if_draining()
+        try:
+            client = await self.receive(request, route)
+        except ClientDisconnect:  # the client left mid-upload: nothing to answer, nothing to log
+            return self.client_gone(route, CancelStage.UPLOAD)
+        async with DisconnectGuard(request.receive):
+            arrival = self.clock()
+            who = self.authenticate(request, arrival)
+            self.resolve_model(client)
+            inp = await self.count_tokens(client, who)
+            prediction, path = await self.predict(inp)
+            lc = self.enqueue(self.describe(client, who, inp, prediction, path, arrival))
+            return await self.serve(lc, inp)
+        return self.client_gone(route)
+
+    # --- before the queue ---------------------------------------------------------------------
+    def refuse_if_draining(self) -> None:
+        if self.draining():
+            raise errors.unavailable(Reason.DRAINING, SHUTDOWN_MESSAGE, retry_after=1)
+
+    async def receive(self, request: Request, route: Route) -> ClientRequest:
+        """The body, within the size limit, parsed and validated (raises ``ClientDisconnect``)."""
+        raw = await self.intake.read_body(request)
+        return self.intake.parse(raw, route)
+
+    def authenticate(self, request: Request, now: float) -> Identity:
+        """Tenant, priority and deadline (401 for a bad key)."""
+        return identify(request.headers, self.settings.api_keys, now)
+
+    def resolve_model(self, client: ClientRequest) -> None:
+        """404 for a model no backend serves (when the backends list theirs)."""
+        model = client.params.model
+        known = self.known_models()
+        if known and model not in known:
+            raise errors.GatewayError(
+                404, f"the model {model!r} does not exist", reason=Reason.MODEL_NOT_FOUND, param="model"
+            )
+
+    async def count_tokens(self, client: ClientRequest, who: Identity) -> PredictInput:
+        """The prompt's length in tokens, as the predictor's input."""
+        try:
+            prompt_tokens = await acount_prompt(client.prompt, self.settings.tokenizer)
+        except (TypeError, ValueError, AttributeError, IndexError, KeyError):
+            raise errors.bad_request("the prompt could not be tokenised", "prompt") from None
+        return PredictInput(client.prompt, max(1, prompt_tokens), client.params.model, who.tenant)
+
+    async def predict(self, inp: PredictInput) -> tuple[LengthDistribution | None, str]:
+        """The output-length distribution and the path the predictor took; a failing predictor
+        leaves the request without a prediction (path ``error``), never fails it."""
+        try:
+            dist, path = await self.predictor.predict(inp)
+        except Exception:
+            log.exception("the predictor failed; the request goes on without a prediction")
+            dist, path = None, PredictionPath.ERROR
+        self.metrics.predictor_paths.labels(path).inc()
+        if dist is not None:
+            self.metrics.predicted.observe(dist.mean)
+        return dist, path
+
+    def describe(
+        self,
+        client: ClientRequest,
+        who: Identity,
+        inp: PredictInput,
+        prediction: LengthDistribution | None,
+        path: str,
+        arrival: float,
+    ) -> GatewayRequest:
+        """The request as the policy and the dispatcher see it."""
+        rid = next(self._ids)
+        if self.settings.log_prompts:
+            log.info("request %d from %s: %r", rid, who.tenant, client.prompt)
+        max_tokens = client.max_tokens
+        return GatewayRequest(
+            rid,
+            arrival,
+            inp.prompt_tokens,
+            body=client.body,
+            route=client.route,
+            model=client.params.model,
+            prompt=client.prompt,
+            tenant=who.tenant,
+            priority=who.priority,
+            deadline_s=who.deadline_s,
+            prediction=cap(prediction, max_tokens) if self.settings.cap_at_max_tokens else prediction,
+            prediction_path=path,
+            stream=client.stream,
+            want_usage=client.want_usage,
+            max_tokens=max_tokens,
+        )
+
+    def enqueue(self, req: GatewayRequest) -> Lifecycle:
+        """Into the dispatcher's queue, unless the gateway is closing, no backend is healthy or the
+        queue is full (503, 503, 429)."""
+        retry = self.settings.queue.retry_after_s
+        if self.closing:
+            raise errors.unavailable(Reason.DRAINING, SHUTDOWN_MESSAGE, retry_after=1)
+        if not self.pool.any_healthy():
+            self.metrics.rejected(Reason.NO_HEALTHY_BACKEND)
+            raise errors.unavailable(Reason.NO_HEALTHY_BACKEND, "no backend is healthy", retry)
+        lc = Lifecycle(req, self.dispatcher, self.ledger)
+        try:
+            lc.enqueue()
+        except QueueFull as exc:
+            self.metrics.rejected(exc.reason)
+            raise errors.busy(exc.reason, "the gateway's queue is full", retry) from exc
+        return lc
+
+    # --- from the queue to the client -----------------------------------------------------------
+    async def serve(self, lc: Lifecycle, inp: PredictInput) -> Response:
+        """Wait for dispatch and forward with retry, settling ``lc`` on every way out: the client
+        leaving, the gateway closing (a 503), a bug in the gateway."""
+        task = asyncio.current_task()
+        if task is not None:
+            self.waiting.add(task)
+        try:
+            return await self.forward_with_retry(lc, inp)
+        except asyncio.CancelledError:
+            stage = lc.cancel()
+            if stage is not None and not self.closing:
+                self.metrics.cancellations.labels(stage).inc()
+            if self.closing and task is not None and task.cancelling():
+                task.uncancel()  # cancelled by close_all, not by the client
+                self.metrics.rejected(Reason.DRAINING)
+                raise errors.unavailable(Reason.DRAINING, SHUTDOWN_MESSAGE, retry_after=1) from None
+            raise
+        except errors.GatewayError:
+            raise
+        except Exception:  # the gateway's own bug: still settle and count the request
+            log.exception("request %s failed inside the gateway", lc.req.rid)
+            if not lc.final:
+                lc.fail()
+            self.metrics.requests.labels(lc.req.route, Outcome.ERROR).inc()
+            raise
+        finally:
+            if task is not None:
+                self.waiting.discard(task)
+
+    async def forward_with_retry(self, lc: Lifecycle, inp: PredictInput) -> Response:
+        """Try the backend the dispatcher picks; on a failure before the first byte, queue again for
+        another, up to ``upstream.max_attempts`` tries (then 502, or 429 if a backend throttled)."""
+        req = lc.req
+        throttled: Failed | None = None
+        while True:
+            idx = await self.wait_for_dispatch(lc)
+            backend = self.pool.backends[idx]
+            outcome = await self.proxy.attempt(lc, backend, inp)
+            if not isinstance(outcome, Failed):
+                return outcome
+            if outcome.throttled:
+                throttled = outcome
+            req.attempt += 1
+            req.excluded.add(idx)
+            if req.attempt >= self.max_attempts or not self._others_healthy(req):
+                lc.reject()
+                if throttled is not None:
+                    self.metrics.rejected(Reason.UPSTREAM_RATE_LIMITED)
+                    raise errors.rate_limited(
+                        f"the backend is over its rate limit ({throttled.why})", throttled.retry_after
+                    )
+                self.metrics.rejected(Reason.UPSTREAM_FAILED)
+                raise errors.upstream_failed(f"backends failed: {outcome.why}")
+            self.metrics.retries.labels(backend.name).inc()
+            lc.retry()
+
+    def _others_healthy(self, req: GatewayRequest) -> bool:
+        """Whether a backend ``req`` has not tried yet could take it now."""
+        return any(
+            b.healthy and i not in req.excluded and b.serves(req.model)
+            for i, b in enumerate(self.pool.backends)
+        )
+
+    async def wait_for_dispatch(self, lc: Lifecycle) -> int:
+        """The backend the dispatcher chose, within ``queue.max_wait_s`` of enqueueing (then 429, or
+        503 if no backend is healthy); the dispatcher's own refusal is passed on."""
+        fut = lc.future
+        assert fut is not None
+        limit = self.settings.queue.max_wait_s - (self.clock() - lc.req.t_enqueue)
+        if not fut.done():
+            await asyncio.wait((fut,), timeout=max(0.0, limit))
+        retry = self.settings.queue.retry_after_s
+        if not fut.done():
+            lc.withdraw()
+            if self.pool.any_healthy():
+                self.metrics.rejected(Reason.QUEUE_TIMEOUT)
+                raise errors.busy(
+                    Reason.QUEUE_TIMEOUT, "backends are busy; the request waited too long", retry
+                )
+            self.metrics.rejected(Reason.NO_HEALTHY_BACKEND)
+            raise errors.unavailable(Reason.NO_HEALTHY_BACKEND, "no backend is healthy", retry)
+        exc = fut.exception()
+        if isinstance(exc, Dispatched):
+            lc.reject()
+            self.metrics.rejected(exc.reason)
+            if exc.reason == Reason.NO_HEALTHY_BACKEND:
+                raise errors.unavailable(exc.reason, "no backend is healthy", retry)
+            raise errors.busy(exc.reason, f"the scheduling policy refused the request: {exc.reason}", 1)
+        return lc.dispatched()
+
+    # --- the end ----------------------------------------------------------------------------------
+    def client_gone(self, route: Route, stage: CancelStage | None = None) -> Response:
+        """The client left before its answer: nothing to send (499 for the access log)."""
+        if stage is not None:
+            self.metrics.cancellations.labels(stage).inc()
+        self.metrics.requests.labels(route, Outcome.CLIENT_GONE).inc()
+        return Response(status_code=499)
+
+    def close_all(self, message: str = SHUTDOWN_MESSAGE) -> None:
+        """End everything still running (the drain deadline): streams with an SSE error event, the
+        rest with a 503, every reservation released. New requests get 503 from now on."""
+        self.proxy.closing = True
+        streams, waiting = list(self.proxy.streams), list(self.waiting)
+        for stream in streams:
+            stream.abort(message)
+        for task in waiting:
+            task.cancel()
+        if streams or waiting:
+            log.warning("drain deadline: ended %d streams and %d requests", len(streams), len(waiting))
