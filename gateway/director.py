@@ -30,7 +30,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.openai_schema import Route
 from gateway.predict import GatewayPredictor, PredictInput, cap
 from gateway.proxy import Failed, Proxy
-from gateway.queue import Dispatched, GatewayRequest
+from gateway.queue import DispatchRefused, GatewayRequest
 from gateway.settings import GatewaySettings
 from gateway.stream import SHUTDOWN_MESSAGE
 from gateway.tenants import Identity, identify
@@ -268,7 +268,7 @@ class Director:
             self.metrics.rejected(Reason.NO_HEALTHY_BACKEND)
             raise errors.unavailable(Reason.NO_HEALTHY_BACKEND, "no backend is healthy", retry)
         exc = fut.exception()
-        if isinstance(exc, Dispatched):
+        if isinstance(exc, DispatchRefused):
             lc.reject()
             self.metrics.rejected(exc.reason)
             if exc.reason == Reason.NO_HEALTHY_BACKEND:

@@ -1,10 +1,12 @@
 """The dispatcher: best-ranked request first, to the backend the admission rule picks.
 
-It mirrors ``sim.des.Simulation._dispatch`` line for line — peek the head, charge it
-(``policies.admission.Charge``), ask ``choose_backend``, let the policy screen it, dispatch or stop —
-so the simulator's results describe this code. One input the simulator does not have yet: the charge
-counts the share of a prompt that the engines' KV gauges say prompts really cost
-(``policies.prompt_share``; 1 until measured, so where nothing is shared the two agree). It runs on
+The pass itself — peek the head, charge it, choose a backend, let the policy screen it, dispatch,
+refuse or stop — is ``policies.dispatch_loop.DispatchLoop``, the code the simulator's gateway level
+runs too, so the simulator's results describe this code. What is the gateway's own is its driver
+(:class:`_GatewayDriver`): the charge counts the share of a prompt that the engines' KV gauges say
+prompts really cost (``policies.prompt_share``; 1 until measured, so where nothing is shared it is the
+simulator's charge), a retried request avoids the backends it failed on, and a decision resolves the
+waiting handler's future. It runs on
 the event loop, woken (coalesced, once per loop iteration) by whatever can make room: an arrival, a
 first byte, a completion, a scrape, a backend coming back or going down (when none is healthy, the
 queue is answered at once). Each decision is O(log n) in the queue (heap) plus O(backends).
@@ -18,9 +20,10 @@ from collections.abc import Callable, Sequence
 
 from gateway.backends import BackendPool
 from gateway.metrics import GatewayMetrics
-from gateway.queue import BoundedQueue, Dispatched, GatewayRequest
-from policies.admission import AdmissionConfig, Charge, choose_backend, usage_after
-from policies.base import ADMIT, Capability, LoadView, Policy, Verdict
+from gateway.queue import BoundedQueue, DispatchRefused, GatewayRequest
+from policies.admission import AdmissionConfig, Charge
+from policies.base import Capability, Policy
+from policies.dispatch_loop import DispatchLoop
 from policies.prompt_share import charged_prompt
 
 
@@ -52,9 +55,10 @@ class Dispatcher:
         self.capacity_requests = capacity_requests * max(1, len(pool))
         self.pending_s = pending_s
         self._scheduled = False
-        self._screens = Capability.SCREEN in policy.capabilities
-        """Only a policy that screens gets a :class:`LoadView` (building one costs O(backends))."""
-        self.decisions = 0
+        self.dispatch_loop = DispatchLoop(
+            policy, admission, queue, _GatewayDriver(self), capacity_requests=self.capacity_requests
+        )
+        """The admission rule's dispatch pass (``policies.dispatch_loop``, the simulator's own)."""
 
     # --- entry points -------------------------------------------------------------------------
     def submit(self, req: GatewayRequest) -> asyncio.Future[int]:
@@ -103,53 +107,12 @@ class Dispatcher:
 
     def dispatch(self) -> int:
         """Dispatch queued requests, best rank first, while a backend admits the head. Returns how many."""
-        now, queue, cfg = self.clock(), self.queue, self.cfg
-        loads = self.pool.loads
-        sent = 0
-        while len(queue):
-            req = queue.peek(now)
-            assert req is not None
-            charge = self._charge(req)
-            self.decisions += 1
-            idx = choose_backend(charge, loads, cfg, req.prompt_tokens, self._allowed(req))
-            if self._screens:
-                view = LoadView(
-                    kv_usage=usage_after(charge.value, idx, loads),
-                    queue_len=len(queue),
-                    capacity_requests=self.capacity_requests,
-                )
-                screening = self.policy.screen(req, now, view)
-            else:
-                screening = ADMIT
-            if screening.verdict is Verdict.REJECT:
-                self.withdraw(req)
-                _resolve_error(req, screening.reason or "rejected_by_policy")
-                continue
-            if screening.verdict is Verdict.HOLD or idx is None:
-                if idx is None and not self.pool.any_healthy():
-                    self._fail_queued("no_healthy_backend")
-                return sent
-            queue.remove(req)
-            self.policy.on_dispatch(req, now)
-            b = self.pool.backends[idx]
-            loads[idx].charge(charge)
-            req.backend = idx
-            b.sent(req.rid, req.prompt_tokens)
-            req.t_dispatch = now
-            asyncio.get_running_loop().call_later(self.pending_s, self._expire, req, idx, req.attempt)
-            if self.metrics is not None:
-                self.metrics.dispatched(b.name, now - req.t_enqueue)
-            fut = req.future
-            if fut is not None and not fut.done():
-                fut.set_result(idx)
-            sent += 1
-        return sent
+        return self.dispatch_loop.run(self.clock()).dispatched
 
-    def _fail_queued(self, reason: str) -> None:
-        """Nothing can serve: answer every queued request now rather than at ``queue.max_wait_s``."""
-        for req in self.queue.ordered(self.clock()):
-            self.withdraw(req)
-            _resolve_error(req, reason)
+    @property
+    def decisions(self) -> int:
+        """Head decisions taken so far."""
+        return self.dispatch_loop.decisions
 
     def _charge(self, req: GatewayRequest) -> Charge:
         """``req``'s charge at the pool's current prompt share (rebuilt only when that moved)."""
@@ -159,13 +122,6 @@ class Dispatcher:
             charge = req.charge = Charge(prompt, req.prediction, self.cfg)
             req.charged_prompt = prompt
         return charge
-
-    def _allowed(self, req: GatewayRequest) -> Sequence[bool] | None:
-        """Which backends ``req`` may use (None: all): those it has not failed on that serve its model."""
-        backends = self.pool.backends
-        if not req.excluded and all(b.serves(req.model) for b in backends):
-            return None
-        return [i not in req.excluded and b.serves(req.model) for i, b in enumerate(backends)]
 
     # --- life of a dispatched request ---------------------------------------------------------
     def stop_waiting(self, req: GatewayRequest) -> None:
@@ -209,7 +165,44 @@ class Dispatcher:
         self.kick()
 
 
+class _GatewayDriver:
+    """The dispatch loop's driver in the gateway (``policies.dispatch_loop.AdmissionDriver``): charges at
+    the pool's prompt share, masks failed backends and other models, resolves the waiting handler's
+    future."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.d = dispatcher
+        self.loads = dispatcher.pool.loads
+
+    def charge(self, req: GatewayRequest) -> Charge:
+        return self.d._charge(req)
+
+    def allowed(self, req: GatewayRequest) -> Sequence[bool] | None:
+        """Which backends ``req`` may use (None: all): those it has not failed on that serve its model."""
+        backends = self.d.pool.backends
+        if not req.excluded and all(b.serves(req.model) for b in backends):
+            return None
+        return [i not in req.excluded and b.serves(req.model) for i, b in enumerate(backends)]
+
+    def dispatched(self, req: GatewayRequest, backend: int, charge: Charge, now: float) -> None:
+        """Sent: the backend counts it waiting (``Backend.sent``) until its first byte or ``pending_s``."""
+        d = self.d
+        b = d.pool.backends[backend]
+        req.backend = backend
+        b.sent(req.rid, req.prompt_tokens)
+        req.t_dispatch = now
+        asyncio.get_running_loop().call_later(d.pending_s, d._expire, req, backend, req.attempt)
+        if d.metrics is not None:
+            d.metrics.dispatched(b.name, now - req.t_enqueue)
+        fut = req.future
+        if fut is not None and not fut.done():
+            fut.set_result(backend)
+
+    def refused(self, req: GatewayRequest, reason: str) -> None:
+        _resolve_error(req, reason)
+
+
 def _resolve_error(req: GatewayRequest, reason: str) -> None:
     fut = req.future
     if fut is not None and not fut.done():
-        fut.set_exception(Dispatched(reason))
+        fut.set_exception(DispatchRefused(reason))

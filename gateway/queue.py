@@ -16,8 +16,9 @@ from policies.base import Policy, SchedRequest
 from policies.queue import PolicyQueue
 
 
-class Dispatched(Exception):
-    """Why a queued request will never be dispatched (set on its future)."""
+class DispatchRefused(Exception):
+    """A queued request will never be dispatched (set on its future): ``reason`` says why (the policy
+    rejected it, or no backend is healthy)."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)

@@ -5,7 +5,8 @@ It jumps from event to event — arrivals and step ends — never ticking a fixe
 * ``engine``: requests go straight to the engines (round robin, as a plain load balancer would) and
   the policy orders each engine's waiting queue. ``--level engine --policy fcfs`` is vLLM alone.
 * ``gateway``: requests wait in the gateway's queue, ordered by the policy, and are dispatched by the
-  memory-aware admission rule (``policies.admission``, the live gateway's rule) to FCFS engines.
+  memory-aware admission rule to FCFS engines, through the live gateway's own dispatch pass
+  (``policies.dispatch_loop``; its driver here is ``sim.gateway_level.SimGateway``).
 
 Everything is deterministic for a workload, a policy and a seed.
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -23,25 +23,24 @@ from core.predictor import LengthPredictor
 from core.record import RequestRecord
 from core.request import PredictionQuery, TraceRequest
 from core.summary import summarize
-from policies.admission import AdmissionConfig, BackendLoad, Charge, choose_backend, usage_after
-from policies.base import ENGINE, GATEWAY, Capability, LoadView, Policy, Verdict
+from policies.admission import AdmissionConfig
+from policies.base import ENGINE, GATEWAY, Capability, Policy
 from policies.fifo import FCFS
 from policies.queue import PolicyQueue
 from sim.config import EngineConfig
 from sim.engine import Engine, EngineRequest, Step
+from sim.gateway_level import QueueLimits, SimGateway
 from sim.perf import PerfModel
 
-
-@dataclass(frozen=True)
-class QueueLimits:
-    """The live gateway's bounds on its queue (``gateway.settings.QueueSettings``), in engine time:
-    an arrival past ``max_requests`` or ``max_tokens`` queued prompt tokens is rejected
-    (``queue_full_requests`` / ``queue_full_tokens``), a request still queued after ``max_wait_s`` is
-    rejected (``queue_timeout``)."""
-
-    max_requests: int = 10_000
-    max_tokens: int = 50_000_000
-    max_wait_s: float = 60.0
+__all__ = [
+    "QueueLimits",
+    "SimResult",
+    "SimSetup",
+    "Simulation",
+    "client_view",
+    "engine_config_for",
+    "simulate",
+]
 
 
 @dataclass
@@ -83,16 +82,6 @@ class SimResult:
     wall_s: float
 
 
-class _Flight:
-    """The gateway's view of one dispatched request: its KV charge and where it went."""
-
-    __slots__ = ("backend", "charge")
-
-    def __init__(self, backend: int, charge: Charge) -> None:
-        self.backend = backend
-        self.charge = charge
-
-
 class Simulation:
     """One run. Use :func:`simulate`; this class holds the event loop's state."""
 
@@ -107,10 +96,19 @@ class Simulation:
             for i in range(setup.engines)
         ]
         self.policy = setup.policy
-        self.gateway = gateway
-        self.queue: PolicyQueue[EngineRequest] = PolicyQueue(setup.policy)
-        self.loads = [BackendLoad(e.capacity_tokens) for e in self.engines]
-        self.flights: dict[EngineRequest, _Flight] = {}
+        self.gw: SimGateway | None = None
+        if gateway:
+            self.gw = SimGateway(
+                setup.policy,
+                setup.admission,
+                [e.capacity_tokens for e in self.engines],
+                capacity_requests=setup.engine.max_num_seqs * setup.engines,
+                limits=setup.queue_limits,
+                send=self._send,
+                refuse=self._reject,
+            )
+        self.queue: PolicyQueue[EngineRequest] = self.gw.queue if self.gw is not None else PolicyQueue(FCFS())
+        """The gateway's queue (always empty at engine level)."""
         self.records: dict[int, RequestRecord] = {}
         self.by_req: dict[EngineRequest, TraceRequest] = {}
         self.steps: list[Step | None] = [None] * len(self.engines)
@@ -122,13 +120,8 @@ class Simulation:
         self.in_system = 0
         self.area_system = 0.0
         self.area_queued = 0.0
-        self.capacity_requests = setup.engine.max_num_seqs * setup.engines
         self.progress_hook = Capability.PROGRESS_HOOK in setup.policy.capabilities
-        self.head_charges: dict[EngineRequest, Charge] = {}  # queued requests' charges, built once
         self.peak_rule = gateway and setup.admission.rule == "peak"
-        self.limits = setup.queue_limits if gateway else None
-        self.expiry: deque[tuple[float, EngineRequest]] = deque()  # (timeout, request), in arrival order
-        self.queued_tokens = 0
 
     # --- the loop -----------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -203,19 +196,16 @@ class Simulation:
         if tr.prompt_tokens + max(tr.output_tokens, tr.max_tokens or 0) > self.engines[0].capacity_tokens:
             rec.status, rec.reason = "rejected", "context_too_long"
             return
-        if self.limits is not None:
-            full = self._full_reason(req)
+        gw = self.gw
+        if gw is not None:
+            full = gw.full_reason(req)
             if full is not None:
                 rec.status, rec.reason = "rejected", full
                 return
         self.in_system += 1
-        if self.gateway:
-            self.policy.on_arrival(req, now)
-            self.queue.push(req, now)
-            if self.limits is not None:
-                self.queued_tokens += req.prompt_tokens
-                self.expiry.append((now + self.limits.max_wait_s, req))
-            self._dispatch()
+        if gw is not None:
+            gw.enqueue(req, now)
+            gw.dispatch(now, self.engines)
         else:
             idx = self.rr
             self.rr = (self.rr + 1) % len(self.engines)
@@ -228,75 +218,12 @@ class Simulation:
         self.engines[idx].add(req, self.now)
         self._kick(idx)
 
-    # --- the gateway --------------------------------------------------------------------------
-    def _full_reason(self, req: EngineRequest) -> str | None:
-        """Why the live gateway's bounded queue would refuse ``req`` (``gateway.queue.BoundedQueue``)."""
-        limits = self.limits
-        assert limits is not None
-        if len(self.queue) >= limits.max_requests:
-            return "queue_full_requests"
-        if self.queued_tokens + req.prompt_tokens > limits.max_tokens and len(self.queue) > 0:
-            return "queue_full_tokens"
-        return None
-
-    def _expire(self) -> None:
-        """Reject requests queued longer than ``max_wait_s`` (at the first event after their timeout:
-        nothing could have dispatched them in between)."""
-        expiry, now = self.expiry, self.now
-        while expiry and expiry[0][0] <= now:
-            _, req = expiry.popleft()
-            if self.queue.remove(req):
-                self._unqueue(req)
-                self._reject(req, "queue_timeout")
-
-    def _unqueue(self, req: EngineRequest) -> None:
-        self.head_charges.pop(req, None)
-        if self.limits is not None:
-            self.queued_tokens -= req.prompt_tokens
-
-    def _dispatch(self) -> None:
-        """Dispatch queued requests, best rank first, while a backend admits the head."""
-        if self.expiry:
-            self._expire()
-        now, queue, loads, cfg = self.now, self.queue, self.loads, self.setup.admission
-        for load, eng in zip(loads, self.engines, strict=True):
-            load.waiting = eng.num_waiting
-            load.waiting_tokens = eng.waiting_tokens
-            load.running = eng.num_running
-        while queue:
-            req = queue.peek(now)
-            assert req is not None
-            charge = self.head_charges.get(req)
-            if charge is None:  # a fresh charge depends only on the request: build it once
-                charge = self.head_charges[req] = Charge(req.prompt_tokens, req.prediction, cfg)
-            idx = choose_backend(charge, loads, cfg, req.prompt_tokens)
-            view = LoadView(
-                kv_usage=usage_after(charge.value, idx, loads),
-                queue_len=len(queue),
-                capacity_requests=self.capacity_requests,
-            )
-            screening = self.policy.screen(req, now, view)
-            if screening.verdict is Verdict.REJECT:
-                queue.remove(req)
-                self._unqueue(req)
-                self._reject(req, screening.reason or "rejected_by_policy")
-                continue
-            if screening.verdict is Verdict.HOLD or idx is None:
-                return
-            queue.remove(req)
-            self._unqueue(req)
-            self.policy.on_dispatch(req, now)
-            self.flights[req] = req.user = _Flight(idx, charge)
-            loads[idx].charge(charge)
-            loads[idx].waiting += 1
-            loads[idx].waiting_tokens += req.prompt_tokens
-            self._send(req, idx)
-
+    # --- the gateway ---------------------------------------------------------------------------
     def _reject(self, req: EngineRequest, reason: str) -> None:
+        """The gateway refused ``req`` for good (the policy has been told)."""
         rec = self.records[req.rid]
         rec.status, rec.reason = "rejected", reason
         self.in_system -= 1
-        self.policy.on_finish(req, self.now)
 
     # --- engines ------------------------------------------------------------------------------
     def _kick(self, idx: int) -> None:
@@ -328,19 +255,17 @@ class Simulation:
         records = self.records
         for req in out.first:
             records[req.rid].first_token_s = req.t_first_token
-        if self.gateway:
-            loads = self.loads
-            for req in out.emitted:
-                flight: _Flight = req.user  # set at dispatch
-                loads[flight.backend].progress(flight.charge, req.generated)
+        gw = self.gw
+        if gw is not None:
+            gw.progressed(out.emitted)
             if self.progress_hook:
                 on_progress, k = self.policy.on_progress, step.k
                 for req in out.emitted:
                     on_progress(req, k, now)
         for req in out.finished:
             self._finish(req)
-        if self.gateway:
-            self._dispatch()
+        if gw is not None:
+            gw.dispatch(now, self.engines)
         self._kick(idx)
 
     def _finish(self, req: EngineRequest) -> None:
@@ -353,10 +278,8 @@ class Simulation:
         self.in_system -= 1
         if self.setup.predictor is not None:
             self.setup.predictor.observe(PredictionQuery.of(self.by_req[req]), req.generated)
-        if self.gateway:
-            flight = self.flights.pop(req)
-            self.loads[flight.backend].release(flight.charge)
-            self.policy.on_finish(req, self.now)
+        if self.gw is not None:
+            self.gw.finish(req, self.now)
 
 
 def engine_config_for(cfg: EngineConfig, policy: Policy) -> EngineConfig:

@@ -1,0 +1,208 @@
+"""One dispatch pass of the admission rule, the same code for the live gateway and the simulated one.
+
+A pass takes the queue's best-ranked request, charges it, picks the backend that admits it
+(``policies.admission.choose_backend``), lets the policy screen it, and then dispatches it and goes
+on, refuses it and goes on, or stops (the head waits: the policy holds it or no backend has room).
+Written once so that what the simulator measures is what the gateway runs. What the two drivers do
+differently lies outside the rule and is theirs, behind :class:`AdmissionDriver`: where a charge comes
+from (the gateway counts the measured prompt share), which backends a request may use (the gateway
+masks failed backends and other models), and what a dispatch or a refusal means to the caller (an
+HTTP future, an engine's waiting list, a record).
+
+Each decision is O(log n) in a static queue (heap), plus O(backends).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from policies.admission import AdmissionConfig, BackendLoad, Charge, choose_backend, usage_after
+from policies.base import ADMIT, Capability, LoadView, Policy, SchedRequest, Verdict
+
+R = TypeVar("R", bound=SchedRequest)
+R_contra = TypeVar("R_contra", bound=SchedRequest, contravariant=True)
+
+NO_HEALTHY_BACKEND = "no_healthy_backend"
+"""Why every queued request is refused when nothing can serve (``DecisionKind.NO_HEALTHY_BACKEND``)."""
+REJECTED_BY_POLICY = "rejected_by_policy"
+"""The reason of a policy's REJECT that gave none."""
+
+
+class DispatchQueue(Protocol[R]):
+    """What the loop reads of the gateway's queue.
+
+    Invariants the loop relies on:
+
+    * ``len(queue)`` is the number of queued requests.
+    * ``peek(now)`` is the request the policy ranks first at ``now`` (None exactly when the queue is
+      empty) and leaves it queued: a head that waits is peeked again on the next pass.
+    * ``remove(req)`` takes ``req`` out (the loop only removes the head it peeked, so this is the
+      queue's pop without a second ranking) and returns whether it was queued.
+    * ``ordered(now)`` is every queued request, best first (read only when nothing can serve).
+    """
+
+    def __len__(self) -> int: ...
+
+    def peek(self, now: float) -> R | None: ...
+
+    def remove(self, req: R) -> bool: ...
+
+    def ordered(self, now: float) -> Sequence[R]: ...
+
+
+class AdmissionDriver(Protocol[R_contra]):
+    """What the loop needs from its driver: the backends' admission ledgers and four hooks.
+
+    Invariants the loop relies on:
+
+    * ``loads[i]`` is backend ``i``'s ledger, read during the pass: ``healthy``, ``waiting`` and
+      ``waiting_tokens`` are current; ``charged_tokens`` and ``holdings`` are the charges of the
+      requests dispatched there and not yet gone (the loop adds each dispatched charge; the driver
+      feeds progress and releases the charge when the request leaves).
+    * ``charge(req)`` is the request's charge, the same object while nothing it depends on moved (a
+      held head asked again on every pass costs nothing; ``Holdings.fits`` remembers it).
+    * ``allowed(req)`` masks the backends ``req`` may not use (None: all may serve it).
+    * ``dispatched(req, backend, charge, now)`` hands the request to ``backend``; on return
+      ``loads[backend].waiting`` counts it and ``waiting_tokens`` its prompt (it waits there until it
+      starts), so the next head of the same pass sees it.
+    * ``refused(req, reason)`` tells the caller ``req`` will never be dispatched; the loop has already
+      taken it out of the queue and told the policy (``on_finish``).
+    """
+
+    @property
+    def loads(self) -> Sequence[BackendLoad]: ...
+
+    def charge(self, req: R_contra) -> Charge: ...
+
+    def allowed(self, req: R_contra) -> Sequence[bool] | None: ...
+
+    def dispatched(self, req: R_contra, backend: int, charge: Charge, now: float) -> None: ...
+
+    def refused(self, req: R_contra, reason: str) -> None: ...
+
+
+class DecisionKind(enum.StrEnum):
+    DISPATCH = "dispatch"
+    """Sent to ``backend``; the pass goes on."""
+    REJECT = "reject"
+    """Refused for good (``reason``); the pass goes on."""
+    HOLD = "hold"
+    """The policy holds the head; the pass stops."""
+    NO_ROOM = "no_room"
+    """No backend admits the head's charge; the pass stops until something makes room."""
+    NO_HEALTHY_BACKEND = "no_healthy_backend"
+    """The head fits nowhere and no backend is healthy: every queued request is refused now (reason
+    ``no_healthy_backend``) rather than at its timeout; the pass stops with the queue empty."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision(Generic[R]):
+    """What the loop decided for one request."""
+
+    kind: DecisionKind
+    request: R
+    charge: Charge
+    """The charge it was judged at (the one a dispatch adds to the backend's ledger)."""
+    backend: int | None = None
+    """Where it went (DISPATCH) or would go (HOLD); None when no backend admits it."""
+    reason: str = ""
+    """Why it was refused (REJECT, NO_HEALTHY_BACKEND) or held (HOLD: the policy's reason)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PassResult(Generic[R]):
+    """One pass: how many requests it dispatched and the head decision that stopped it."""
+
+    dispatched: int
+    stop: Decision[R] | None
+    """HOLD, NO_ROOM or NO_HEALTHY_BACKEND; None when dispatches and rejections emptied the queue."""
+
+
+class DispatchLoop(Generic[R]):
+    """The admission rule applied to a queue, pass after pass (see the module docstring)."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        admission: AdmissionConfig,
+        queue: DispatchQueue[R],
+        driver: AdmissionDriver[R],
+        *,
+        capacity_requests: int,
+    ) -> None:
+        self.policy = policy
+        self.admission = admission
+        self.queue = queue
+        self.driver = driver
+        self.capacity_requests = capacity_requests
+        """What a screening policy is told the fleet runs at once (``LoadView.capacity_requests``)."""
+        self.screens = Capability.SCREEN in policy.capabilities
+        """Only a policy that screens gets asked (and a :class:`LoadView`: building one costs
+        O(backends)); any other admits everything."""
+        self.decisions = 0
+        """Head decisions taken so far."""
+        self.log: list[Decision[R]] | None = None
+        """Set it to a list to record every decision in order (tests, debugging)."""
+
+    def decide(self, req: R, now: float) -> Decision[R]:
+        """The decision for head ``req`` at ``now``; changes nothing but the counter (and whatever the
+        policy's ``screen`` keeps)."""
+        driver, loads = self.driver, self.driver.loads
+        charge = driver.charge(req)
+        self.decisions += 1
+        idx = choose_backend(charge, loads, self.admission, req.prompt_tokens, driver.allowed(req))
+        if self.screens:
+            view = LoadView(
+                kv_usage=usage_after(charge.value, idx, loads),
+                queue_len=len(self.queue),
+                capacity_requests=self.capacity_requests,
+            )
+            screening = self.policy.screen(req, now, view)
+        else:
+            screening = ADMIT
+        verdict = screening.verdict
+        if verdict is Verdict.REJECT:
+            return Decision(DecisionKind.REJECT, req, charge, reason=screening.reason or REJECTED_BY_POLICY)
+        if idx is None and not any(b.healthy for b in loads):
+            return Decision(DecisionKind.NO_HEALTHY_BACKEND, req, charge, reason=NO_HEALTHY_BACKEND)
+        if verdict is Verdict.HOLD:
+            return Decision(DecisionKind.HOLD, req, charge, idx, screening.reason)
+        if idx is None:
+            return Decision(DecisionKind.NO_ROOM, req, charge)
+        return Decision(DecisionKind.DISPATCH, req, charge, idx)
+
+    def run(self, now: float) -> PassResult[R]:
+        """Dispatch queued requests, best rank first, while a backend admits the head."""
+        queue, driver, policy, log = self.queue, self.driver, self.policy, self.log
+        sent = 0
+        while len(queue):
+            req = queue.peek(now)
+            assert req is not None
+            decision = self.decide(req, now)
+            if log is not None:
+                log.append(decision)
+            kind = decision.kind
+            if kind is DecisionKind.DISPATCH:
+                idx = decision.backend
+                assert idx is not None
+                queue.remove(req)
+                policy.on_dispatch(req, now)
+                driver.loads[idx].charge(decision.charge)
+                driver.dispatched(req, idx, decision.charge, now)
+                sent += 1
+            elif kind is DecisionKind.REJECT:
+                self._refuse(req, decision.reason, now)
+            else:
+                if kind is DecisionKind.NO_HEALTHY_BACKEND:
+                    for queued in queue.ordered(now):
+                        self._refuse(queued, NO_HEALTHY_BACKEND, now)
+                return PassResult(sent, decision)
+        return PassResult(sent, None)
+
+    def _refuse(self, req: R, reason: str, now: float) -> None:
+        self.queue.remove(req)
+        self.policy.on_finish(req, now)
+        self.driver.refused(req, reason)

@@ -1,0 +1,175 @@
+"""The simulator's gateway level: the live gateway's queue, bounds and admission ledgers, in engine time.
+
+Requests wait in a policy-ordered queue (with the live gateway's bounds, ``QueueLimits``) and are
+dispatched by ``policies.dispatch_loop.DispatchLoop`` — the live gateway's own pass — to FCFS engines.
+This class is that loop's driver (``policies.dispatch_loop.AdmissionDriver``): it charges a request
+its whole prompt (the simulator has no prompt-share gauge), lets every request use every engine, and
+hands dispatches and refusals to the simulation through two callbacks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from policies.admission import AdmissionConfig, BackendLoad, Charge
+from policies.base import Policy
+from policies.dispatch_loop import DispatchLoop, PassResult
+from policies.queue import PolicyQueue
+from sim.engine import EngineRequest
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """The live gateway's bounds on its queue (``gateway.settings.QueueSettings``), in engine time:
+    an arrival past ``max_requests`` or ``max_tokens`` queued prompt tokens is rejected
+    (``queue_full_requests`` / ``queue_full_tokens``), a request still queued after ``max_wait_s`` is
+    rejected (``queue_timeout``)."""
+
+    max_requests: int = 10_000
+    max_tokens: int = 50_000_000
+    max_wait_s: float = 60.0
+
+
+class EngineBacklog(Protocol):
+    """What the gateway level reads of an engine before each pass (its true waiting list)."""
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    @property
+    def waiting_tokens(self) -> int: ...
+
+    @property
+    def num_running(self) -> int: ...
+
+
+class Flight:
+    """The gateway's view of one dispatched request: its KV charge and where it went."""
+
+    __slots__ = ("backend", "charge")
+
+    def __init__(self, backend: int, charge: Charge) -> None:
+        self.backend = backend
+        self.charge = charge
+
+
+Send = Callable[[EngineRequest, int], None]
+"""Hand a dispatched request to engine ``idx``."""
+Refuse = Callable[[EngineRequest, str], None]
+"""Record a request refused for good (the policy has been told)."""
+
+
+class SimGateway:
+    """The gateway's queue and ledgers; the simulation tells it of arrivals, progress and finishes."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        admission: AdmissionConfig,
+        capacities: Sequence[int],
+        *,
+        capacity_requests: int,
+        limits: QueueLimits | None,
+        send: Send,
+        refuse: Refuse,
+    ) -> None:
+        self.policy = policy
+        self.queue: PolicyQueue[EngineRequest] = PolicyQueue(policy)
+        self.loads = [BackendLoad(c) for c in capacities]
+        self.admission = admission
+        self.limits = limits
+        self.send = send
+        self.refuse = refuse
+        self.flights: dict[EngineRequest, Flight] = {}
+        self.head_charges: dict[EngineRequest, Charge] = {}  # queued requests' charges, built once
+        self.expiry: deque[tuple[float, EngineRequest]] = deque()  # (timeout, request), in arrival order
+        self.queued_tokens = 0
+        self.dispatch_loop = DispatchLoop(
+            policy, admission, self.queue, self, capacity_requests=capacity_requests
+        )
+
+    # --- what the simulation tells it ---------------------------------------------------------
+    def full_reason(self, req: EngineRequest) -> str | None:
+        """Why the live gateway's bounded queue would refuse ``req`` (``gateway.queue.BoundedQueue``)."""
+        limits = self.limits
+        if limits is None:
+            return None
+        if len(self.queue) >= limits.max_requests:
+            return "queue_full_requests"
+        if self.queued_tokens + req.prompt_tokens > limits.max_tokens and len(self.queue) > 0:
+            return "queue_full_tokens"
+        return None
+
+    def enqueue(self, req: EngineRequest, now: float) -> None:
+        """``req`` arrived (and fits the bounds): it waits in the queue."""
+        self.policy.on_arrival(req, now)
+        self.queue.push(req, now)
+        if self.limits is not None:
+            self.queued_tokens += req.prompt_tokens
+            self.expiry.append((now + self.limits.max_wait_s, req))
+
+    def dispatch(self, now: float, engines: Sequence[EngineBacklog]) -> PassResult[EngineRequest]:
+        """Refuse the requests past their wait, read the engines' waiting lists, run a pass."""
+        if self.expiry:
+            self._expire(now)
+        for load, eng in zip(self.loads, engines, strict=True):
+            load.waiting = eng.num_waiting
+            load.waiting_tokens = eng.waiting_tokens
+            load.running = eng.num_running
+        return self.dispatch_loop.run(now)
+
+    def progressed(self, emitted: Sequence[EngineRequest]) -> None:
+        """These dispatched requests generated tokens (``req.generated`` is their count so far)."""
+        loads = self.loads
+        for req in emitted:
+            flight: Flight = req.user  # set at dispatch
+            loads[flight.backend].progress(flight.charge, req.generated)
+
+    def finish(self, req: EngineRequest, now: float) -> None:
+        """A dispatched request finished: free its charge."""
+        flight = self.flights.pop(req)
+        self.loads[flight.backend].release(flight.charge)
+        self.policy.on_finish(req, now)
+
+    def _expire(self, now: float) -> None:
+        """Reject requests queued longer than ``max_wait_s`` (at the first event after their timeout:
+        nothing could have dispatched them in between)."""
+        expiry = self.expiry
+        while expiry and expiry[0][0] <= now:
+            _, req = expiry.popleft()
+            if self.queue.remove(req):
+                self._unqueue(req)
+                self.policy.on_finish(req, now)
+                self.refuse(req, "queue_timeout")
+
+    def _unqueue(self, req: EngineRequest) -> None:
+        self.head_charges.pop(req, None)
+        if self.limits is not None:
+            self.queued_tokens -= req.prompt_tokens
+
+    # --- the dispatch loop's driver -----------------------------------------------------------
+    def charge(self, req: EngineRequest) -> Charge:
+        charge = self.head_charges.get(req)
+        if charge is None:  # a fresh charge depends only on the request: build it once
+            charge = self.head_charges[req] = Charge(req.prompt_tokens, req.prediction, self.admission)
+        return charge
+
+    def allowed(self, req: EngineRequest) -> Sequence[bool] | None:
+        return None
+
+    def dispatched(self, req: EngineRequest, backend: int, charge: Charge, now: float) -> None:
+        """Sent: it waits in engine ``backend`` (counted so the rest of the pass sees it; the engine's
+        own count is read again before the next pass)."""
+        self._unqueue(req)
+        self.flights[req] = req.user = Flight(backend, charge)
+        load = self.loads[backend]
+        load.waiting += 1
+        load.waiting_tokens += req.prompt_tokens
+        self.send(req, backend)
+
+    def refused(self, req: EngineRequest, reason: str) -> None:
+        self._unqueue(req)
+        self.refuse(req, reason)

@@ -1,0 +1,268 @@
+"""The live gateway's dispatcher and the simulator's gateway level decide alike.
+
+Both drive ``policies.dispatch_loop.DispatchLoop``; what each adds around it (charges, waiting counts,
+health, refusals) must not make them drift. One generated event sequence — arrivals with prompt sizes
+and predictions, first bytes, progress, completions, backends going down and up — is played to the
+gateway's :class:`Dispatcher` (in process, no HTTP) and to :class:`SimGateway` (with stand-in engines);
+after every event both must have taken the same decisions in the same order and hold the same ledgers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import httpx
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.distribution import LengthDistribution
+from gateway.backends import BackendPool
+from gateway.dispatcher import Dispatcher
+from gateway.queue import BoundedQueue, DispatchRefused, GatewayRequest
+from gateway.settings import GatewaySettings
+from policies.admission import RULES, AdmissionConfig, BackendLoad
+from policies.base import GATEWAY
+from policies.dispatch_loop import Decision, DecisionKind
+from policies.registry import names, parse_policy
+from sim.engine import EngineRequest
+from sim.gateway_level import SimGateway
+
+GATEWAY_POLICIES = [
+    *sorted(n for n in names() if GATEWAY in parse_policy(n).levels),
+    "admission-control:min_laxity_s=1.0",  # rejects (by default it never does)
+    "kv-constrained:kv_threshold=0.3",  # holds often
+]
+CAPACITY_REQUESTS = 4
+
+
+@dataclass(frozen=True)
+class Arrive:
+    prompt: int
+    output: int
+    prediction: LengthDistribution | None
+    deadline_in: float | None
+    priority: int
+    tenant: str
+
+
+@dataclass(frozen=True)
+class Start:
+    """The ``pick``-th dispatched request still waiting on its backend produces its first byte."""
+
+    pick: int
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The ``pick``-th started request generated ``tokens`` more."""
+
+    pick: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The ``pick``-th dispatched request leaves its backend."""
+
+    pick: int
+
+
+@dataclass(frozen=True)
+class Health:
+    backend: int
+    healthy: bool
+
+
+Event = Arrive | Start | Progress | Finish | Health
+
+
+@st.composite
+def predictions(draw: st.DrawFn) -> LengthDistribution | None:
+    if draw(st.booleans()):
+        return None
+    support = sorted(draw(st.sets(st.integers(1, 400), min_size=1, max_size=4)))
+    weights = draw(st.lists(st.integers(1, 5), min_size=len(support), max_size=len(support)))
+    return LengthDistribution(tuple(support), tuple(w / sum(weights) for w in weights))
+
+
+arrivals = st.builds(
+    Arrive,
+    prompt=st.integers(1, 600),
+    output=st.integers(1, 300),
+    prediction=predictions(),
+    deadline_in=st.none() | st.floats(0.0, 20.0),
+    priority=st.integers(1, 3),
+    tenant=st.sampled_from(["a", "b"]),
+)
+events = st.one_of(
+    arrivals,
+    arrivals,
+    arrivals,
+    st.builds(Start, st.integers(0, 50)),
+    st.builds(Progress, st.integers(0, 50), st.integers(1, 200)),
+    st.builds(Finish, st.integers(0, 50)),
+    st.builds(Health, st.integers(0, 3), st.booleans()),
+)
+admissions = st.builds(
+    AdmissionConfig,
+    quantile=st.sampled_from([0.3, 0.5, 0.9]),
+    max_waiting=st.integers(1, 4),
+    max_waiting_tokens=st.integers(50, 1500),
+    rule=st.sampled_from(RULES),
+    target=st.sampled_from([0.8, 1.5]),
+    peak_target=st.sampled_from([0.7, 1.0]),
+)
+
+
+@dataclass
+class StandInEngine:
+    """What the simulator's gateway reads of an engine: its waiting list (rid -> prompt) and running."""
+
+    waiting: dict[int, int] = field(default_factory=dict)
+    running: set[int] = field(default_factory=set)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def waiting_tokens(self) -> int:
+        return sum(self.waiting.values())
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+
+def _seen(log: list[Decision[GatewayRequest]] | list[Decision[EngineRequest]]) -> list[tuple[object, ...]]:
+    return [(d.kind, d.request.rid, d.backend, d.reason) for d in log]
+
+
+def _ledgers(loads: Sequence[BackendLoad]) -> list[tuple[float, int, int, bool]]:
+    return [(ld.charged_tokens, ld.waiting, ld.waiting_tokens, ld.healthy) for ld in loads]
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.sampled_from(GATEWAY_POLICIES),
+    admissions,
+    st.lists(st.integers(100, 2500), min_size=1, max_size=4),
+    st.lists(st.tuples(events, st.floats(0.0, 2.0)), min_size=15, max_size=80),
+)
+def test_gateway_and_simulator_decide_alike(
+    policy_name: str, cfg: AdmissionConfig, capacities: list[int], script: list[tuple[Event, float]]
+) -> None:
+    async def go() -> None:
+        clock = [0.0]
+        n = len(capacities)
+        # --- the live gateway's dispatcher, backends up with hand-set capacities (no probes) ---
+        s = GatewaySettings.model_validate({"backends": [f"http://b{i}" for i in range(n)]})
+        pool = BackendPool(s, httpx.AsyncClient())
+        for b, cap in zip(pool.backends, capacities, strict=True):
+            b.load.capacity_tokens = cap
+            b.load.healthy = True
+        gpolicy = parse_policy(policy_name)
+        queue = BoundedQueue(gpolicy, 10**6, 10**12)
+        d = Dispatcher(
+            gpolicy,
+            pool,
+            cfg,
+            queue,
+            capacity_requests=CAPACITY_REQUESTS,
+            pending_s=1e9,
+            clock=lambda: clock[0],
+        )
+        glog: list[Decision[GatewayRequest]] = []
+        d.dispatch_loop.log = glog
+        greqs: dict[int, GatewayRequest] = {}
+        # --- the simulator's gateway level, over stand-in engines ---
+        engines = [StandInEngine() for _ in capacities]
+        sreqs: dict[int, EngineRequest] = {}
+
+        def send(req: EngineRequest, idx: int) -> None:
+            req.backend = idx
+            engines[idx].waiting[req.rid] = req.prompt_tokens
+
+        refused: dict[int, str] = {}
+        sg = SimGateway(
+            parse_policy(policy_name),
+            cfg,
+            capacities,
+            capacity_requests=CAPACITY_REQUESTS * n,
+            limits=None,
+            send=send,
+            refuse=lambda req, reason: refused.__setitem__(req.rid, reason),
+        )
+        slog: list[Decision[EngineRequest]] = []
+        sg.dispatch_loop.log = slog
+
+        for step, (event, dt) in enumerate(script):
+            clock[0] += dt
+            now = clock[0]
+            g_before = len(glog)
+            started = sorted(r for e in engines for r in e.running)
+            unstarted = sorted(r for e in engines for r in e.waiting)
+            if isinstance(event, Arrive):
+                rid = step
+                deadline = None if event.deadline_in is None else now + event.deadline_in
+                who = {"tenant": event.tenant, "priority": event.priority}
+                g = GatewayRequest(rid, now, event.prompt, body={}, route="chat", model="m", prompt="",
+                                   deadline_s=deadline, prediction=event.prediction, **who)  # fmt: skip
+                g.true_output = event.output
+                greqs[rid] = g
+                d.submit(g)
+                sr = EngineRequest(rid, now, event.prompt, event.output, deadline_s=deadline,
+                                   prediction=event.prediction, true_output=event.output, **who)  # fmt: skip
+                sreqs[rid] = sr
+                sg.enqueue(sr, now)
+            elif isinstance(event, Start) and unstarted:
+                rid = unstarted[event.pick % len(unstarted)]
+                d.stop_waiting(greqs[rid])
+                eng = engines[sreqs[rid].backend]
+                del eng.waiting[rid]
+                eng.running.add(rid)
+            elif isinstance(event, Progress) and started:
+                rid = started[event.pick % len(started)]
+                g, sr = greqs[rid], sreqs[rid]
+                d.progress(g, g.generated + event.tokens)
+                sr.generated += event.tokens
+                sg.progressed([sr])
+                sg.policy.on_progress(sr, event.tokens, now)
+            elif isinstance(event, Finish) and (started or unstarted):
+                flying = sorted(started + unstarted)
+                rid = flying[event.pick % len(flying)]
+                d.release(greqs[rid])
+                eng = engines[sreqs[rid].backend]
+                eng.waiting.pop(rid, None)
+                eng.running.discard(rid)
+                sg.finish(sreqs[rid], now)
+            elif isinstance(event, Health) and event.backend < n:
+                pool.backends[event.backend].load.healthy = event.healthy
+                sg.loads[event.backend].healthy = event.healthy
+            # One pass per event on each side (the dispatcher passes at once on a static policy's
+            # arrival; otherwise it would on the next loop iteration, which this test runs now).
+            if len(glog) == g_before:
+                d.dispatch()
+            sg.dispatch(now, engines)
+
+            assert _seen(glog) == _seen(slog), f"after event {step}: {event}"
+            assert _ledgers(pool.loads) == _ledgers(sg.loads), f"after event {step}: {event}"
+            for dec in glog[g_before:]:  # the waiting handler hears what the loop decided
+                fut = dec.request.future
+                assert fut is not None
+                if dec.kind is DecisionKind.DISPATCH:
+                    assert fut.result() == dec.backend
+                    assert sreqs[dec.request.rid].backend == dec.backend
+                elif dec.kind in (DecisionKind.REJECT, DecisionKind.NO_HEALTHY_BACKEND):
+                    exc = fut.exception()
+                    assert isinstance(exc, DispatchRefused) and exc.reason == dec.reason
+                    assert refused[dec.request.rid] == dec.reason
+                else:
+                    assert not fut.done()
+            if glog[g_before:] and glog[-1].kind is DecisionKind.NO_HEALTHY_BACKEND:  # all refused
+                assert len(queue) == len(sg.queue) == 0
+            assert len(queue) == len(sg.queue)
+
+    asyncio.run(go())
