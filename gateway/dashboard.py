@@ -29,11 +29,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from gateway.backends import BackendPool
+from gateway.dispatcher import Dispatcher
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
 from gateway.telemetry import STEP_S
 from gateway.tenants import is_admin
 from policies.admission import AdmissionConfig
+from policies.dispatch_loop import Decision, DecisionKind
 
 log = logging.getLogger("sagegate.gateway")
 
@@ -50,6 +52,7 @@ class Snapshotting(Protocol):
 
     metrics: GatewayMetrics
     pool: BackendPool
+    dispatcher: Dispatcher
 
     def queue_snapshot(self, limit: int) -> dict[str, Any]: ...
 
@@ -94,6 +97,27 @@ def backend_view(pool: BackendPool, cfg: AdmissionConfig) -> list[dict[str, Any]
     return out
 
 
+HOLD_TEXT = {
+    DecisionKind.NO_ROOM: "no backend admits its charge (the admission rule, or a full waiting list)",
+    DecisionKind.HOLD: "the policy holds it",
+    DecisionKind.NO_HEALTHY_BACKEND: "no backend is healthy",
+}
+
+
+def head_view(stop: Decision[Any] | None, head_id: object) -> dict[str, Any] | None:
+    """Why the head waits: the last pass's stopping decision, if it was about today's head."""
+    if stop is None or stop.request.rid != head_id or stop.kind not in HOLD_TEXT:
+        return None
+    why = HOLD_TEXT[stop.kind] + (f": {stop.reason}" if stop.reason else "")
+    return {
+        "id": stop.request.rid,
+        "kind": str(stop.kind),
+        "charge_tokens": stop.charge.value,
+        "backend": stop.backend,
+        "reason": f"{why} (charge {stop.charge.value:,.0f} tokens)",
+    }
+
+
 def build_feed(gw: Snapshotting, cfg: AdmissionConfig, now: float) -> dict[str, Any]:
     """One consistent picture: the admin snapshot and everything the page draws, read at ``now``."""
     snap = gw.queue_snapshot(QUEUE_ROWS)
@@ -101,9 +125,11 @@ def build_feed(gw: Snapshotting, cfg: AdmissionConfig, now: float) -> dict[str, 
     for b in snap["backends"]:
         b.update(extra.get(b["name"], {}))
     telemetry = gw.metrics.telemetry
+    head_id = snap["requests"][0]["id"] if snap["requests"] else None
     return {
         "t": now,
         **snap,
+        "head": head_view(gw.dispatcher.last_stop, head_id),
         "admission": {"rule": cfg.rule, "target": cfg.peak_target if cfg.rule == "peak" else cfg.target},
         "series": telemetry.series(),
         "quality": telemetry.quality(now),

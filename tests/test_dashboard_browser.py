@@ -62,7 +62,8 @@ READ_ALL = """async () => {
   const auth = { headers: { authorization: 'Bearer ADMIN_KEY' } };
   const queue = await (await fetch('/admin/queue', auth)).json();
   const metrics = await (await fetch('/metrics')).text();
-  return { rows, backends, depth: text('#queue-depth')[0], tau: text('#tau')[0], n: text('#quality-n')[0],
+  return { rows, backends, head: text('#head-reason')[0],
+           depth: text('#queue-depth')[0], tau: text('#tau')[0], n: text('#quality-n')[0],
            queue, metrics };
 }""".replace("ADMIN_KEY", KEY)
 
@@ -129,6 +130,7 @@ def test_the_dashboard_shows_what_the_gateway_reports(tmp_path: Path) -> None:
         assert row["id"] == str(item["id"]) and _num(row["rank"]) == item["rank"]
         assert _num(row["prompt"]) == item["prompt_tokens"]
         assert _num(row["p50"]) == pytest.approx(item["prediction"]["p50"], abs=0.5)
+    assert seen["head"].startswith(f"head {queue['requests'][0]['id']}: no backend admits its charge")
     assert [b["name"] for b in seen["backends"]] == [b["name"] for b in queue["backends"]]
     for row, b in zip(seen["backends"], queue["backends"], strict=True):
         name = b["name"]
