@@ -98,17 +98,27 @@ def backend_view(pool: BackendPool, cfg: AdmissionConfig) -> list[dict[str, Any]
 
 
 HOLD_TEXT = {
-    DecisionKind.NO_ROOM: "no backend admits its charge (the admission rule, or a full waiting list)",
+    DecisionKind.NO_ROOM: "its charge fits under no backend's admission limit",
     DecisionKind.HOLD: "the policy holds it",
     DecisionKind.NO_HEALTHY_BACKEND: "no backend is healthy",
 }
+WAITING_FULL = (
+    "a backend has KV room for it but its waiting list is full (admission.max_waiting / max_waiting_tokens)"
+)
 
 
-def head_view(stop: Decision[Any] | None, head_id: object) -> dict[str, Any] | None:
+def head_view(
+    stop: Decision[Any] | None, head_id: object, pool: BackendPool, cfg: AdmissionConfig
+) -> dict[str, Any] | None:
     """Why the head waits: the last pass's stopping decision, if it was about today's head."""
     if stop is None or stop.request.rid != head_id or stop.kind not in HOLD_TEXT:
         return None
-    why = HOLD_TEXT[stop.kind] + (f": {stop.reason}" if stop.reason else "")
+    why = HOLD_TEXT[stop.kind]
+    if stop.kind is DecisionKind.NO_ROOM and any(
+        b.healthy and b.load.admits(stop.charge, cfg) for b in pool.backends
+    ):
+        why = WAITING_FULL
+    why += f": {stop.reason}" if stop.reason else ""
     return {
         "id": stop.request.rid,
         "kind": str(stop.kind),
@@ -129,7 +139,7 @@ def build_feed(gw: Snapshotting, cfg: AdmissionConfig, now: float) -> dict[str, 
     return {
         "t": now,
         **snap,
-        "head": head_view(gw.dispatcher.last_stop, head_id),
+        "head": head_view(gw.dispatcher.last_stop, head_id, gw.pool, cfg),
         "admission": {"rule": cfg.rule, "target": cfg.peak_target if cfg.rule == "peak" else cfg.target},
         "series": telemetry.series(),
         "quality": telemetry.quality(now),
