@@ -25,6 +25,7 @@ from core.outcomes import Reason
 from gateway import errors
 from gateway.admin import MAX_LIMIT, queue_snapshot
 from gateway.backends import BackendPool
+from gateway.dashboard import FEED_TTL_S, FeedCache, Sampler, build_feed, dashboard_router
 from gateway.director import Director
 from gateway.dispatcher import Dispatcher
 from gateway.errors import GatewayError
@@ -91,6 +92,9 @@ class Gateway:
             lambda: self.draining,
         )
         self.metrics.attach_state(StateGauges(self.queue, self.pool))
+        cfg = self.dispatcher.cfg
+        self.feed = FeedCache(lambda now: build_feed(self, cfg, now), self.clock, FEED_TTL_S)
+        self.sampler = Sampler(self, lambda: len(self.queue), self.clock)
         self.draining = False
         self.started = False
 
@@ -105,11 +109,13 @@ class Gateway:
         await asyncio.to_thread(count_text, "warm up", self.settings.tokenizer)  # loads the BPE (~1 s)
         await self.predictor.astart()
         await self.pool.start()
+        self.sampler.start()
         self.started = True
         self.dispatcher.kick()
 
     async def stop(self) -> None:
         self.draining = True
+        await self.sampler.stop()
         await self.pool.stop()
         await self.recorder.drain()
         await self.predictor.aclose()
@@ -201,6 +207,7 @@ def create_app(
             )
         return JSONResponse(gw.queue_snapshot(max(0, min(limit, MAX_LIMIT))))
 
+    app.include_router(dashboard_router(gw.feed, lambda: settings.admin_key))
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

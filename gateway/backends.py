@@ -89,6 +89,8 @@ class Backend:
         self.dispatched = 0
         self.failures = 0
         self.answered_at: float | None = None
+        self.kv_usage: float | None = None
+        """The engine's own KV gauge at the last scrape (a fraction of its capacity; None: not reported)."""
         """When a real request last got an answer here (first byte or end): a probe that times out
         meanwhile says more about the gateway's busy loop than about the backend."""
         # The backend's waiting list, estimated (see :meth:`scraped`): our requests that have not
@@ -187,6 +189,7 @@ class Backend:
         self.scraped_waiting = m.waiting
         self.scraped_tokens = tokens
         self.load.running = m.running
+        self.kv_usage = m.kv_usage
         capacity = self.configured_capacity or m.capacity_tokens
         if capacity:
             self.load.capacity_tokens = capacity

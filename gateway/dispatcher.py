@@ -23,7 +23,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.queue import BoundedQueue, DispatchRefused, GatewayRequest
 from policies.admission import AdmissionConfig, Charge
 from policies.base import Capability, Policy
-from policies.dispatch_loop import DispatchLoop
+from policies.dispatch_loop import Decision, DispatchLoop
 from policies.prompt_share import charged_prompt
 
 
@@ -59,6 +59,8 @@ class Dispatcher:
             policy, admission, queue, _GatewayDriver(self), capacity_requests=self.capacity_requests
         )
         """The admission rule's dispatch pass (``policies.dispatch_loop``, the simulator's own)."""
+        self.last_stop: Decision[GatewayRequest] | None = None
+        """Why the last pass stopped with requests still queued (the dashboard says why the head waits)."""
 
     # --- entry points -------------------------------------------------------------------------
     def submit(self, req: GatewayRequest) -> asyncio.Future[int]:
@@ -107,7 +109,9 @@ class Dispatcher:
 
     def dispatch(self) -> int:
         """Dispatch queued requests, best rank first, while a backend admits the head. Returns how many."""
-        return self.dispatch_loop.run(self.clock()).dispatched
+        result = self.dispatch_loop.run(self.clock())
+        self.last_stop = result.stop
+        return result.dispatched
 
     @property
     def decisions(self) -> int:

@@ -16,6 +16,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from core.distribution import LengthDistribution
+from gateway.telemetry import Telemetry
+
 log = logging.getLogger("sagegate.gateway")
 
 LOG_EVERY_S = 1.0
@@ -67,6 +70,8 @@ class GatewayMetrics:
         self.predictor_paths = Counter(
             "sagegate_predictor_path", "Predictions by the path the predictor took.", ["path"], registry=r
         )
+        self.telemetry = Telemetry(r)
+        """The recent history the dashboard shows (fed by :meth:`first_token` and :meth:`outcome`)."""
 
     def dispatched(self, backend: str, wait_s: float) -> None:
         self.admissions.labels(backend).inc()
@@ -78,10 +83,17 @@ class GatewayMetrics:
         self.rejections.labels(reason).inc()
         self._rejection_log.note(reason)
 
-    def outcome(self, predicted_mean: float | None, actual: int) -> None:
+    def first_token(self, ttft_s: float) -> None:
+        """The backend's first byte, ``ttft_s`` after the request arrived."""
+        self.ttft.observe(ttft_s)
+        self.telemetry.first_token(ttft_s)
+
+    def outcome(self, prediction: LengthDistribution | None, actual: int, ttlt_s: float) -> None:
+        """A request completed with ``actual`` tokens, ``ttlt_s`` after it arrived."""
         self.actual.observe(actual)
-        if predicted_mean is not None and predicted_mean > 0:
-            self.ratio.observe(actual / predicted_mean)
+        if prediction is not None and prediction.mean > 0:
+            self.ratio.observe(actual / prediction.mean)
+        self.telemetry.completed(ttlt_s, prediction, actual)
 
     def attach_state(self, read: Callable[[], Iterable[GaugeMetricFamily]]) -> None:
         """Gauges computed at scrape time by ``read``."""

@@ -168,7 +168,7 @@ class Proxy:
         lc.answered()
         now = self.dispatcher.clock()
         b.answered_at = now
-        self.metrics.ttft.observe(now - lc.req.arrival_s)
+        self.metrics.first_token(now - lc.req.arrival_s)
 
     # --- the end of a request the backend answered -----------------------------------------------
     def plausible(self, req: GatewayRequest, b: Backend, usage: object) -> int | None:
@@ -188,7 +188,7 @@ class Proxy:
         req = lc.req
         self.metrics.requests.labels(req.route, outcome).inc()
         if outcome is Outcome.OK and output is not None:
-            self.metrics.outcome(req.prediction.mean if req.prediction is not None else None, output)
+            self.metrics.outcome(req.prediction, output, self.dispatcher.clock() - req.arrival_s)
             self.recorder.record(inp, output)
 
 
