@@ -61,13 +61,52 @@ async def _round(
     return cpu, load["rate"]
 
 
+def _per_call_us(fn: object, n: int) -> float:
+    import timeit
+
+    return min(timeit.repeat(fn, number=n, repeat=5)) / n * 1e6  # type: ignore[arg-type]
+
+
+def accounting(rate: float, pages: int) -> None:
+    """The dashboard's own work, timed in this process: what it adds per request and per second."""
+    from core.distribution import LengthDistribution
+    from gateway.app import Gateway
+    from gateway.settings import GatewaySettings
+
+    gw = Gateway(GatewaySettings(backends=["http://127.0.0.1:1", "http://127.0.0.1:2"], admin_key=KEY))
+    tel = gw.metrics.telemetry
+    dist = LengthDistribution(tuple(range(10, 170, 10)), (1 / 16,) * 16)
+    first = _per_call_us(lambda: tel.first_token(0.05), 20_000)
+    done = _per_call_us(lambda: tel.completed(0.5, dist, 120), 20_000)
+    clock = [0.0]
+
+    def sample() -> None:
+        clock[0] += 1.0
+        tel.sample(clock[0], 0)
+
+    step = _per_call_us(sample, 200)
+    ticks = iter(range(10**9))
+    quality = _per_call_us(lambda: tel.quality(1e3 * next(ticks)), 20)  # never the cached answer
+    feed = _per_call_us(lambda: gw.feed.build(0.0), 200)
+    per_s = rate * (first + done) + step + 0.5 * quality + 2 * feed
+    print(f"per request: first token {first:.2f} µs, completion {done:.2f} µs")
+    print(
+        f"per second: timeline step {step:.1f} µs, quality {quality:.0f} µs (every 2 s), feed build {feed:.0f} µs (≤ 2 a second)"
+    )
+    print(f"at {rate:.0f} req/s with any number of pages: {per_s / 1e4:.3f}% of a core")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", type=float, default=200.0)
     ap.add_argument("--duration", type=float, default=20.0)
     ap.add_argument("--pages", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--accounting-only", action="store_true", help="only time the dashboard's own work")
     args = ap.parse_args()
+    accounting(args.rate, args.pages)
+    if args.accounting_only:
+        return
     with backend(50.0) as b0, backend(50.0) as b1, gateway([b0, b1], admin_key=KEY) as gw:
         asyncio.run(_open_loop([gw], args.rate, 3.0, max_tokens=16))  # warm-up
         plain: list[float] = []
@@ -81,6 +120,13 @@ def main() -> None:
             cpu, sent = asyncio.run(_round(gw, args.rate, args.duration, args.pages, latencies, builds))
             viewed.append(cpu)
             print(f"{args.pages} pages open:   gateway CPU {100 * cpu:5.1f}% of a core at {sent:.0f} req/s")
+        n = 500
+        c0 = cpu_seconds(PIDS[gw])
+        with httpx.Client(headers={"authorization": f"Bearer {KEY}"}) as c:
+            for _ in range(n):
+                c.get(gw + "/admin/dashboard").raise_for_status()
+        per_poll = (cpu_seconds(PIDS[gw]) - c0) / n
+        print(f"gateway CPU per poll (idle, {n} polls): {1e6 * per_poll:.0f} µs")
     a, b = statistics.fmean(plain), statistics.fmean(viewed)
     print(
         f"\nmean: {100 * a:.1f}% without, {100 * b:.1f}% with {args.pages} pages: "

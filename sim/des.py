@@ -110,7 +110,8 @@ class Simulation:
         self.queue: PolicyQueue[EngineRequest] = self.gw.queue if self.gw is not None else PolicyQueue(FCFS())
         """The gateway's queue (always empty at engine level)."""
         self.records: dict[int, RequestRecord] = {}
-        self.by_req: dict[EngineRequest, TraceRequest] = {}
+        self.queries: dict[EngineRequest, PredictionQuery] = {}
+        """What the predictor was asked about each request (it is told the outcome under the same query)."""
         self.steps: list[SchedulerOutput | None] = [None] * len(self.engines)
         self.events: list[tuple[float, int, int]] = []  # (time, seq, engine) step ends
         self.seq = 0
@@ -165,7 +166,8 @@ class Simulation:
     def _arrive(self, tr: TraceRequest) -> None:
         now = self.now
         setup = self.setup
-        pred = setup.predictor.predict(PredictionQuery.of(tr)) if setup.predictor is not None else None
+        query = PredictionQuery.of(tr) if setup.predictor is not None else None
+        pred = setup.predictor.predict(query) if setup.predictor is not None and query is not None else None
         if pred is not None and setup.cap_at_max_tokens:
             pred = pred.capped(tr.max_tokens)
         req = EngineRequest(
@@ -191,7 +193,8 @@ class Simulation:
             deadline_s=tr.deadline_s,
         )
         self.records[tr.rid] = rec
-        self.by_req[req] = tr
+        if query is not None:
+            self.queries[req] = query
         # A backend refuses prompt + the client's cap beyond its context, as vLLM does.
         if tr.prompt_tokens + max(tr.output_tokens, tr.max_tokens or 0) > self.engines[0].capacity_tokens:
             rec.status, rec.reason = "rejected", "context_too_long"
@@ -276,8 +279,9 @@ class Simulation:
         rec.backend = self.engines[req.backend].name
         rec.cached_tokens = req.cached_tokens
         self.in_system -= 1
-        if self.setup.predictor is not None:
-            self.setup.predictor.observe(PredictionQuery.of(self.by_req[req]), req.generated)
+        query = self.queries.pop(req, None)
+        if self.setup.predictor is not None and query is not None:
+            self.setup.predictor.observe(query, req.generated)
         if self.gw is not None:
             self.gw.finish(req, self.now)
 
