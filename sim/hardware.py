@@ -31,12 +31,34 @@ class ModelSpec:
     vocab: int
     tie_embeddings: bool = False
     dtype_bytes: int = 2
+    experts: int = 1
+    """Mixture of experts: MLP experts per layer (1: a dense model) and how many each token uses."""
+    experts_per_token: int = 1
+
+    @property
+    def params_attention_layer(self) -> int:
+        """q, o (hidden × heads·d), k, v (hidden × kv_heads·d) and the two norms of one layer."""
+        attn = 2 * self.hidden * self.heads * self.head_dim + 2 * self.hidden * self.kv_heads * self.head_dim
+        return attn + 2 * self.hidden
+
+    @property
+    def params_expert(self) -> int:
+        """One gated MLP (three matrices)."""
+        return 3 * self.hidden * self.ffn
 
     @property
     def params_per_layer(self) -> int:
-        """q, o (hidden × heads·d), k, v (hidden × kv_heads·d), gated MLP (3 matrices) and two norms."""
-        attn = 2 * self.hidden * self.heads * self.head_dim + 2 * self.hidden * self.kv_heads * self.head_dim
-        return attn + 3 * self.hidden * self.ffn + 2 * self.hidden
+        """Attention, every expert's gated MLP and, for a mixture of experts, the router."""
+        router = self.hidden * self.experts if self.experts > 1 else 0
+        return self.params_attention_layer + self.experts * self.params_expert + router
+
+    @property
+    def params_layers_active(self) -> int:
+        """The layer parameters one token multiplies (a mixture of experts uses ``experts_per_token``)."""
+        if self.experts <= 1:
+            return self.params_layers
+        active = self.params_attention_layer + self.experts_per_token * self.params_expert
+        return self.layers * (active + self.hidden * self.experts)
 
     @property
     def params_layers(self) -> int:
@@ -104,6 +126,7 @@ class ModelSpec:
         kv_heads = int(cfg.get("num_key_value_heads") or heads)
         head_dim = int(cfg.get("head_dim") or hidden // heads)
         name = str(raw.get("_name_or_path") or file.resolve().parent.name)
+        experts = int(cfg.get("num_local_experts") or 1)
         return cls(
             name=name,
             layers=layers,
@@ -115,7 +138,36 @@ class ModelSpec:
             vocab=need("vocab_size"),
             tie_embeddings=bool(cfg.get("tie_word_embeddings", raw.get("tie_word_embeddings", False))),
             dtype_bytes=dtype_bytes,
+            experts=experts,
+            experts_per_token=int(cfg.get("num_experts_per_tok") or 1) if experts > 1 else 1,
         )
+
+
+@dataclass(frozen=True)
+class StepTerms:
+    """The step-time model's free terms (sim/perf.py): efficiencies and fixed costs.
+
+    ``eta_m``: share of the bandwidth that weight reads reach; ``eta_kv``: the same for KV reads
+    (attention's paged-KV kernel); ``eta_a``: share of peak FLOP/s in prefill attention; ``t_fix``:
+    seconds of scheduler/CPU work and launches per step; ``t_seq``: seconds per scheduled sequence
+    (input preparation, sampling); ``t_allreduce``: seconds of latency per tensor-parallel
+    all-reduce (two a layer); ``overlap_p``: the exponent of the smooth max of the compute and
+    weight-read bounds (2: their quadratic mean; larger: closer to the larger of the two).
+    """
+
+    eta_m: float = 0.75
+    eta_kv: float = 0.75
+    eta_a: float = 0.45
+    t_fix: float = 0.3e-3
+    t_seq: float = 5e-6
+    t_allreduce: float = 6e-6
+    overlap_p: float = 2.0
+    frontend_s: float = 0.010
+    """What a client waits beyond the engine for its first token (HTTP, tokenisation, streaming)."""
+
+
+DEFAULT_TERMS = StepTerms()
+"""The documented defaults of ENGINE_MODEL.md (a GPU without a fitted profile uses them)."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +186,7 @@ class GPUSpec:
     memory_bytes: int
     link_bandwidth: float = 300e9
     eta_c: float | None = None
+    terms: StepTerms | None = None
 
 
 # H100/H200 compute efficiency: Vidur's H100 GEMM profiles (Llama-2-7B and -70B, TP 1, 1 to 4k tokens)
@@ -142,11 +195,29 @@ class GPUSpec:
 # H100's 989 TFLOP/s peak than of the A100's 312. H200 has the same compute die, so the same value.
 H100_ETA_C = 0.61
 
+H100_TERMS = StepTerms(
+    eta_m=0.797,
+    eta_kv=0.75,
+    eta_a=0.45,
+    t_fix=0.6234e-3,
+    t_seq=7.7e-6,
+    t_allreduce=12.4e-6,
+    overlap_p=2.134,
+    frontend_s=0.0310,
+)
+H100_FIT_ETA_C = H100_ETA_C
+
 GPUS: dict[str, GPUSpec] = {
     "a100-80gb": GPUSpec("a100-80gb", flops=312e12, bandwidth=2.039e12, memory_bytes=80 * GiB),
     "a100-40gb": GPUSpec("a100-40gb", flops=312e12, bandwidth=1.555e12, memory_bytes=40 * GiB),
     "h100": GPUSpec(
-        "h100", flops=989e12, bandwidth=3.35e12, memory_bytes=80 * GiB, link_bandwidth=450e9, eta_c=H100_ETA_C
+        "h100",
+        flops=989e12,
+        bandwidth=3.35e12,
+        memory_bytes=80 * GiB,
+        link_bandwidth=450e9,
+        eta_c=H100_FIT_ETA_C,
+        terms=H100_TERMS,
     ),
     "h200": GPUSpec(
         "h200", flops=989e12, bandwidth=4.8e12, memory_bytes=141 * GiB, link_bandwidth=450e9, eta_c=H100_ETA_C
@@ -180,6 +251,25 @@ MODELS: dict[str, ModelSpec] = {
     "qwen3-32b": ModelSpec(
         "qwen3-32b", layers=64, hidden=5120, heads=64, kv_heads=8, head_dim=128, ffn=25600, vocab=151936
     ),
+    # The models of the public H100 runs that calibrate the engine model (docs/fidelity.md).
+    "llama-2-70b": ModelSpec(
+        "llama-2-70b", layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, ffn=28672, vocab=32000
+    ),
+    "codellama-34b": ModelSpec(
+        "codellama-34b", layers=48, hidden=8192, heads=64, kv_heads=8, head_dim=128, ffn=22016, vocab=32000
+    ),
+    "mixtral-8x7b": ModelSpec(
+        "mixtral-8x7b",
+        layers=32,
+        hidden=4096,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        ffn=14336,
+        vocab=32000,
+        experts=8,
+        experts_per_token=2,
+    ),
 }
 
 # Llama-3-8B has Llama-3.1-8B's shapes (only the RoPE scaling and context differ).
@@ -189,6 +279,10 @@ _MODEL_ALIASES = {
     "llama3-8b": "llama-3.1-8b",
     "llama2-7b": "llama-2-7b",
     "qwen-3-32b": "qwen3-32b",
+    "llama2-70b": "llama-2-70b",
+    "codellama-34b-instruct": "codellama-34b",
+    "mixtral-8x7b-v0.1": "mixtral-8x7b",
+    "mixtral-8x7b-v0-1": "mixtral-8x7b",
 }
 
 

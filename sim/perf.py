@@ -26,11 +26,12 @@ and the documented default 0.65 otherwise. Pass ``eta_c`` explicitly to override
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sim.hardware import GiB, GPUSpec, ModelSpec
+from sim.hardware import DEFAULT_TERMS, GiB, GPUSpec, ModelSpec, StepTerms
 
 DEFAULT_ETA_C = 0.65
 
@@ -48,15 +49,20 @@ class PerfModel:
     gpu: GPUSpec
     tp: int = 1
     eta_c: float | None = None
-    eta_m: float = 0.75
-    eta_a: float = 0.45
-    t_fix: float = 0.3e-3
-    t_seq: float = 5e-6
-    frontend_s: float = 0.010
-    t_allreduce: float = 6e-6
+    eta_m: float | None = None
+    eta_a: float | None = None
+    t_fix: float | None = None
+    t_seq: float | None = None
+    frontend_s: float = -1.0
+    """Seconds of front end on the first token; negative (the default): the GPU profile's value."""
+    t_allreduce: float | None = None
 
     # Derived coefficients, set in __post_init__ (plain floats for the hot path).
     compute_efficiency: float = field(init=False, default=0.0)
+    terms: StepTerms = field(init=False, repr=False, compare=False, default=DEFAULT_TERMS)
+    """The resolved step-time terms: the arguments given here, else the GPU profile's, else the defaults."""
+    _t_seq: float = _derived()
+    _p: float = _derived()
     _a_tok: float = _derived()
     _a_seq: float = _derived()
     _w: float = _derived()
@@ -68,39 +74,59 @@ class PerfModel:
     _lin_tok: float = _derived()
     _lin_w2: float = _derived()
     _kvb_gpu: int = field(init=False, repr=False, compare=False, default=0)
+    _expert_w: float = _derived()
+    _expert_miss: float = _derived()
 
     def __post_init__(self) -> None:
         if self.tp < 1:
             raise ValueError(f"tp must be >= 1, got {self.tp}")
+        base = self.gpu.terms or DEFAULT_TERMS
+        given = {k: getattr(self, k) for k in ("eta_m", "eta_a", "t_fix", "t_seq", "t_allreduce")}
+        if self.frontend_s >= 0.0:
+            given["frontend_s"] = self.frontend_s
+        terms = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+        object.__setattr__(self, "terms", terms)
+        object.__setattr__(self, "frontend_s", terms.frontend_s)
         eta_c = self.eta_c if self.eta_c is not None else (self.gpu.eta_c or DEFAULT_ETA_C)
-        for label, eta in (("eta_c", eta_c), ("eta_m", self.eta_m), ("eta_a", self.eta_a)):
+        for label, eta in (("eta_c", eta_c), ("eta_m", terms.eta_m), ("eta_a", terms.eta_a)):
             if not 0.0 < eta <= 1.0:
                 raise ValueError(f"{label} must be in (0, 1], got {eta}")
         m, g, tp = self.model, self.gpu, self.tp
+        eta_m = terms.eta_m
         flops = tp * eta_c * g.flops  # the group's effective FLOP/s
-        bw = tp * self.eta_m * g.bandwidth  # the group's effective bytes/s
+        bw = tp * eta_m * g.bandwidth  # the group's effective bytes/s
         kv_heads_gpu = -(-m.kv_heads // tp)  # ceil: replicated when kv_heads < tp
         kvb_gpu = 2 * m.layers * kv_heads_gpu * m.head_dim * m.dtype_bytes
         weights = m.weight_bytes_per_step / bw
         lin_w = m.params_layers * m.dtype_bytes / bw
-        fixed = self.t_fix
+        if m.experts > 1:
+            # A mixture of experts reads only the experts its tokens route to: with ``T`` tokens a layer
+            # touches ``E·(1 − (1 − k/E)^T)`` experts on average (uniform routing), see ``_weights2``.
+            expert_bytes = m.layers * m.params_expert * m.dtype_bytes
+            weights -= m.experts * expert_bytes / bw
+            lin_w -= m.experts * expert_bytes / bw
+            object.__setattr__(self, "_expert_w", expert_bytes / bw)
+            object.__setattr__(self, "_expert_miss", 1.0 - m.experts_per_token / m.experts)
+        fixed = terms.t_fix
         per_tok_ar = 0.0
         if tp > 1:
             n_ar = 2 * m.layers
-            fixed += n_ar * self.t_allreduce
+            fixed += n_ar * terms.t_allreduce
             per_tok_ar = n_ar * 2.0 * (tp - 1) / tp * m.hidden * m.dtype_bytes / g.link_bandwidth
-        k_kv = kvb_gpu / (self.eta_m * g.bandwidth)
+        k_kv = kvb_gpu / (terms.eta_kv * g.bandwidth)
         values = {
             "compute_efficiency": float(eta_c),
-            "_a_tok": 2.0 * m.params_layers / flops,
+            "_a_tok": 2.0 * m.params_layers_active / flops,
             "_a_seq": 2.0 * m.params_head / flops,
             "_w": weights,
             "_w2": weights * weights,
-            "_a_att": 4.0 * m.layers * m.heads * m.head_dim / (tp * self.eta_a * g.flops),
+            "_a_att": 4.0 * m.layers * m.heads * m.head_dim / (tp * terms.eta_a * g.flops),
+            "_t_seq": terms.t_seq,
+            "_p": terms.overlap_p,
             "_k_kv": k_kv,
             "_fixed": fixed,
             "_per_tok": k_kv + per_tok_ar,
-            "_lin_tok": 2.0 * m.params_layers / flops,
+            "_lin_tok": 2.0 * m.params_layers_active / flops,
             "_lin_w2": lin_w * lin_w,
             "_kvb_gpu": kvb_gpu,
         }
@@ -147,12 +173,12 @@ class PerfModel:
         seqs = n_decode + len(prefill)
         comp = self._a_tok * tokens + self._a_seq * seqs
         return (
-            math.sqrt(comp * comp + self._w2)
+            self._linear(comp, self._w2 if self._expert_w == 0.0 else self._moe_w2(tokens))
             + self._a_att * attn
             + self._k_kv * (decode_context_sum + cached)
             + self._per_tok * tokens
             + self._fixed
-            + self.t_seq * seqs
+            + self._t_seq * seqs
         )
 
     def decode_step_time(self, n_decode: int, context_sum: int) -> float:
@@ -161,12 +187,24 @@ class PerfModel:
             return 0.0
         comp = self._a_tok * n_decode + self._a_seq * n_decode
         return (
-            math.sqrt(comp * comp + self._w2)
+            self._linear(comp, self._w2 if self._expert_w == 0.0 else self._moe_w2(n_decode))
             + self._k_kv * context_sum
             + self._per_tok * n_decode
             + self._fixed
-            + self.t_seq * n_decode
+            + self._t_seq * n_decode
         )
+
+    def _linear(self, comp: float, w2: float) -> float:
+        """The smooth max ``(comp^p + w^p)^(1/p)`` of the compute and weight-read bounds (``w2 = w²``)."""
+        p = self._p
+        if p == 2.0:
+            return math.sqrt(comp * comp + w2)
+        return (comp**p + w2 ** (0.5 * p)) ** (1.0 / p)
+
+    def _moe_w2(self, tokens: int) -> float:
+        """Squared weight-read time of a mixture-of-experts step of ``tokens`` tokens."""
+        w = self._w + self._expert_w * self.model.experts * (1.0 - self._expert_miss**tokens)
+        return w * w
 
     def decode_run_time(self, n_decode: int, context_sum: int, k: int) -> float:
         """Total time of ``k`` decode-only steps of the same requests; each step adds ``n_decode`` to S."""
@@ -210,7 +248,7 @@ class PerfModel:
     def linear_layer_time(self, tokens: int) -> float:
         """The layers' linear part for ``tokens`` tokens (no head, attention or overheads)."""
         comp = self._lin_tok * tokens
-        return math.sqrt(comp * comp + self._lin_w2)
+        return self._linear(comp, self._lin_w2)
 
     @property
     def ridge_batch(self) -> float:
