@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import secrets
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -144,8 +145,9 @@ def _live_runs(
             out["alone"] = asyncio.run(round_robin(work, urls, time_scale, progress=progress))
         mid = _preemptions(urls)
         out["backends"]["vLLM alone"] = {names[u]: s for u, s in sampler.series.items()}
-        with gateway(urls, policy, predictor) as gw:
-            typer.echo(f"gateway up: {gw}; run B: through the gateway…")
+        key = secrets.token_urlsafe(12)  # this run's admin key: the dashboard needs one
+        with gateway(urls, policy, predictor, env={"SAGEGATE_ADMIN_KEY": key}) as gw:
+            typer.echo(f"gateway up: {gw}; run B: through the gateway… (watch it: {gw}/dashboard?key={key})")
             cfg = replay_config(gw, time_scale, metrics=True)
             cfg.progress = progress
             with BackendSampler(urls, time_scale) as sampler:
