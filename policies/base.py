@@ -209,6 +209,12 @@ class Policy:
         """Engine level, ``PREEMPT`` policies: may ``victim`` be displaced by a better waiting one."""
         return True
 
+    def expected_remaining(self, req: SchedRequest) -> float:
+        """Engine level, ``PREEMPT_PAYS`` policies: the output tokens ``req`` is expected still to
+        generate, as the policy believes; the engine prices preemptions from it
+        (:func:`policies.preemption.pair_gain_s`)."""
+        raise NotImplementedError(f"policy {self.name!r} does not price preemptions")
+
     max_preempt_share: ClassVar[float] = 1.0
     """Engine level, ``PREEMPT`` policies: at most this share of the running batch is preempted in one
     step (in (0, 1])."""

@@ -45,6 +45,13 @@ class Capability(StrEnum):
     :meth:`~policies.base.Policy.may_preempt` allows, at most ``max_preempt_share`` of the batch per
     step. Without it the engine preempts only when memory runs out."""
 
+    PREEMPT_PAYS = "preempt-pays"
+    """Requires ``PREEMPT``. The engine displaces a running request for a waiting one only when
+    :meth:`~policies.base.Policy.preemption_gain_s` exceeds the recompute's cost
+    (:func:`policies.preemption.pays`, from the policy's
+    :meth:`~policies.base.Policy.expected_remaining`) and picks the victim with the widest margin.
+    Without it a preemption by choice is never priced."""
+
     REKEY_ON_PROGRESS = "rekey-on-progress"
     """Engine level only. The key of a *running* request changes as it generates, so the engine
     re-sorts the running list when the step's budget binds. Without it a running request keeps the
@@ -68,7 +75,9 @@ class Capability(StrEnum):
     it that field is never read."""
 
 
-ENGINE_ONLY = frozenset({Capability.PREEMPT, Capability.REKEY_ON_PROGRESS, Capability.DEFER_DECODE})
+ENGINE_ONLY = frozenset(
+    {Capability.PREEMPT, Capability.PREEMPT_PAYS, Capability.REKEY_ON_PROGRESS, Capability.DEFER_DECODE}
+)
 """Capabilities that only mean something where the engine runs the policy."""
 
 
@@ -90,6 +99,8 @@ def check_declaration(
         problems.append("LANE_KEY requires DYNAMIC_KEY")
     if Capability.ARRIVAL_ORDER in capabilities and Capability.DYNAMIC_KEY in capabilities:
         problems.append("ARRIVAL_ORDER excludes DYNAMIC_KEY")
+    if Capability.PREEMPT_PAYS in capabilities and Capability.PREEMPT not in capabilities:
+        problems.append("PREEMPT_PAYS requires PREEMPT")
     if Capability.SCREEN in capabilities and GATEWAY not in levels:
         problems.append("SCREEN needs the gateway level")
     if reject_reasons and Capability.SCREEN not in capabilities:

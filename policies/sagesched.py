@@ -18,7 +18,7 @@ from policies.base import ENGINE, GATEWAY, Capability, Placement, Policy, SchedR
 from policies.cost import service_cost
 from policies.gittins import GittinsTable, GittinsTracker
 from policies.params import Positive, Range, checked
-from policies.prediction import prior_of
+from policies.prediction import expected_remaining, prior_of
 from policies.registry import register
 
 _NEVER = 1 << 62
@@ -44,12 +44,20 @@ class _GittinsPolicy(Policy):
 
     @checked
     def __init__(
-        self, buckets: Buckets = 16, max_points: Annotated[int, Range(ge=1)] = 64, preempt: bool = True
+        self,
+        buckets: Buckets = 16,
+        max_points: Annotated[int, Range(ge=1)] = 64,
+        preempt: bool = True,
+        preempt_pays: bool = True,
     ) -> None:
         self.bucket_base = buckets or None
         self.max_points = max_points
+        self.preempt_pays = preempt and preempt_pays
+        self._resumed_until: dict[Hashable, int] = {}  # rid → generated tokens it is held until
         if not preempt:
             self.declare(self.capabilities - {Capability.PREEMPT})
+        elif preempt_pays:
+            self.declare(self.capabilities | {Capability.PREEMPT_PAYS})
 
     def distribution(self, req: SchedRequest) -> LengthDistribution:
         """The prediction (the cold-start prior if none), merged onto at most ``max_points`` points."""
@@ -82,6 +90,29 @@ class _GittinsPolicy(Policy):
     def on_progress(self, req: SchedRequest, new_tokens: int, now: float) -> None:
         self.tracker(req).update(req.generated)
 
+    # --- preemption that pays (``preempt_pays``) ---------------------------------------------------
+    def expected_remaining(self, req: SchedRequest) -> float:
+        """Expected output tokens still to come, from the same distribution the rank reads."""
+        return expected_remaining(self.distribution(req), req.generated)
+
+    def may_preempt(self, victim: SchedRequest, now: float) -> bool:
+        """Hysteresis: a request resumed after a preemption is not displaced again until it has
+        generated past its next rank boundary (it re-ranks only there anyway)."""
+        until = self._resumed_until.get(victim.rid) if self.preempt_pays else None
+        return until is None or victim.generated >= until
+
+    def on_preempt(self, req: SchedRequest, now: float) -> None:
+        if self.preempt_pays:
+            self._resumed_until[req.rid] = -1  # marked: its next dispatch is a resume
+
+    def on_dispatch(self, req: SchedRequest, now: float) -> None:
+        if self.preempt_pays and req.rid in self._resumed_until:
+            nxt = self.tracker(req).table.next_boundary(req.generated)
+            self._resumed_until[req.rid] = _NEVER if nxt is None else nxt
+
+    def on_finish(self, req: SchedRequest, now: float) -> None:
+        self._resumed_until.pop(req.rid, None)
+
 
 @register("sagesched")
 class SageSched(_GittinsPolicy):
@@ -90,8 +121,12 @@ class SageSched(_GittinsPolicy):
     SageSched, the product's default: the rank at the attained cost, recomputed only at boundaries.
     ``buckets``: first output-token bucket boundary (then doubling; 0 = support points only);
     ``max_points``: the prediction is merged onto at most this many support points; ``preempt``:
-    at engine level a better-ranked waiting request may displace the worst-ranked running one
-    (SageSched ran at engine level with preemption). At gateway level a queued request has
+    at engine level a better-ranked waiting request may displace a worse-ranked running one
+    (SageSched ran at engine level with preemption); ``preempt_pays`` (on): only where the gain
+    (:func:`policies.preemption.pair_gain_s` over :meth:`expected_remaining`) exceeds the engine's
+    recompute cost, the widest margin first, and a resumed request is held until its next rank
+    boundary (``preempt_pays=false``: displace whenever the rank says so, the worst first).
+    At gateway level a queued request has
     generated nothing, so its key is the rank at attained cost 0.
 
     ``max_wait_s`` (off by default, as published): a request that arrived that long ago goes ahead of
@@ -107,8 +142,9 @@ class SageSched(_GittinsPolicy):
         max_points: Annotated[int, Range(ge=1)] = 64,
         preempt: bool = True,
         max_wait_s: Positive | None = None,
+        preempt_pays: bool = True,
     ) -> None:
-        super().__init__(buckets, max_points, preempt)
+        super().__init__(buckets, max_points, preempt, preempt_pays)
         self.max_wait_s = max_wait_s
         if max_wait_s is not None:  # the key ages with the clock
             self.declare(self.capabilities | {Capability.DYNAMIC_KEY, Capability.LANE_KEY})

@@ -80,6 +80,9 @@ class SimResult:
     mean_in_system: float  # time-averaged number of requests arrived and not finished
     mean_queued: float  # time-averaged number waiting (gateway queue + engine waiting lists)
     wall_s: float
+    engine_recomputed_tokens: list[int] = field(default_factory=list)
+    """Per engine: tokens preempted requests computed again (their prompt and output less the
+    prefix the cache still held when they were re-admitted)."""
 
 
 class Simulation:
@@ -150,6 +153,7 @@ class Simulation:
             mean_in_system=self.area_system / span,
             mean_queued=self.area_queued / span,
             wall_s=time.perf_counter() - t0,
+            engine_recomputed_tokens=[e.recomputed_tokens for e in self.engines],
         )
 
     def _advance(self, t: float) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Any
 
 from policies.base import Capability, Policy
 from policies.fifo import FCFS
@@ -24,14 +23,11 @@ from sim.config import EngineConfig
 from sim.engine_request import ABORTED, FINISHED, PREEMPTED, RUNNING, WAITING, EngineRequest
 from sim.kv import BlockPool
 from sim.perf import PerfModel
+from sim.preemption import preempt_for_waiting
 from sim.prefix import BlockKeys, block_keys
 from sim.step_apply import apply_step
 from sim.step_output import SchedulerOutput, StepOutcome
 from sim.step_timing import Batch, fold_is_exact, split_batch, time_step
-
-
-def _first(pair: tuple[Any, Any]) -> Any:
-    return pair[0]
 
 
 class Engine:
@@ -64,6 +60,7 @@ class Engine:
         self.waiting: PolicyQueue[EngineRequest] = PolicyQueue(self.policy)
         self.running: list[EngineRequest] = []
         self.num_preemptions = 0
+        self.recomputed_tokens = 0  # tokens preempted requests computed again on re-admission
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.finished_total = 0
@@ -168,7 +165,7 @@ class Engine:
         if Capability.PREEMPT in self.policy.capabilities and self.waiting:
             # Preemptions the policy chose to make room for a better request do not stop admission
             # (only running out of memory mid-step does, as in vLLM).
-            self._preempt_for_waiting(now)
+            preempt_for_waiting(self, now)
         preemptions_before = self.num_preemptions
         order = self.running
         if decode_first:
@@ -249,7 +246,7 @@ class Engine:
         while not self.pool.grow(req.table, tokens):
             victim = self._victim(now)
             freed += sched.pop(victim, 0)
-            self._preempt(victim, now)
+            self.preempt(victim, now)
             if victim is req:
                 return False, freed
         return True, freed
@@ -289,6 +286,8 @@ class Engine:
             if not pool.fits(revived, -(-(computed + n) // bs) - len(hits)):
                 break
             self.waiting.pop(now)
+            if req.state is PREEMPTED:
+                self.recomputed_tokens += total - computed
             pool.take(req.table, hits)
             pool.grow(req.table, computed + n)
             req.num_computed = computed
@@ -307,7 +306,7 @@ class Engine:
         assert isinstance(victim, EngineRequest)
         return victim
 
-    def _preempt(self, victim: EngineRequest, now: float) -> None:
+    def preempt(self, victim: EngineRequest, now: float) -> None:
         """Preemption by recompute: the victim loses its blocks and computed tokens and waits again."""
         self.running.remove(victim)
         # Its computed blocks stay cached (private ones too): recomputing it may find them again.
@@ -321,41 +320,6 @@ class Engine:
         self.waiting.push(victim, now)
         if self._on_preempt is not None:
             self._on_preempt(victim)
-
-    def _preempt_for_waiting(self, now: float) -> int:
-        """Preemptive policies: displace the worst running requests while a better one waits and
-        cannot get in (sequence cap or blocks), within the policy's per-step share."""
-        policy = self.policy
-        limit = max(1, int(policy.max_preempt_share * len(self.running)))
-        done = 0
-        while done < limit and self.running:
-            best = self.waiting.peek(now)
-            assert best is not None
-            need = self.pool.blocks_for(best.known_tokens)
-            full = len(self.running) >= self.config.max_num_seqs or need > self.pool.free_blocks
-            if not full:
-                break
-            best_key = policy.key(best, now)
-            worst = None
-            # Candidates from the worst key down while they rank below ``best``. Usually ``best``
-            # outranks nobody, which the largest key alone shows (the first of the sorted order).
-            keyed = [(policy.key(r, now), r) for r in self.running]
-            top_key, top = max(keyed, key=_first)
-            if best_key < top_key:
-                if policy.may_preempt(top, now):
-                    worst = top
-                else:
-                    for cand_key, cand in sorted(keyed, key=_first, reverse=True)[1:]:
-                        if not best_key < cand_key:
-                            break
-                        if policy.may_preempt(cand, now):
-                            worst = cand
-                            break
-            if worst is None:
-                break
-            self._preempt(worst, now)
-            done += 1
-        return done
 
     # --- applying a step ----------------------------------------------------------------------
     def complete(self, step: SchedulerOutput, now: float) -> StepOutcome:
