@@ -207,17 +207,17 @@ def table(rows: Sequence[Row], scales: Sequence[float]) -> list[str]:
     groups: dict[tuple[str, str], dict[float, Row]] = {}
     for r in rows:
         groups.setdefault((r.case, r.view), {})[r.scale] = r
-    nominal_cells = {case: g.get(1.0) for (case, view), g in groups.items() if view == CAPACITY}
+    nominal_cells = {case: g[1.0] for (case, view), g in groups.items() if view == CAPACITY and 1.0 in g}
     for (case, view), by_scale in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != CAPACITY)):
-        if view == FIXED and nominal_cells.get(case):
-            by_scale = {**by_scale, 1.0: nominal_cells[case]}  # type: ignore[dict-item]
+        if view == FIXED and case in nominal_cells:
+            by_scale = {**by_scale, 1.0: nominal_cells[case]}
         cells = []
         for s in scales:
-            r = by_scale.get(s)
+            got = by_scale.get(s)
             cells.append(
                 "—"
-                if r is None
-                else f"{r.utilisation:.2f}, {r.mean_ratio:.3f}, {r.p99_ratio:.3f}, {r.throughput_ratio:.3f}"
+                if got is None
+                else f"{got.utilisation:.2f}, {got.mean_ratio:.3f}, {got.p99_ratio:.3f}, {got.throughput_ratio:.3f}"
             )
         vals = list(by_scale.values())
         out.append(
