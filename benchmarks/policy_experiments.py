@@ -65,12 +65,12 @@ def load_workloads(n: int) -> dict[str, list[TraceRequest]]:
     return out
 
 
-def _perf(setup: str):  # type: ignore[no-untyped-def]
+def _perf(setup: str, step_time_scale: float | None = None):  # type: ignore[no-untyped-def]
     from sim.hardware import get_gpu, get_model
     from sim.perf import PerfModel
 
     model, gpu = SETUPS[setup]
-    return PerfModel(get_model(model), get_gpu(gpu))
+    return PerfModel(get_model(model), get_gpu(gpu), step_time_scale=step_time_scale)
 
 
 def run_one(
@@ -80,13 +80,15 @@ def run_one(
     level: str,
     predictor: str | float | None,
     seed: int = 0,
+    step_time_scale: float | None = None,
 ) -> dict[str, float]:
+    """One cell; ``step_time_scale`` (None: the profile's) is for ``benchmarks/error_bars.py``."""
     from policies.registry import parse_policy
     from predictor.factory import make_predictor
     from sim.config import EngineConfig
     from sim.des import SimSetup, client_view, simulate
 
-    perf = _perf(setup)
+    perf = _perf(setup, step_time_scale)
     model, gpu = SETUPS[setup]
     pred = None
     if predictor == "oracle":
@@ -107,10 +109,10 @@ def run_one(
     return s
 
 
-def saturated_rate(work: list[TraceRequest], setup: str) -> float:
+def saturated_rate(work: list[TraceRequest], setup: str, step_time_scale: float | None = None) -> float:
     """Requests per second vLLM alone sustains on ``work``: everything arrives in a burst."""
     burst = [replace(r, arrival_s=0.0) for r in work]
-    s = run_one(burst, setup, "fcfs", "engine", None)
+    s = run_one(burst, setup, "fcfs", "engine", None, step_time_scale=step_time_scale)
     return s["completed"] / s["makespan_s"]
 
 

@@ -64,6 +64,13 @@ def study(
             "each of these into OUT/x<M>, and write OUT/deadline_sensitivity.md comparing their rankings."
         ),
     ] = None,
+    regions: Annotated[
+        str,
+        typer.Option(
+            help="Region set: violation (LSSP's multiples of each window's knee λ_ref, the default) or "
+            "utilisation (U50/U90/U110: offered rate over the reference engine's saturated rate)."
+        ),
+    ] = "violation",
     report_only: Annotated[
         bool, typer.Option(help="Rewrite the report from the cells already in OUT; simulate nothing.")
     ] = False,
@@ -72,11 +79,13 @@ def study(
     import json
 
     from study.config import (
+        RegionAnchor,
         StudyConfig,
         parse_source,
         smoke_config,
         text_source,
         with_overrides,
+        with_utilisation_regions,
     )
     from study.config import (
         default_sources as defaults,
@@ -84,6 +93,8 @@ def study(
 
     try:
         cfg = smoke_config() if smoke else StudyConfig()
+        if RegionAnchor(regions) is RegionAnchor.UTILISATION:
+            cfg = with_utilisation_regions(cfg)
         extra = tuple(parse_source(s) for s in source or [])
         if extra or not default_sources:
             base = cfg.sources if default_sources else ()

@@ -17,12 +17,15 @@ if TYPE_CHECKING:
     from sim.des import SimResult
 
 
-def perf_and_engine(model: str, gpu: str) -> tuple[Any, Any]:
+def perf_and_engine(model: str, gpu: str, step_time_scale: float | None = None) -> tuple[Any, Any]:
+    """The engine model and config of ``model`` on ``gpu``; ``step_time_scale`` (None: the GPU
+    profile's) stretches every step, for the error bars of ``benchmarks/error_bars.py``."""
     from sim.config import EngineConfig
     from sim.hardware import get_gpu, get_model
     from sim.perf import PerfModel
 
-    return PerfModel(get_model(model), get_gpu(gpu)), EngineConfig(model=model, gpu=gpu)
+    perf = PerfModel(get_model(model), get_gpu(gpu), step_time_scale=step_time_scale)
+    return perf, EngineConfig(model=model, gpu=gpu)
 
 
 def sim_predictor(name: str, seed: int = 0) -> LengthPredictor | None:
@@ -46,6 +49,7 @@ def simulate_run(
     predictor: str = "length-bucket",
     seed: int = 0,
     max_wait_s: float | None = None,
+    step_time_scale: float | None = None,
 ) -> SimResult:
     """``policy`` at the gateway (None: vLLM alone, round robin) in the simulator, with the live
     gateway's admission settings, its queue limits (``max_wait_s`` in engine seconds; None: no
@@ -56,7 +60,7 @@ def simulate_run(
     from predictor.semantic_sim import SemanticLengthPredictor
     from sim.des import QueueLimits, SimSetup, client_view, simulate
 
-    perf, engine = perf_and_engine(model, gpu)
+    perf, engine = perf_and_engine(model, gpu, step_time_scale)
     if policy is None:
         setup = SimSetup(perf, engine, engines=engines, level="engine", policy=parse_policy("fcfs"))
     else:
@@ -85,7 +89,14 @@ def _aged_bound(share: float, max_wait_s: float | None) -> dict[str, float] | No
     return {"max_wait_s": share * max_wait_s} if share > 0 and max_wait_s else None
 
 
-def capacity(work: Sequence[TraceRequest], *, model: str, gpu: str, engines: int = 2) -> dict[str, float]:
+def capacity(
+    work: Sequence[TraceRequest],
+    *,
+    model: str,
+    gpu: str,
+    engines: int = 2,
+    step_time_scale: float | None = None,
+) -> dict[str, float]:
     """vLLM alone's saturated throughput on this request mix, in the engine model that the simulated
     backends run: every request arrives within one second, and the rate is read between the 10th and
     the 90th percentile of completions (the backlog's steady state, without the ramp and the drain
@@ -94,7 +105,7 @@ def capacity(work: Sequence[TraceRequest], *, model: str, gpu: str, engines: int
 
     span = max(work[-1].arrival_s, 1e-9)
     burst = scale_rate(list(work), span)
-    res = simulate_run(burst, None, model=model, gpu=gpu, engines=engines)
+    res = simulate_run(burst, None, model=model, gpu=gpu, engines=engines, step_time_scale=step_time_scale)
     done = [r for r in res.records if r.finish_s is not None and r.status == "ok"]
     finish = np.sort([r.finish_s for r in done])
     n = len(finish)
@@ -121,6 +132,7 @@ def scale_for(
     *,
     model: str,
     gpu: str,
+    step_time_scale: float | None = None,
 ) -> tuple[float, dict[str, float]]:
     """The rate multiplier at which ``build(scale)`` offers ``target`` × vLLM alone's capacity, and that
     capacity, measured on ``mix``: a large sample of the same request mix (a burst of a few hundred
@@ -128,7 +140,7 @@ def scale_for(
     found by bisection (in log space) on the offered rate."""
     import math
 
-    cap = capacity(mix, model=model, gpu=gpu)
+    cap = capacity(mix, model=model, gpu=gpu, step_time_scale=step_time_scale)
     want = target * cap["req_s"]
     lo, hi = math.log(0.01), math.log(100.0)
     while hi - lo > 0.005:

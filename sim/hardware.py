@@ -7,6 +7,7 @@ norms per layer, an output head and an input embedding) and reproduce docs ENGIN
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping
@@ -153,6 +154,8 @@ class StepTerms:
     (input preparation, sampling); ``t_allreduce``: seconds of latency per tensor-parallel
     all-reduce (two a layer); ``overlap_p``: the exponent of the smooth max of the compute and
     weight-read bounds (2: their quadratic mean; larger: closer to the larger of the two).
+    ``step_time_scale`` multiplies every step's GPU time (not the front end): 1.0 is the model as
+    fitted; 0.85 / 1.15 are the ±15%-capacity error bars of issue 15 (benchmarks/error_bars.py).
     """
 
     eta_m: float = 0.75
@@ -164,6 +167,7 @@ class StepTerms:
     overlap_p: float = 2.0
     frontend_s: float = 0.010
     """What a client waits beyond the engine for its first token (HTTP, tokenisation, streaming)."""
+    step_time_scale: float = 1.0
 
 
 DEFAULT_TERMS = StepTerms()
@@ -187,6 +191,11 @@ class GPUSpec:
     link_bandwidth: float = 300e9
     eta_c: float | None = None
     terms: StepTerms | None = None
+
+    def with_step_time_scale(self, scale: float) -> GPUSpec:
+        """This GPU with every step ``scale`` times as long (its other terms unchanged)."""
+        terms = dataclasses.replace(self.terms or DEFAULT_TERMS, step_time_scale=scale)
+        return dataclasses.replace(self, terms=terms)
 
 
 # H100/H200 compute efficiency: Vidur's H100 GEMM profiles (Llama-2-7B and -70B, TP 1, 1 to 4k tokens)

@@ -56,6 +56,8 @@ class PerfModel:
     frontend_s: float = -1.0
     """Seconds of front end on the first token; negative (the default): the GPU profile's value."""
     t_allreduce: float | None = None
+    step_time_scale: float | None = None
+    """Every step's GPU time × this (None: the GPU profile's, 1.0 by default); see ``StepTerms``."""
 
     # Derived coefficients, set in __post_init__ (plain floats for the hot path).
     compute_efficiency: float = field(init=False, default=0.0)
@@ -81,7 +83,10 @@ class PerfModel:
         if self.tp < 1:
             raise ValueError(f"tp must be >= 1, got {self.tp}")
         base = self.gpu.terms or DEFAULT_TERMS
-        given = {k: getattr(self, k) for k in ("eta_m", "eta_a", "t_fix", "t_seq", "t_allreduce")}
+        given = {
+            k: getattr(self, k)
+            for k in ("eta_m", "eta_a", "t_fix", "t_seq", "t_allreduce", "step_time_scale")
+        }
         if self.frontend_s >= 0.0:
             given["frontend_s"] = self.frontend_s
         terms = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
@@ -114,14 +119,27 @@ class PerfModel:
             fixed += n_ar * terms.t_allreduce
             per_tok_ar = n_ar * 2.0 * (tp - 1) / tp * m.hidden * m.dtype_bytes / g.link_bandwidth
         k_kv = kvb_gpu / (terms.eta_kv * g.bandwidth)
+        # The scale is folded into every time coefficient (the smooth max is homogeneous), so the hot
+        # path is unchanged and a scale of 1.0 gives bit-identical step times.
+        s = terms.step_time_scale
+        if not s > 0.0:
+            raise ValueError(f"step_time_scale must be > 0, got {s}")
+        weights *= s
+        lin_w *= s
+        flops /= s
+        fixed *= s
+        per_tok_ar *= s
+        k_kv *= s
+        if m.experts > 1:
+            object.__setattr__(self, "_expert_w", self._expert_w * s)
         values = {
             "compute_efficiency": float(eta_c),
             "_a_tok": 2.0 * m.params_layers_active / flops,
             "_a_seq": 2.0 * m.params_head / flops,
             "_w": weights,
             "_w2": weights * weights,
-            "_a_att": 4.0 * m.layers * m.heads * m.head_dim / (tp * terms.eta_a * g.flops),
-            "_t_seq": terms.t_seq,
+            "_a_att": s * 4.0 * m.layers * m.heads * m.head_dim / (tp * terms.eta_a * g.flops),
+            "_t_seq": s * terms.t_seq,
             "_p": terms.overlap_p,
             "_k_kv": k_kv,
             "_fixed": fixed,

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from core.request import TraceRequest
-from study.config import StudyConfig
+from study.config import RegionAnchor, StudyConfig
 from study.simrun import Entry, run_window
 from study.windows import Window
 
@@ -74,6 +74,15 @@ class Calibration:
 
     def utilisation(self, factor: float) -> float:
         return factor * self.arrival_rate / self.saturated_rate if self.saturated_rate > 0 else math.nan
+
+    def factor(self, anchor: RegionAnchor, multiple: float) -> float:
+        """The arrival compression factor of a region: ``multiple`` × λ_ref (violation-anchored) or
+        the factor whose offered rate is ``multiple`` × the saturated rate (utilisation-anchored)."""
+        if anchor is RegionAnchor.VIOLATION:
+            return multiple * self.lambda_ref
+        if not (self.saturated_rate > 0 and math.isfinite(self.saturated_rate) and self.arrival_rate > 0):
+            raise ValueError(f"window {self.window}: no finite saturated rate to anchor a utilisation on")
+        return multiple * self.saturated_rate / self.arrival_rate
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

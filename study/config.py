@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,20 @@ REGIONS: tuple[tuple[str, float], ...] = (
     ("OVERLOAD", 1.2),
     ("HIGH_PRESSURE", 1.5),
 )
-"""Operating regions as multiples of each window's λ_ref (STUDY.md)."""
+"""Operating regions as multiples of each window's λ_ref (STUDY.md): LSSP's violation-anchored set."""
+
+
+class RegionAnchor(StrEnum):
+    """What a region's number multiplies: ``violation``, each window's knee ``λ_ref`` (LSSP's regions,
+    for comparison with the paper); ``utilisation``, the reference engine's saturated rate on the
+    window's own mix (so one region name is the same load on every source; issue 15, part 4)."""
+
+    VIOLATION = "violation"
+    UTILISATION = "utilisation"
+
+
+UTILISATION_REGIONS: tuple[tuple[str, float], ...] = (("U50", 0.5), ("U90", 0.9), ("U110", 1.1))
+"""Operating regions as offered rate / the reference engine's saturated rate on the window's mix."""
 
 ROBUSTNESS_ENTRIES: tuple[str, ...] = (
     "sagesched@gateway",
@@ -204,6 +218,8 @@ class StudyConfig:
     bisect_hi: float = 4.0
     bisect_steps: int = 30
     regions: tuple[tuple[str, float], ...] = REGIONS
+    region_anchor: RegionAnchor = RegionAnchor.VIOLATION
+    """What ``regions`` multiply (``with_utilisation_regions`` switches to the utilisation set)."""
     model: str = "llama-3.1-8b"
     gpu: str = "h100"
     # the panel
@@ -246,6 +262,7 @@ class StudyConfig:
         )
         for key in ("regions",):
             data[key] = tuple(tuple(x) for x in data[key])
+        data["region_anchor"] = RegionAnchor(data.get("region_anchor", RegionAnchor.VIOLATION))
         for key in ("errors", "robustness", "subsample_sizes"):
             data[key] = tuple(data[key])
         if data.get("policies") is not None:
@@ -274,6 +291,13 @@ def smoke_config(root: Path | None = None) -> StudyConfig:
         subsample_sizes=(2, 3),
         subsample_draws=100,
     )
+
+
+def with_utilisation_regions(
+    cfg: StudyConfig, regions: tuple[tuple[str, float], ...] = UTILISATION_REGIONS
+) -> StudyConfig:
+    """``cfg`` with utilisation-anchored regions (U50/U90/U110 of each window's saturated rate)."""
+    return replace(cfg, regions=regions, region_anchor=RegionAnchor.UTILISATION)
 
 
 def with_overrides(cfg: StudyConfig, **changes: Any) -> StudyConfig:

@@ -123,7 +123,7 @@ def plan(
             cal = calibrations[w.id]
             dists = None if semantic is None else semantic.get(w.id)
             for region, mult in cfg.regions:
-                factor = mult * cal.lambda_ref
+                factor = cal.factor(cfg.region_anchor, mult)
                 sets: list[tuple[list[Cell], Mapping[int, LengthDistribution] | None]] = [
                     ([Cell(w.source, w.index, region, e, NOISY, main) for e in entries], None),
                     (

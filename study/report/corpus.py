@@ -102,9 +102,12 @@ def corpus_section(cfg: StudyConfig, cals: Sequence[Calibration], infos: Sequenc
         urows.append(
             [info.name]
             + [
-                fmt(float(np.median([c.utilisation(m * c.lambda_ref) for c in cs])), 2) if cs else "–"
+                fmt(float(np.median([c.utilisation(c.factor(cfg.region_anchor, m)) for c in cs])), 2)
+                if cs
+                else "–"
                 for _, m in cfg.regions
             ]
         )
-    lines += table(["source", *[f"{r} ({m:g}×)" for r, m in cfg.regions]], urows)
+    unit = "λ_ref" if cfg.region_anchor == "violation" else "saturated rate"
+    lines += table(["source", *[f"{r} ({m:g}× {unit})" for r, m in cfg.regions]], urows)
     return lines

@@ -14,7 +14,7 @@ from study.report.text import pct, table
 from study.stats import MICROSCOPIC, STABLE, SUPPORTED
 from study.sweep import VLLM_ALONE
 
-HEAVY = ("POST_KNEE", "OVERLOAD", "HIGH_PRESSURE")
+HEAVY = ("POST_KNEE", "OVERLOAD", "HIGH_PRESSURE", "U110")
 
 
 def reversals_section(ds: Dataset, figdir: Path) -> tuple[list[str], dict[str, Any]]:
