@@ -291,6 +291,7 @@ class SharedLedger:
         return {
             "replica": self.replica,
             "mode": str(self.mode),
+            "local_share": self.settings.local_share,
             "own_charges": sum(len(own) for own in self._own),
             "pending_commits": len(self._commits),
             "calls": s.calls,
