@@ -34,7 +34,8 @@ def supervise(settings: Any, workers: int) -> int:
     """Run ``workers`` children on ``settings`` until they exit; returns the exit code."""
     data = settings.model_dump(mode="json", exclude_unset=True)  # (unset: each child's defaults)
     if "local_share" not in settings.ledger.model_fields_set:
-        data.setdefault("ledger", {})["local_share"] = 1.0 / workers  # Redis down: together, one backend's worth
+        # Redis down: each takes 1/N of every backend, together one backend's worth.
+        data.setdefault("ledger", {})["local_share"] = 1.0 / workers
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, prefix="sagegate-workers-") as f:
         json.dump(data, f)  # JSON is YAML
     cmd = [sys.executable, "-m", "sagegate.cmd_serve", "--config", f.name, "--reuse-port"]
