@@ -119,6 +119,7 @@ class SharedLedger:
         self._set_capacity = list(self._true_capacity)
         self._next_sync = 0.0
         self._wake = asyncio.Event()
+        self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._redis: Any = None
         self._script: Any = None
@@ -141,10 +142,10 @@ class SharedLedger:
     async def stop(self) -> None:
         """Stop syncing and leave: this replica's charges and lease are deleted at once (best
         effort), so the others need not wait out the lease."""
+        self._stopping = True  # (a cancellation that asyncio.wait_for swallows still ends the loop)
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await asyncio.wait({self._task}, timeout=2 * self.settings.timeout_s + 1)
             self._task = None
         if self._redis is None:
             return
@@ -184,11 +185,16 @@ class SharedLedger:
 
     # --- the worker ----------------------------------------------------------------------------
     async def _run(self) -> None:
-        interval = self.settings.sync_interval_s
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=interval)
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            alarm = loop.call_later(self.settings.sync_interval_s, self._wake.set)
+            try:
+                await self._wake.wait()  # a commit, or the next sync
+            finally:
+                alarm.cancel()
             self._wake.clear()
+            if self._stopping:
+                return
             try:
                 await self._round()
             except Exception:  # the worker must never die: the next round tries again
@@ -237,10 +243,12 @@ class SharedLedger:
                 self.stats.denied += 1
                 denied = True
             c.verdict(bool(ok))
-        if sync or denied:
-            self._view(answer.get("others") or {})
         if sync:
             self._next_sync = now + self.settings.sync_interval_s
+        if denied:  # the next call republishes our progress first, so Redis and our view agree
+            self._next_sync = 0.0
+        if sync or denied:
+            self._view(answer.get("others") or {})
 
     def _commit_args(self, c: _Commit) -> list[str | int | float]:
         """``[backend, cid, held, remaining, limit, rule]``: the rule's limit on the true capacity."""
