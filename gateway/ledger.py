@@ -180,7 +180,9 @@ class SharedLedger:
 
     def released(self, charge: Charge, backend: int) -> None:
         """One of this replica's charges left ``backend``."""
-        if self._own[backend].pop(charge, 0) is None:
+        own = self._own[backend]
+        if charge in own:
+            del own[charge]
             self._dirty.add(backend)
 
     # --- the worker ----------------------------------------------------------------------------
