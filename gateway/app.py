@@ -30,6 +30,7 @@ from gateway.director import Director
 from gateway.dispatcher import Dispatcher
 from gateway.errors import GatewayError
 from gateway.intake import Intake
+from gateway.ledger import SharedLedger
 from gateway.metrics import GatewayMetrics
 from gateway.openai_schema import ChatCompletionRequest, CompletionRequest, ErrorBody, Route
 from gateway.predict import GatewayPredictor, Recorder, build_predictor
@@ -68,15 +69,29 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.pool = BackendPool(settings, self.client, on_change=self._on_change, clock=self.clock)
         self.queue = BoundedQueue(self.policy, settings.queue.max_requests, settings.queue.max_tokens)
+        admission = settings.admission.config()
+        self.ledger: SharedLedger | None = None
+        """The admission ledger shared with other replicas (``ledger.enabled`` and ``redis_url``)."""
+        if settings.ledger.enabled and settings.redis_url:
+            self.ledger = SharedLedger(
+                settings.ledger,
+                settings.redis_url,
+                self.pool.loads,
+                [b.url for b in self.pool.backends],
+                admission,
+                on_change=self._on_change,
+                clock=self.clock,
+            )
         self.dispatcher = Dispatcher(
             self.policy,
             self.pool,
-            settings.admission.config(),
+            admission,
             self.queue,
             self.metrics,
             capacity_requests=settings.capacity_requests_per_backend,
             pending_s=settings.admission.pending_s,
             clock=self.clock,
+            ledger=self.ledger,
         )
         self.recorder = Recorder(self.predictor)
         self.proxy = Proxy(settings, self.dispatcher, self.pool, self.client, self.metrics, self.recorder)
@@ -109,6 +124,8 @@ class Gateway:
         await asyncio.to_thread(count_text, "warm up", self.settings.tokenizer)  # loads the BPE (~1 s)
         await self.predictor.astart()
         await self.pool.start()
+        if self.ledger is not None:
+            await self.ledger.start()
         self.sampler.start()
         self.started = True
         self.dispatcher.kick()
@@ -117,6 +134,8 @@ class Gateway:
         self.draining = True
         await self.sampler.stop()
         await self.pool.stop()
+        if self.ledger is not None:
+            await self.ledger.stop()
         await self.recorder.drain()
         await self.predictor.aclose()
         await self.client.aclose()
@@ -206,6 +225,14 @@ def create_app(
                 403, "admin key required", type="authentication_error", reason=Reason.FORBIDDEN
             )
         return JSONResponse(gw.queue_snapshot(max(0, min(limit, MAX_LIMIT))))
+
+    @app.get("/admin/ledger")
+    async def admin_ledger(request: Request) -> Response:
+        if not is_admin(request.headers, settings.admin_key):
+            raise GatewayError(
+                403, "admin key required", type="authentication_error", reason=Reason.FORBIDDEN
+            )
+        return JSONResponse(gw.ledger.snapshot() if gw.ledger is not None else {"mode": "off"})
 
     app.include_router(dashboard_router(gw.feed, lambda: settings.admin_key))
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

@@ -10,6 +10,11 @@ waiting handler's future. It runs on
 the event loop, woken (coalesced, once per loop iteration) by whatever can make room: an arrival, a
 first byte, a completion, a scrape, a backend coming back or going down (when none is healthy, the
 queue is answered at once). Each decision is O(log n) in the queue (heap) plus O(backends).
+
+With a shared ledger (``gateway.ledger``, several replicas in front of one fleet) a dispatch is
+tentative until Redis confirms the charge: the request leaves the queue and its charge weighs on the
+local view at once, but it goes to its backend only on Redis's yes; on a no it goes back into the
+queue (as a retry does). The pass itself never waits on Redis.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from gateway.backends import BackendPool
+from gateway.ledger import SharedLedger
 from gateway.metrics import GatewayMetrics
 from gateway.queue import BoundedQueue, DispatchRefused, GatewayRequest
 from policies.admission import AdmissionConfig, Charge
@@ -45,8 +51,13 @@ class Dispatcher:
         capacity_requests: int = 256,
         pending_s: float = 0.03,
         clock: Callable[[], float] = time.monotonic,
+        ledger: SharedLedger | None = None,
     ) -> None:
         self.policy = policy
+        self.ledger = ledger
+        """The admission ledger shared with other replicas (None: this replica owns every backend)."""
+        self._committing: dict[int, GatewayRequest] = {}
+        """Requests whose dispatch waits for the shared ledger's answer (by ``id``)."""
         self.pool = pool
         self.cfg = admission
         self.queue = queue
@@ -91,8 +102,8 @@ class Dispatcher:
 
     def withdraw(self, req: GatewayRequest) -> bool:
         """Take a still-queued request out (client gone, waited too long). Returns if it was queued."""
-        if not self.queue.remove(req):
-            return False
+        if not self.queue.remove(req) and self._committing.pop(id(req), None) is None:
+            return False  # (a dispatch awaiting the ledger is abandoned: its answer releases it)
         self.policy.on_finish(req, self.clock())
         return True
 
@@ -109,6 +120,8 @@ class Dispatcher:
 
     def dispatch(self) -> int:
         """Dispatch queued requests, best rank first, while a backend admits the head. Returns how many."""
+        if self.ledger is not None:
+            self.ledger.prepare()
         result = self.dispatch_loop.run(self.clock())
         self.last_stop = result.stop
         return result.dispatched
@@ -163,6 +176,8 @@ class Dispatcher:
         b.left(req.rid, req.prompt_tokens, req.generated)
         if req.charge is not None:
             b.load.release(req.charge)
+            if self.ledger is not None:
+                self.ledger.released(req.charge, idx)
         req.backend = None
         if final:
             self.policy.on_finish(req, self.clock())
@@ -189,6 +204,31 @@ class _GatewayDriver:
         return [i not in req.excluded and b.serves(req.model) for i, b in enumerate(backends)]
 
     def dispatched(self, req: GatewayRequest, backend: int, charge: Charge, now: float) -> None:
+        """Chosen: sent at once, or (shared ledger) once Redis has charged it fleet-wide."""
+        d = self.d
+        if d.ledger is None:
+            self.send(req, backend, now)
+            return
+        d._committing[id(req)] = req
+        d.ledger.commit(backend, charge, lambda ok: self.committed(req, backend, charge, ok))
+
+    def committed(self, req: GatewayRequest, backend: int, charge: Charge, ok: bool) -> None:
+        """The shared ledger's answer: send it; or (no room fleet-wide) queue it again; or, if its
+        client left meanwhile, give the charge back."""
+        d = self.d
+        waiting = d._committing.pop(id(req), None) is not None
+        if ok and waiting:
+            self.send(req, backend, d.clock())
+            return
+        d.pool.loads[backend].release(charge)
+        if ok:
+            assert d.ledger is not None
+            d.ledger.released(charge, backend)
+        elif waiting:
+            d.queue.push(req, d.clock())
+        d.kick()
+
+    def send(self, req: GatewayRequest, backend: int, now: float) -> None:
         """Sent: the backend counts it waiting (``Backend.sent``) until its first byte or ``pending_s``."""
         d = self.d
         b = d.pool.backends[backend]

@@ -96,6 +96,32 @@ class AdmissionSettings(BaseModel):
         )
 
 
+class LedgerSettings(BaseModel):
+    """The admission ledger several gateway replicas share in Redis (``gateway.ledger``). Off unless
+    ``enabled`` and ``redis_url`` are both set; off, each replica owns every backend's whole KV."""
+
+    enabled: bool = False
+    lease_s: float = Field(default=2.0, gt=0.0)
+    """A replica's charges live this long in Redis after its last renewal: a replica that dies (or
+    loses Redis) has its charges forgotten by the others within ``lease_s`` (plus one sync)."""
+    sync_interval_s: float = Field(default=0.05, gt=0.0)
+    """How often a replica publishes its charges' progress, renews its lease and reads the others'
+    charges into its local view. Must be well under ``lease_s``."""
+    local_share: float = Field(default=0.5, gt=0.0, le=1.0)
+    """With Redis unreachable, the share of every backend's KV capacity this replica admits into on
+    its own (set it to 1 / the number of replicas so that together they never exceed a backend)."""
+    timeout_s: float = Field(default=0.25, gt=0.0)
+    """A Redis call slower than this counts as Redis down (local ledgers until it answers again)."""
+    prefix: str = "sagegate:ledger"
+    """Key prefix in Redis: replicas in front of one fleet share it."""
+
+    @model_validator(mode="after")
+    def _sync_within_lease(self) -> LedgerSettings:
+        if self.sync_interval_s * 2 > self.lease_s:
+            raise ValueError("ledger.sync_interval_s must be at most half of ledger.lease_s")
+        return self
+
+
 class QueueSettings(BaseModel):
     """Bounds on the gateway's own queue."""
 
@@ -305,6 +331,8 @@ class GatewaySettings(BaseSettings):
     """KV capacity assumed for a backend that neither reports nor is configured with one."""
     capacity_requests_per_backend: int = Field(default=256, ge=1)
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    ledger: LedgerSettings = Field(default_factory=LedgerSettings)
+    """A shared admission ledger across replicas (needs ``redis_url``; see docs/gateway.md)."""
     queue: QueueSettings = Field(default_factory=QueueSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
@@ -338,6 +366,12 @@ class GatewaySettings(BaseSettings):
     @model_validator(mode="after")
     def _options_fit_the_predictor(self) -> GatewaySettings:
         self.predictor_options.check_for(self.predictor)
+        return self
+
+    @model_validator(mode="after")
+    def _ledger_needs_redis(self) -> GatewaySettings:
+        if self.ledger.enabled and not self.redis_url:
+            raise ValueError("ledger.enabled needs redis_url")
         return self
 
     @model_validator(mode="after")

@@ -34,6 +34,13 @@ def serve(
         str | None, typer.Option("--admin-key", envvar="SAGEGATE_ADMIN_KEY", help="Key for /admin routes.")
     ] = None,
     log_level: Annotated[str | None, typer.Option("--log-level", help="Log level.")] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers", min=1, help="Gateway processes behind the port (>1 needs ledger.enabled, redis_url)."
+        ),
+    ] = 1,
+    reuse_port: Annotated[bool, typer.Option("--reuse-port", hidden=True)] = False,
 ) -> None:
     """Run the OpenAI-compatible scheduling gateway in front of vLLM-compatible backends."""
     from pydantic import ValidationError
@@ -58,11 +65,20 @@ def serve(
     if not settings.backends:
         typer.echo("error: no backends: give --backend URL or a config file with backends", err=True)
         raise typer.Exit(2)
-    run(settings)
+    if workers > 1:
+        from sagegate.workers import check, supervise
+
+        why = check(settings, workers)
+        if why is not None:
+            typer.echo(f"error: {why}", err=True)
+            raise typer.Exit(2)
+        raise typer.Exit(supervise(settings, workers))
+    run(settings, reuse_port=reuse_port)
 
 
-def run(settings: Any) -> None:
-    """Serve ``settings`` (a ``GatewaySettings``) until SIGTERM/SIGINT, then drain."""
+def run(settings: Any, *, reuse_port: bool = False) -> None:
+    """Serve ``settings`` (a ``GatewaySettings``) until SIGTERM/SIGINT, then drain. ``reuse_port``:
+    bind with ``SO_REUSEPORT`` beside the other workers of ``--workers``."""
     import asyncio
     import logging
 
@@ -116,7 +132,12 @@ def run(settings: Any) -> None:
         f"at http://{settings.host}:{settings.port}",
         err=True,
     )
-    _Server(cfg).run()
+    if reuse_port:
+        from sagegate.workers import reuse_port_socket
+
+        _Server(cfg).run(sockets=[reuse_port_socket(settings.host, settings.port)])
+    else:
+        _Server(cfg).run()
 
 
 if __name__ == "__main__":  # pragma: no cover

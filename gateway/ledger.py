@@ -1,0 +1,315 @@
+"""The admission ledger several gateway replicas share in Redis (issue 18, ``ledger.enabled``).
+
+Each replica decides on its own event loop, without a round trip, on a *local view*: its own charges
+(live) plus every other replica's (as of the last read, at most ``sync_interval_s`` old), so the
+projected-peak rule weighs the whole fleet's load. That view is optimistic: two replicas may both see
+the same room. So a dispatch is only *tentative* until Redis confirms it: :meth:`SharedLedger.commit`
+queues the charge, one worker task sends every queued commit in one script call
+(``gateway.ledger_script``: the admission rule evaluated inside Redis over every live replica's
+charges, atomically), and the dispatcher hands the request to its backend only on a yes; on a no the
+request goes back into the queue and the view is refreshed from the answer. Commits queued while a
+call is in flight ride the next one (batching: one round trip per batch, not per decision).
+
+Leases: every call renews this replica's lease (``lease_s``); the same call, every
+``sync_interval_s``, republishes its charges' progress and reads the others'. A release is published
+with the next call (the one carrying the next commit, at the latest the next sync), so a replica's
+own freed room is in Redis before its next commit is checked. A replica that dies
+stops renewing; within ``lease_s`` its charges drop out of every check and, one sync later, out of
+every view. Redis unreachable (a call fails or takes longer than ``timeout_s``): the replica keeps a
+local ledger over ``local_share`` of each backend's capacity, accepts its queued commits itself, and
+retries every sync; when Redis answers it republishes all its charges and rejoins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from gateway.ledger_script import LEDGER_LUA
+from gateway.settings import LedgerSettings
+from policies.admission import AdmissionConfig, BackendLoad, Charge
+
+log = logging.getLogger("sagegate.gateway")
+
+Verdict = Callable[[bool], None]
+"""Called once with Redis's answer to a commit (True: charged; False: no room fleet-wide)."""
+
+
+class LedgerMode(StrEnum):
+    SHARED = "shared"
+    """Redis answers: decisions weigh every replica's charges."""
+    LOCAL = "local"
+    """Redis is unreachable: this replica admits into ``local_share`` of each backend alone."""
+
+
+class RemoteCharge(Charge):
+    """Another replica's charge as last read from Redis: what it holds and has left, fixed until the
+    next read (it is never progressed; the next read replaces it)."""
+
+    __slots__ = ()
+
+    def __init__(self, held: int, remaining: int) -> None:  # nothing to predict: no Charge.__init__
+        self.held = held
+        self.remaining = remaining
+        self.value = float(held + remaining)
+
+
+@dataclass(slots=True)
+class _Commit:
+    backend: int
+    charge: Charge
+    verdict: Verdict
+
+
+@dataclass(slots=True)
+class LedgerStats:
+    """Counters for ``/admin/ledger`` and the benchmark."""
+
+    calls: int = 0
+    commits: int = 0
+    denied: int = 0
+    failures: int = 0
+    rejoins: int = 0
+    last_call_s: float = 0.0
+    batch_max: int = 0
+    remote_tokens: list[float] = field(default_factory=list)
+
+
+class SharedLedger:
+    """One replica's side of the shared ledger over the pool's ``loads`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: LedgerSettings,
+        redis_url: str,
+        loads: Sequence[BackendLoad],
+        backend_ids: Sequence[str],
+        admission: AdmissionConfig,
+        on_change: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.redis_url = redis_url
+        self.loads = loads
+        self.backend_ids = list(backend_ids)
+        """How replicas name a backend in Redis (its URL: the same fleet has the same URLs)."""
+        self.admission = admission
+        self.on_change = on_change
+        self.clock = clock
+        self.replica = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.mode = LedgerMode.SHARED
+        self.stats = LedgerStats(remote_tokens=[0.0] * len(loads))
+        self._own: list[dict[Charge, None]] = [{} for _ in loads]
+        """This replica's charges Redis has accepted (or, alone, the local view did), by backend."""
+        self._remote: list[list[RemoteCharge]] = [[] for _ in loads]
+        self._commits: list[_Commit] = []
+        self._dirty: set[int] = set()
+        """Backends where one of ours left since the last publish."""
+        self._true_capacity = [load.capacity_tokens for load in loads]
+        self._set_capacity = list(self._true_capacity)
+        self._next_sync = 0.0
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+        self._redis: Any = None
+        self._script: Any = None
+
+    # --- life ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Connect, join (one round: lease, publish, read), then the worker task."""
+        import redis.asyncio as aioredis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        t = self.settings.timeout_s
+        self._redis = aioredis.Redis.from_url(
+            self.redis_url, socket_timeout=t, socket_connect_timeout=t, retry=Retry(NoBackoff(), 0)
+        )
+        self._script = self._redis.register_script(LEDGER_LUA)
+        await self._round()
+        self._task = asyncio.create_task(self._run(), name="ledger-sync")
+
+    async def stop(self) -> None:
+        """Stop syncing and leave: this replica's charges and lease are deleted at once (best
+        effort), so the others need not wait out the lease."""
+        self._stopping = True  # (a cancellation that asyncio.wait_for swallows still ends the loop)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait({self._task}, timeout=2 * self.settings.timeout_s + 1)
+            self._task = None
+        if self._redis is None:
+            return
+        p = self.settings.prefix
+        with contextlib.suppress(Exception):
+            keys = [f"{p}:c:{self.replica}:{b}" for b in self.backend_ids]
+            await self._redis.delete(*keys)
+            await self._redis.zrem(f"{p}:members", self.replica)
+        with contextlib.suppress(Exception):
+            await self._redis.aclose()
+
+    # --- the dispatcher's hooks ----------------------------------------------------------------
+    def prepare(self) -> None:
+        """Before a dispatch pass: each backend's capacity as this replica may use it (all of it when
+        shared, ``local_share`` of it alone). A scrape that set a new capacity is taken as the truth."""
+        share = self.settings.local_share if self.mode is LedgerMode.LOCAL else 1.0
+        for i, load in enumerate(self.loads):
+            if load.capacity_tokens != self._set_capacity[i]:
+                self._true_capacity[i] = load.capacity_tokens
+            want = max(1, int(share * self._true_capacity[i]))
+            load.capacity_tokens = self._set_capacity[i] = want
+
+    def commit(self, backend: int, charge: Charge, verdict: Verdict) -> None:
+        """Ask Redis to charge ``charge`` on ``backend`` (the local view already admitted it);
+        ``verdict`` gets the answer. Alone (Redis down) the local view's yes is the answer, at once."""
+        if self.mode is LedgerMode.LOCAL:
+            self._own[backend][charge] = None
+            verdict(True)
+            return
+        self._commits.append(_Commit(backend, charge, verdict))
+        self._wake.set()
+
+    def released(self, charge: Charge, backend: int) -> None:
+        """One of this replica's charges left ``backend``."""
+        own = self._own[backend]
+        if charge in own:
+            del own[charge]
+            self._dirty.add(backend)
+
+    # --- the worker ----------------------------------------------------------------------------
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            alarm = loop.call_later(self.settings.sync_interval_s, self._wake.set)
+            try:
+                await self._wake.wait()  # a commit, or the next sync
+            finally:
+                alarm.cancel()
+            self._wake.clear()
+            if self._stopping:
+                return
+            try:
+                await self._round()
+            except Exception:  # the worker must never die: the next round tries again
+                log.exception("ledger: round failed unexpectedly")
+
+    async def _round(self) -> None:
+        """One script call: commits and releases queued since the last, and a sync if one is due."""
+        now = self.clock()
+        sync = now >= self._next_sync or self.mode is LedgerMode.LOCAL
+        commits, self._commits = self._commits, []
+        publish = range(len(self.loads)) if sync else sorted(self._dirty)
+        self._dirty = set()
+        payload = {
+            "replica": self.replica,
+            "lease_ms": int(self.settings.lease_s * 1000),
+            "prefix": self.settings.prefix,
+            "backends": self.backend_ids,
+            "publish": {self.backend_ids[b]: self._packed(b) for b in publish},
+            "commit": [self._commit_args(c) for c in commits],
+            "read": sync,
+        }
+        t0 = time.perf_counter()
+        try:
+            raw = await asyncio.wait_for(self._script(args=[json.dumps(payload)]), self.settings.timeout_s)
+        except Exception as exc:  # unreachable, timed out, or refused: alone until it answers
+            self._alone(exc, commits)
+            return
+        finally:
+            self.stats.last_call_s = time.perf_counter() - t0
+        self.stats.calls += 1
+        self.stats.batch_max = max(self.stats.batch_max, len(commits))
+        if self.mode is LedgerMode.LOCAL and sync:
+            self.mode = LedgerMode.SHARED
+            self.stats.rejoins += 1
+            log.warning("ledger: Redis answers again; replica %s rejoined the shared ledger", self.replica)
+        answer = json.loads(raw)
+        oks = answer.get("ok") or []
+        if isinstance(oks, dict):  # cjson writes an empty table as {}
+            oks = []
+        denied = False
+        for c, ok in zip(commits, oks, strict=True):
+            self.stats.commits += 1
+            if ok:
+                self._own[c.backend][c.charge] = None
+            else:
+                self.stats.denied += 1
+                denied = True
+            c.verdict(bool(ok))
+        if sync:
+            self._next_sync = now + self.settings.sync_interval_s
+        if denied:  # the next call republishes our progress first, so Redis and our view agree
+            self._next_sync = 0.0
+        if sync or denied:
+            self._view(answer.get("others") or {})
+
+    def _commit_args(self, c: _Commit) -> list[str | int | float]:
+        """``[backend, cid, held, remaining, limit, rule]``: the rule's limit on the true capacity."""
+        cfg, cap = self.admission, self._true_capacity[c.backend]
+        limit = cfg.target * cap if cfg.rule == "sum" else cfg.peak_target * cap
+        return [self.backend_ids[c.backend], c.charge.held, c.charge.remaining, limit, cfg.rule]
+
+    def _packed(self, backend: int) -> str:
+        """Our charges on ``backend`` as they stand now (``"held:remaining,"`` each), replacing what
+        Redis holds for us there."""
+        return "".join([f"{c.held}:{c.remaining}," for c in self._own[backend]])
+
+    def _view(self, others: dict[str, str]) -> None:
+        """Replace the other replicas' charges in the local view with what Redis just said."""
+        for i, load in enumerate(self.loads):
+            for old in self._remote[i]:
+                load.release(old)
+            fresh = [
+                RemoteCharge(int(h), int(r))
+                for h, _, r in (p.partition(":") for p in others.get(self.backend_ids[i], "").split(",") if p)
+            ]
+            for c in fresh:
+                load.charge(c)
+            self._remote[i] = fresh
+            self.stats.remote_tokens[i] = sum(c.value for c in fresh)
+        self.on_change()
+
+    def _alone(self, exc: Exception, commits: list[_Commit]) -> None:
+        """Redis failed: local ledgers over ``local_share``; the queued commits stand as decided."""
+        self.stats.failures += 1
+        commits, self._commits = commits + self._commits, []
+        if self.mode is LedgerMode.SHARED:
+            log.warning(
+                "ledger: Redis unavailable (%s); admitting into %.0f%% of each backend alone",
+                exc or type(exc).__name__,
+                100 * self.settings.local_share,
+            )
+            self.mode = LedgerMode.LOCAL
+            self._view({})
+        for c in commits:
+            self._own[c.backend][c.charge] = None
+            c.verdict(True)
+        self._dirty.clear()  # the rejoin republishes everything
+
+    def snapshot(self) -> dict[str, Any]:
+        """What ``/admin/ledger`` shows."""
+        s = self.stats
+        return {
+            "replica": self.replica,
+            "mode": str(self.mode),
+            "local_share": self.settings.local_share,
+            "own_charges": sum(len(own) for own in self._own),
+            "pending_commits": len(self._commits),
+            "calls": s.calls,
+            "commits": s.commits,
+            "denied": s.denied,
+            "failures": s.failures,
+            "rejoins": s.rejoins,
+            "batch_max": s.batch_max,
+            "last_call_ms": round(1000 * s.last_call_s, 3),
+            "remote_tokens": dict(zip(self.backend_ids, s.remote_tokens, strict=True)),
+        }

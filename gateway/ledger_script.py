@@ -1,0 +1,109 @@
+"""The shared ledger's one Redis script: renew a lease, publish, check-and-charge, read.
+
+Every call of a replica runs this script once (atomically: Redis runs one script at a time), so a
+check-and-charge sees every replica's charges as they stand and no two replicas can both take the
+same room. Keys (under ``prefix``):
+
+* ``{prefix}:members`` — a sorted set: replica id → its lease deadline (ms, Redis's clock). A replica
+  past its deadline is dropped at the next call of anyone.
+* ``{prefix}:c:{replica}:{backend}`` — that replica's charges on that backend, packed as
+  ``"held:remaining,"`` per charge (one string: one read per replica and backend, no per-charge
+  reply), with the lease as its TTL, so a dead replica's charges vanish from Redis too. A publish
+  replaces it whole (progress, releases); an accepted commit appends to it.
+
+The rule is ``policies.admission.BackendLoad.admits`` over every live replica's charges: an idle
+backend admits anything; rule ``sum`` admits while the footprints stay within ``limit``; rule
+``peak`` while the most KV the charges will hold at once (``Holdings``: sorted by remaining, longest
+first, the peak is ``max_k S_k + k·r_k``) stays within it. The keys are computed in the script, so
+it suits one Redis server (or a cluster with every ledger key in one slot), not a sharded cluster.
+
+ARGV[1] is JSON: ``{"replica", "lease_ms", "prefix", "backends": [names], "publish": {backend:
+packed}, "commit": [[backend, held, remaining, limit, rule]], "read": bool}``. Returns JSON:
+``{"ok": [1 | 0 per commit], "others": {backend: packed}}``; ``others`` (every other live replica's
+charges, concatenated) is filled when ``read`` or when a commit was denied.
+"""
+
+from __future__ import annotations
+
+LEDGER_LUA = r"""
+local a = cjson.decode(ARGV[1])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local members = a.prefix .. ':members'
+redis.call('ZREMRANGEBYSCORE', members, '-inf', now)
+redis.call('ZADD', members, now + a.lease_ms, a.replica)
+redis.call('PEXPIRE', members, a.lease_ms * 4)
+local live = redis.call('ZRANGE', members, 0, -1)
+
+local function key(replica, backend) return a.prefix .. ':c:' .. replica .. ':' .. backend end
+
+for backend, packed in pairs(a.publish) do
+  local k = key(a.replica, backend)
+  if packed == '' then redis.call('DEL', k) else redis.call('SET', k, packed, 'PX', a.lease_ms) end
+end
+
+local function packed_on(backend, others_only)
+  local parts = {}
+  for _, m in ipairs(live) do
+    if not (others_only and m == a.replica) then
+      local v = redis.call('GET', key(m, backend))
+      if v then parts[#parts + 1] = v end
+    end
+  end
+  return table.concat(parts)
+end
+
+local function fits(book, h, r, limit, rule)
+  if book.total <= 0 then return true end
+  if book.total + h + r <= limit then return true end
+  if rule == 'sum' then return false end
+  local all = {}
+  for i = 1, #book.list do all[i] = book.list[i] end
+  all[#all + 1] = {h, r}
+  table.sort(all, function(x, y) return x[2] > y[2] end)
+  local s, peak = 0, 0
+  for k = 1, #all do
+    s = s + all[k][1]
+    local p = s + k * all[k][2]
+    if p > peak then peak = p end
+  end
+  return peak <= limit
+end
+
+local ok, books, denied = {}, {}, false
+for i, c in ipairs(a.commit) do
+  local backend, h, r, limit, rule = c[1], c[2], c[3], c[4], c[5]
+  local book = books[backend]
+  if book == nil then
+    book = {list = {}, total = 0}
+    for hs, rs in string.gmatch(packed_on(backend, false), '(%d+):(%d+),') do
+      local hh, rr = tonumber(hs), tonumber(rs)
+      book.list[#book.list + 1] = {hh, rr}
+      book.total = book.total + hh + rr
+    end
+    books[backend] = book
+  end
+  if fits(book, h, r, limit, rule) then
+    redis.call('APPEND', key(a.replica, backend), h .. ':' .. r .. ',')
+    book.list[#book.list + 1] = {h, r}
+    book.total = book.total + h + r
+    ok[i] = 1
+  else
+    ok[i] = 0
+    denied = true
+  end
+end
+
+for _, backend in ipairs(a.backends) do
+  redis.call('PEXPIRE', key(a.replica, backend), a.lease_ms)
+end
+
+local others = {}
+if a.read or denied then
+  for _, backend in ipairs(a.backends) do
+    local packed = packed_on(backend, true)
+    if packed ~= '' then others[backend] = packed end
+  end
+end
+return cjson.encode({ok = ok, others = others})
+"""

@@ -1,0 +1,164 @@
+"""The shared admission ledger against a real Redis: the rule holds over every replica's charges,
+under races, across a replica's death (lease), and Redis going away and coming back."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from gateway.ledger import LedgerMode, SharedLedger
+from gateway.settings import GatewaySettings, LedgerSettings
+from policies.admission import AdmissionConfig, BackendLoad, Charge
+from sagegate.procs import RedisServer
+
+pytest.importorskip("redis")
+
+CFG = AdmissionConfig(unknown_output=300)
+"""No prediction: each charge holds its 50-token prompt and has 300 to go (footprint 350)."""
+CAPACITY = 1000
+"""Two such charges fit (peak 700), three do not (1050)."""
+BACKENDS = ["http://a:1", "http://b:1"]
+
+
+def ledger(url: str, prefix: str, **kw: float) -> SharedLedger:
+    settings = LedgerSettings(enabled=True, prefix=prefix, lease_s=0.6, sync_interval_s=0.05, **kw)
+    loads = [BackendLoad(CAPACITY) for _ in BACKENDS]
+    return SharedLedger(settings, url, loads, BACKENDS, CFG)
+
+
+async def commit(led: SharedLedger, backend: int = 0) -> tuple[Charge, bool]:
+    """Charge a fresh request as the dispatch loop does (local view first), then ask Redis."""
+    charge = Charge(50, None, CFG)
+    led.loads[backend].charge(charge)
+    fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    led.commit(backend, charge, fut.set_result)
+    ok = await fut
+    if not ok:
+        led.loads[backend].release(charge)
+    return charge, ok
+
+
+async def until(cond: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def run(coro: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(coro())  # type: ignore[arg-type]
+
+
+def test_the_ledger_needs_redis() -> None:
+    with pytest.raises(ValueError, match="redis_url"):
+        GatewaySettings(ledger=LedgerSettings(enabled=True))
+
+
+def test_a_replica_is_refused_the_room_another_took(redis_url: str, redis_prefix: str) -> None:
+    async def main() -> None:
+        a, b = ledger(redis_url, redis_prefix), ledger(redis_url, redis_prefix)
+        await a.start()
+        await b.start()
+        try:
+            assert [(await commit(a))[1] for _ in range(2)] == [True, True]
+            _, ok = await commit(b)
+            assert not ok  # b's own view was empty; Redis saw a's two charges
+            assert b.stats.remote_tokens[0] == 700  # the denial refreshed b's view
+            assert (await commit(b, backend=1))[1]  # the other backend is free
+        finally:
+            await a.stop()
+            await b.stop()
+
+    run(main)
+
+
+def test_racing_replicas_never_admit_more_than_fits(redis_url: str, redis_prefix: str) -> None:
+    async def main() -> None:
+        reps = [ledger(redis_url, redis_prefix) for _ in range(3)]
+        for r in reps:
+            await r.start()
+        try:
+            results = await asyncio.gather(*(commit(r) for r in reps for _ in range(4)))
+            assert sum(ok for _, ok in results) == 2
+        finally:
+            for r in reps:
+                await r.stop()
+
+    run(main)
+
+
+def test_progress_and_release_reach_the_other_replicas(redis_url: str, redis_prefix: str) -> None:
+    async def main() -> None:
+        a, b = ledger(redis_url, redis_prefix), ledger(redis_url, redis_prefix)
+        await a.start()
+        await b.start()
+        try:
+            charge, ok = await commit(a)
+            assert ok
+            await until(lambda: b.stats.remote_tokens[0] == 350, "b sees a's charge")
+            a.loads[0].progress(charge, 100)  # held 150, remaining 200
+            await until(lambda: b.loads[0].holdings.peak() == 350 and _remote(b) == [(150, 200)], "progress")
+            a.loads[0].release(charge)
+            a.released(charge, 0)
+            await until(lambda: b.stats.remote_tokens[0] == 0, "b sees the release")
+            assert b.loads[0].charged_tokens == 0
+        finally:
+            await a.stop()
+            await b.stop()
+
+    run(main)
+
+
+def _remote(led: SharedLedger) -> list[tuple[int, int]]:
+    return [(c.held, c.remaining) for c in led._remote[0]]
+
+
+def test_a_dead_replicas_charges_expire_with_its_lease(redis_url: str, redis_prefix: str) -> None:
+    async def main() -> None:
+        a, b = ledger(redis_url, redis_prefix), ledger(redis_url, redis_prefix)
+        await a.start()
+        await b.start()
+        try:
+            assert (await commit(a))[1] and (await commit(a))[1]
+            assert not (await commit(b))[1]
+            assert a._task is not None
+            a._task.cancel()  # a stops renewing without leaving (as a SIGKILL would)
+            await until(lambda: b.stats.remote_tokens[0] == 0, "a's lease expires", timeout=5)
+            assert (await commit(b))[1] and (await commit(b))[1]
+            assert not (await commit(b))[1]
+        finally:
+            await a.stop()
+            await b.stop()
+
+    run(main)
+
+
+def test_redis_down_means_a_local_share_then_rejoin(private_redis: RedisServer, redis_prefix: str) -> None:
+    async def main() -> None:
+        a = ledger(private_redis.url, redis_prefix, local_share=0.5, timeout_s=0.2)
+        await a.start()
+        try:
+            assert (await commit(a))[1]
+            private_redis.kill()
+            await until(lambda: a.mode is LedgerMode.LOCAL, "a notices Redis is gone")
+            a.prepare()
+            assert a.loads[0].capacity_tokens == CAPACITY // 2  # its configured share
+            assert (await commit(a, backend=1))[1]  # alone, the local view's yes stands
+            private_redis.start()
+            await until(lambda: a.mode is LedgerMode.SHARED, "a rejoins", timeout=10)
+            a.prepare()
+            assert a.loads[0].capacity_tokens == CAPACITY
+            b = ledger(private_redis.url, redis_prefix)
+            await b.start()
+            try:  # the restarted (empty) Redis learnt a's charges again on the rejoin
+                assert b.stats.remote_tokens == [350, 350]
+                assert (await commit(b))[1] and not (await commit(b))[1]
+            finally:
+                await b.stop()
+        finally:
+            await a.stop()
+
+    run(main)

@@ -1,0 +1,109 @@
+"""The dispatcher with a shared ledger (real Redis): a dispatch waits for Redis's yes, a no sends the
+request back into the queue, and a request whose client left meanwhile gives its charge back."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import httpx
+import pytest
+
+from gateway.backends import BackendPool
+from gateway.dispatcher import Dispatcher
+from gateway.ledger import SharedLedger
+from gateway.queue import BoundedQueue, GatewayRequest
+from gateway.settings import GatewaySettings, LedgerSettings
+from policies.admission import AdmissionConfig, Charge
+from policies.registry import parse_policy
+
+pytest.importorskip("redis")
+
+CFG = AdmissionConfig(unknown_output=300)
+_rids = itertools.count()
+
+
+def replica(url: str, prefix: str) -> Dispatcher:
+    """A dispatcher over one backend of capacity 1000 (two 350-token charges fit, three do not)."""
+    s = GatewaySettings.model_validate({"backends": ["http://b0"]})
+    pool = BackendPool(s, httpx.AsyncClient())
+    for b in pool.backends:
+        b.load.capacity_tokens = 1000
+        b.load.healthy = True
+    settings = LedgerSettings(enabled=True, prefix=prefix, lease_s=1.0, sync_interval_s=0.05)
+    led = SharedLedger(settings, url, pool.loads, [b.url for b in pool.backends], CFG)
+    pol = parse_policy("fcfs")
+    d = Dispatcher(pol, pool, CFG, BoundedQueue(pol, 100, 10**9), ledger=led)
+    led.on_change = d.kick  # as the gateway wires it: a fresher view may have room
+    return d
+
+
+def request() -> GatewayRequest:
+    return GatewayRequest(next(_rids), 0.0, 50, body={}, route="chat", model="m", prompt="")
+
+
+async def fill_elsewhere(url: str, prefix: str, n: int) -> SharedLedger:
+    """Another replica holding ``n`` charges on the backend."""
+    other = replica(url, prefix).ledger
+    assert other is not None
+    await other.start()
+    for _ in range(n):
+        charge = Charge(50, None, CFG)
+        other.loads[0].charge(charge)
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        other.commit(0, charge, fut.set_result)
+        assert await fut
+    return other
+
+
+def test_dispatch_waits_for_redis_and_a_no_requeues(redis_url: str, redis_prefix: str) -> None:
+    async def main() -> None:
+        d = replica(redis_url, redis_prefix)
+        assert d.ledger is not None
+        await d.ledger.start()
+        other = await fill_elsewhere(redis_url, redis_prefix, 2)  # d has not read it yet
+        try:
+            req = request()
+            fut = d.submit(req)
+            assert len(d.queue) == 0 and not fut.done()  # chosen locally, not yet confirmed
+            await asyncio.sleep(0.2)
+            assert not fut.done() and len(d.queue) == 1  # Redis said no: back in the queue
+            assert d.pool.loads[0].charged_tokens == 700  # ...and d's view now holds the other's
+            assert other._own[0]
+            for charge in list(other._own[0]):  # the other replica's requests end
+                other.loads[0].release(charge)
+                other.released(charge, 0)
+            assert await asyncio.wait_for(fut, 5) == 0
+            assert req.backend == 0 and d.ledger.stats.denied >= 1
+        finally:
+            await d.ledger.stop()
+            await other.stop()
+
+    asyncio.run(main())
+
+
+def test_a_request_withdrawn_while_confirming_gives_its_charge_back(
+    redis_url: str, redis_prefix: str
+) -> None:
+    async def main() -> None:
+        d = replica(redis_url, redis_prefix)
+        assert d.ledger is not None
+        await d.ledger.start()
+        try:
+            req = request()
+            fut = d.submit(req)
+            assert d.pool.loads[0].charged_tokens == 350 and not fut.done()
+            assert d.withdraw(req)  # the client left before Redis answered
+            await asyncio.sleep(0.2)
+            assert not fut.done() and req.backend is None
+            assert d.pool.loads[0].charged_tokens == 0
+            assert d.ledger.snapshot()["own_charges"] == 0
+            other = await fill_elsewhere(redis_url, redis_prefix, 0)
+            try:
+                assert other.stats.remote_tokens == [0.0]  # Redis forgot it too
+            finally:
+                await other.stop()
+        finally:
+            await d.ledger.stop()
+
+    asyncio.run(main())
