@@ -1,7 +1,8 @@
 """What a request's length costs on the gateway's path: token counting, prediction, added TTFT.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_request_path.py [--lengths 100,1000,10000,30000]
-        [--reps 30] [--pairs 40] [--predictors none,semantic] [--no-gateway] [--load-rate 0]
+        [--reps 30] [--rounds 40] [--predictors none,semantic] [--baseline ../main-checkout]
+        [--no-gateway] [--no-predict] [--load-rate 0 --load-requests 200]
 
 Prompts are real text: ShareGPT first turns (``loadgen/shipped``) concatenated in a seeded order, each
 prompt cut from a random place of that text to the requested length, so no two prompts share a prefix
@@ -23,14 +24,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gzip
 import json
 import os
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -40,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from bench_gateway import _warm_embedder, backend, gateway  # noqa: E402
+from bench_gateway import _stop, _wait, _warm_embedder, backend, free_port  # noqa: E402
 
 from core.tokens import count_tokens  # noqa: E402
 
@@ -127,6 +131,28 @@ def time_prediction(src: PromptSource, lengths: Sequence[int], reps: int) -> dic
 
 
 # --- real processes ------------------------------------------------------------------------------
+@contextlib.contextmanager
+def gateway(root: Path, backends: Sequence[str], **settings: object) -> Iterator[str]:
+    """A gateway process running the code of checkout ``root`` (this one, or ``--baseline``)."""
+    port = free_port()
+    cfg = {"backends": list(backends), "port": port, "log_level": "warning", "policy": "sagesched"}
+    cfg.update(settings)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(cfg, f)  # JSON is YAML
+    env = dict(os.environ, PYTHONPATH=str(root))
+    cmd = [sys.executable, "-m", "sagegate.cmd_serve", "--config", f.name]
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait(url, "/ready", proc, timeout=240)
+        if settings.get("predictor") == "semantic":
+            _warm_embedder(url)
+        yield url
+    finally:
+        _stop(proc)
+        os.unlink(f.name)
+
+
 def chat_body(text: str) -> dict[str, object]:
     return {"model": "sim", "messages": [{"role": "user", "content": text}], "max_tokens": 2, "stream": True}
 
@@ -140,20 +166,26 @@ async def ttft(client: httpx.AsyncClient, url: str, text: str) -> float:
     raise RuntimeError("empty response")
 
 
-async def added_ttft(direct: str, gw: str, src: PromptSource, n: int, pairs: int) -> tuple[float, float]:
-    """Median gateway TTFT minus median direct TTFT (ms) and the p90 of the paired differences."""
-    d_t, g_t = [], []
+async def added_ttft(
+    direct: str, gws: Sequence[str], src: PromptSource, n: int, rounds: int
+) -> list[tuple[float, float]]:
+    """Per gateway: median TTFT through it minus direct (ms), and the p90 of the per-round differences.
+    Each round sends one fresh prompt to direct and to every gateway, in an order that rotates."""
+    urls = [direct, *gws]
+    got: dict[str, list[float]] = {u: [] for u in urls}
     async with httpx.AsyncClient(timeout=120) as c:
-        for text in src.prompts(n, 4):  # warm both paths
-            await ttft(c, direct, text)
-            await ttft(c, gw, text)
-        for i in range(pairs):
-            a, b = src.prompts(n, 2)
-            first, second = (direct, gw) if i % 2 == 0 else (gw, direct)
-            for url, text in ((first, a), (second, b)):
-                (d_t if url == direct else g_t).append(await ttft(c, url, text))
-    diffs = [g - d for d, g in zip(d_t, g_t, strict=True)]
-    return median_ms(g_t) - median_ms(d_t), pct_ms(diffs, 0.9)
+        for text in src.prompts(n, 3):  # warm every path
+            for u in urls:
+                await ttft(c, u, text)
+        for i in range(rounds):
+            order = urls[i % len(urls) :] + urls[: i % len(urls)]
+            for u, text in zip(order, src.prompts(n, len(urls)), strict=True):
+                got[u].append(await ttft(c, u, text))
+    out = []
+    for g in gws:
+        diffs = [b - a for a, b in zip(got[direct], got[g], strict=True)]
+        out.append((median_ms(got[g]) - median_ms(got[direct]), pct_ms(diffs, 0.9)))
+    return out
 
 
 def _late(url: str) -> tuple[float, float]:
@@ -166,22 +198,34 @@ def _late(url: str) -> tuple[float, float]:
     return late, total
 
 
+Cell = tuple[float, float, str]
+
+
 def time_gateway(
-    src: PromptSource, lengths: Sequence[int], pairs: int, predictors: Sequence[str]
-) -> dict[tuple[str, int], tuple[float, float, str]]:
-    out: dict[tuple[str, int], tuple[float, float, str]] = {}
+    src: PromptSource, lengths: Sequence[int], rounds: int, predictors: Sequence[str], roots: dict[str, Path]
+) -> dict[tuple[str, str, int], Cell]:
+    """``(checkout, predictor, length)`` → (added median ms, p90 ms, late/total for semantic)."""
+    out: dict[tuple[str, str, int], Cell] = {}
     with backend(20.0) as be:
         for pred in predictors:
-            with gateway([be], predictor=pred, policy="sagesched") as gw:
-                if pred == "semantic":
-                    _warm_embedder(gw)
+            with contextlib.ExitStack() as stack:
+                gws = {
+                    name: stack.enter_context(gateway(root, [be], predictor=pred))
+                    for name, root in roots.items()
+                }
                 for n in lengths:
-                    late0, tot0 = _late(gw)
-                    med, p90 = asyncio.run(added_ttft(be, gw, src, n, pairs))
-                    late1, tot1 = _late(gw)
-                    late = f"{late1 - late0:.0f}/{tot1 - tot0:.0f}" if pred == "semantic" else "-"
-                    out[(pred, n)] = (med, p90, late)
-                    print(f"   {pred} {n}: added {med:.1f} ms (p90 {p90:.1f}), late {late}", flush=True)
+                    before = {name: _late(u) for name, u in gws.items()}
+                    cells = asyncio.run(added_ttft(be, list(gws.values()), src, n, rounds))
+                    for (name, u), (med, p90) in zip(gws.items(), cells, strict=True):
+                        late = "-"
+                        if pred == "semantic":
+                            (l0, t0), (l1, t1) = before[name], _late(u)
+                            late = f"{l1 - l0:.0f}/{t1 - t0:.0f}"
+                        out[(name, pred, n)] = (med, p90, late)
+                        print(
+                            f"   {name} {pred} {n}: added {med:.1f} ms (p90 {p90:.1f}), late {late}",
+                            flush=True,
+                        )
     return out
 
 
@@ -205,53 +249,62 @@ async def _open_loop(url: str, texts: Sequence[str], rate: float, seed: int) -> 
     return ok
 
 
-def time_load(src: PromptSource, rate: float, n: int) -> None:
-    print(f"\n## Under load: {n} chat requests of ~13k tokens, Poisson at {rate:g} req/s, semantic gateway")
-    with backend(1.5) as b1, backend(1.5) as b2, gateway([b1, b2], predictor="semantic") as gw:
-        _warm_embedder(gw)
-        late0, tot0 = _late(gw)
-        ok = asyncio.run(_open_loop(gw, src.prompts(13_000, n), rate, 7))
-        late1, tot1 = _late(gw)
-    late, tot = late1 - late0, tot1 - tot0
-    print(f"completed {ok}/{n}; late {late:.0f} of {tot:.0f} predictions ({100 * late / max(1, tot):.1f}%)")
+def time_load(src: PromptSource, rate: float, n: int, roots: dict[str, Path]) -> None:
+    """Each checkout's semantic gateway in turn (two fresh backends each) under the same stream."""
+    print(
+        f"\n## Under load: {n} chat requests of ~13k tokens, Poisson at {rate:g} req/s, semantic, 2 backends"
+    )
+    texts = src.prompts(13_000, n)
+    for name, root in roots.items():
+        with backend(1.5) as b1, backend(1.5) as b2, gateway(root, [b1, b2], predictor="semantic") as gw:
+            late0, tot0 = _late(gw)
+            ok = asyncio.run(_open_loop(gw, texts, rate, 7))
+            late1, tot1 = _late(gw)
+        late, tot = late1 - late0, tot1 - tot0
+        print(
+            f"{name}: completed {ok}/{n}; late {late:.0f} of {tot:.0f} predictions ({100 * late / max(1, tot):.1f}%), "
+            f"load average {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", default="100,1000,10000,30000")
-    ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--pairs", type=int, default=40)
+    ap.add_argument("--reps", type=int, default=30, help="prompts per length for count and predict")
+    ap.add_argument(
+        "--rounds", type=int, default=40, help="requests per path and length through the gateways"
+    )
     ap.add_argument("--predictors", default="none,semantic")
+    ap.add_argument("--baseline", type=Path, help="another checkout (e.g. main) whose gateway runs beside")
     ap.add_argument("--no-gateway", action="store_true")
     ap.add_argument("--no-predict", action="store_true")
     ap.add_argument("--load-rate", type=float, default=0.0)
     ap.add_argument("--load-requests", type=int, default=200)
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
-    preds = [p for p in args.predictors.split(",") if p]
+    preds = [p for p in args.predictors.split(",") if p] if not args.no_gateway else []
+    roots = {"this": REPO} | ({"baseline": args.baseline.resolve()} if args.baseline else {})
     src = PromptSource()
     print(f"# request path, code at {REPO} (load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} cores)")
     counts = time_counting(src, lengths, args.reps)
     predicts = {} if args.no_predict else time_prediction(src, lengths, args.reps)
-    gw = {} if args.no_gateway else time_gateway(src, lengths, args.pairs, preds)
+    gw = time_gateway(src, lengths, args.rounds, preds, roots) if preds else {}
+    cols = [(name, p) for p in preds for name in roots]
     head = "| prompt tokens | count ms | predict ms p50 / p90 |"
-    head += "".join(f" added TTFT {p} ms p50 / p90 |" for p in preds if not args.no_gateway)
-    if "semantic" in preds and not args.no_gateway:
-        head += " late |"
+    head += "".join(f" added TTFT {p} ({name}) ms p50 / p90 |" for name, p in cols)
+    head += "".join(f" late ({name}) |" for name in roots if "semantic" in preds)
     print("\n" + head)
     print("|" + "---|" * (head.count("|") - 1))
     for n in lengths:
         p = predicts.get(n)
         row = f"| {n:,} | {counts[n]:.2f} | " + (f"{p[0]:.1f} / {p[1]:.1f} |" if p else "- |")
-        for pred in preds if not args.no_gateway else ():
-            med, p90, _ = gw[(pred, n)]
-            row += f" {med:.1f} / {p90:.1f} |"
-        if "semantic" in preds and not args.no_gateway:
-            row += f" {gw[('semantic', n)][2]} |"
+        row += "".join(f" {gw[(name, pr, n)][0]:.1f} / {gw[(name, pr, n)][1]:.1f} |" for name, pr in cols)
+        row += "".join(f" {gw[(name, 'semantic', n)][2]} |" for name in roots if "semantic" in preds)
         print(row)
     print(f"(load average at the end {os.getloadavg()[0]:.1f})")
     if args.load_rate > 0:
-        time_load(src, args.load_rate, args.load_requests)
+        time_load(src, args.load_rate, args.load_requests, roots)
 
 
 if __name__ == "__main__":
