@@ -12,12 +12,14 @@ prompt cut from a random place of that text to the requested length, so no two p
 * **predict ms**: ``AsyncSemantic.predict`` of the semantic predictor (real MiniLM, the shipped default
   window, a history warmed with 400 ShareGPT completions), one at a time, median and p90;
 * **added TTFT ms**: median TTFT through the gateway minus direct to one simulated backend (real
-  processes on loopback, time scale 20, one request at a time, the order alternating within pairs),
-  for each ``--predictors`` entry; with ``semantic`` also how many predictions took the ``late`` path.
+  processes on loopback, time scale 20, one request at a time, every path in a rotating order), for
+  each ``--predictors`` entry; with ``semantic`` also how many predictions took the ``late`` path.
 
-``--load-rate R`` also sends an open-loop Poisson stream of 13k-token prompts at ``R`` req/s through
-the semantic gateway (two backends) and prints the share of ``late`` predictions. The code measured
-is the checkout the script sits in; figures are printed, nothing is asserted.
+``--baseline DIR`` runs a second checkout's gateway (e.g. ``git archive main`` unpacked in DIR) beside
+this one's, measured in the same rounds, so both see the same machine. ``--load-rate R`` also sends an
+open-loop Poisson stream of 13k-token prompts at ``R`` req/s to each checkout's semantic gateway (two
+backends each, every request to all gateways at once) and prints the share of ``late`` predictions
+and the gateway's CPU per request. Figures are printed, nothing is asserted.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from bench_gateway import _stop, _wait, _warm_embedder, backend, free_port  # noqa: E402
+from bench_gateway import PIDS, _stop, _wait, _warm_embedder, backend, cpu_seconds, free_port  # noqa: E402
 
 from core.tokens import count_tokens  # noqa: E402
 
@@ -143,6 +145,7 @@ def gateway(root: Path, backends: Sequence[str], **settings: object) -> Iterator
     cmd = [sys.executable, "-m", "sagegate.cmd_serve", "--config", f.name]
     proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
+    PIDS[url] = proc.pid
     try:
         _wait(url, "/ready", proc, timeout=240)
         if settings.get("predictor") == "semantic":
@@ -229,43 +232,48 @@ def time_gateway(
     return out
 
 
-async def _open_loop(url: str, texts: Sequence[str], rate: float, seed: int) -> int:
+async def _open_loop(urls: Sequence[str], texts: Sequence[str], rate: float, seed: int) -> list[int]:
+    """Poisson arrivals at ``rate``; each request goes to every url at once (same conditions for all)."""
     rng = random.Random(seed)
-    ok = 0
+    ok = [0] * len(urls)
     async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=1000)) as c:
 
-        async def one(text: str) -> None:
-            nonlocal ok
-            body = chat_body(text) | {"max_tokens": 64}
-            r = await c.post(url + "/v1/chat/completions", json=body)
-            ok += r.status_code == 200
-            await r.aread()
+        async def one(i: int, text: str) -> None:
+            r = await c.post(urls[i] + "/v1/chat/completions", json=chat_body(text) | {"max_tokens": 64})
+            ok[i] += r.status_code == 200
 
         tasks = []
         for text in texts:
-            tasks.append(asyncio.create_task(one(text)))
+            tasks += [asyncio.create_task(one(i, text)) for i in range(len(urls))]
             await asyncio.sleep(rng.expovariate(rate))
         await asyncio.gather(*tasks, return_exceptions=True)
     return ok
 
 
 def time_load(src: PromptSource, rate: float, n: int, roots: dict[str, Path]) -> None:
-    """Each checkout's semantic gateway in turn (two fresh backends each) under the same stream."""
+    """Every checkout's semantic gateway (two backends each) at once, each request sent to all."""
     print(
         f"\n## Under load: {n} chat requests of ~13k tokens, Poisson at {rate:g} req/s, semantic, 2 backends"
     )
+    print(f"   each checkout's gateway has its own backends; every request goes to all {len(roots)} at once")
     texts = src.prompts(13_000, n)
-    for name, root in roots.items():
-        with backend(1.5) as b1, backend(1.5) as b2, gateway(root, [b1, b2], predictor="semantic") as gw:
-            late0, tot0 = _late(gw)
-            ok = asyncio.run(_open_loop(gw, texts, rate, 7))
-            late1, tot1 = _late(gw)
-        late, tot = late1 - late0, tot1 - tot0
-        print(
-            f"{name}: completed {ok}/{n}; late {late:.0f} of {tot:.0f} predictions ({100 * late / max(1, tot):.1f}%), "
-            f"load average {os.getloadavg()[0]:.1f}",
-            flush=True,
-        )
+    with contextlib.ExitStack() as stack:
+        gws = {}
+        for name, root in roots.items():
+            b1, b2 = stack.enter_context(backend(1.5)), stack.enter_context(backend(1.5))
+            gws[name] = stack.enter_context(gateway(root, [b1, b2], predictor="semantic"))
+        before = {name: _late(u) for name, u in gws.items()}
+        cpu0 = {name: cpu_seconds(PIDS[u]) for name, u in gws.items()}
+        ok = asyncio.run(_open_loop(list(gws.values()), texts, rate, 7))
+        for (name, u), done in zip(gws.items(), ok, strict=True):
+            (l0, t0), (l1, t1) = before[name], _late(u)
+            late, tot = l1 - l0, t1 - t0
+            cpu = (cpu_seconds(PIDS[u]) - cpu0[name]) / max(1, done) * 1000
+            print(
+                f"{name}: completed {done}/{n}; late {late:.0f} of {tot:.0f} predictions "
+                f"({100 * late / max(1, tot):.1f}%); gateway CPU {cpu:.1f} ms per request"
+            )
+    print(f"(load average at the end {os.getloadavg()[0]:.1f})")
 
 
 def main() -> None:
