@@ -30,7 +30,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from predictor.embedder import DEFAULT_QUANTIZE, DEFAULT_WINDOW, BatchingEmbedder, MiniLMEmbedder
+from predictor.embed_queue import BatchingEmbedder
+from predictor.embedder import DEFAULT_QUANTIZE, DEFAULT_WINDOW, MiniLMEmbedder
 from predictor.history import Completion, WindowBounds
 from predictor.index import IndexConfig
 from predictor.lexical import extract_terms

@@ -120,7 +120,7 @@ class SemanticAdapter:
         return self.face.core
 
     async def predict(self, inp: PredictInput) -> tuple[LengthDistribution | None, str]:
-        task = asyncio.ensure_future(self.face.features(inp.prompt))
+        task = asyncio.ensure_future(self.face.features(inp.prompt, self.budget_s))
         try:
             feats = await asyncio.wait_for(asyncio.shield(task), self.budget_s)
         except TimeoutError:

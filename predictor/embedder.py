@@ -4,19 +4,15 @@ Nothing here may download: ``HF_HUB_OFFLINE`` is forced before transformers is i
 is read from the package's own folder. torch and transformers are imported only when the model is
 first needed, so importing this module (the simulator, the CLI) stays cheap.
 
-:class:`BatchingEmbedder` puts the model behind one worker thread so the gateway's event loop never runs
-a forward pass: requests that queue up while a pass runs share the next one.
+``predictor.embed_queue.BatchingEmbedder`` puts the model behind one worker thread so the gateway's
+event loop never runs a forward pass.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
-import queue
 import threading
-import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -265,98 +261,3 @@ class MiniLMEmbedder:
 def _hidden(out: Any) -> Any:
     """The last hidden state from a transformers output (a traced model returns a plain dict)."""
     return out["last_hidden_state"] if isinstance(out, Mapping) else out[0]
-
-
-class BatchingEmbedder:
-    """One worker thread in front of an embedder; concurrent callers are micro-batched.
-
-    The worker takes the first waiting text, then whatever else is queued or arrives within ``window_s``
-    (or until ``max_batch``), and embeds them in one call. The default window is zero: a lone request
-    never waits, and under load requests pile up during a pass anyway. Callers get a
-    :class:`concurrent.futures.Future` (``submit``) or await one (``aembed``); an embedding failure is
-    set on every future of the batch.
-    """
-
-    def __init__(self, embedder: TextEmbedder, window_s: float = 0.0, max_batch: int = 32) -> None:
-        self.embedder = embedder
-        self.dim = embedder.dim
-        self.version: str = getattr(embedder, "version", EMBED_VERSION)
-        self.window_s = window_s
-        self.max_batch = max_batch
-        self.batches = 0
-        self.items = 0
-        self._q: queue.Queue[tuple[str, Future[np.ndarray]] | None] = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
-
-    def _ensure_worker(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            return
-        with self._start_lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="sagegate-embedder", daemon=True)
-                self._thread.start()
-
-    def submit(self, text: str) -> Future[np.ndarray]:
-        fut: Future[np.ndarray] = Future()
-        self._ensure_worker()
-        self._q.put((text, fut))
-        return fut
-
-    async def aembed(self, text: str) -> np.ndarray:
-        return await asyncio.wrap_future(self.submit(text))
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """Synchronous batch call that bypasses the queue (offline evaluation, warm-up)."""
-        return self.embedder.embed(texts)
-
-    def close(self) -> None:
-        """Stop the worker after the pass it is running; texts still queued are cancelled, not
-        embedded (nobody waits for them at shutdown, and a backlog would hold the exit)."""
-        while True:
-            try:
-                item = self._q.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                item[1].cancel()
-        if self._thread is not None and self._thread.is_alive():
-            self._q.put(None)
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while True:
-            first = self._q.get()
-            if first is None:
-                return
-            batch = [first]
-            deadline = time.monotonic() + self.window_s
-            stop = False
-            while len(batch) < self.max_batch:
-                left = deadline - time.monotonic()
-                try:
-                    item = self._q.get(timeout=left) if left > 0 else self._q.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    stop = True
-                    break
-                batch.append(item)
-            self._embed_batch(batch)
-            if stop:
-                return
-
-    def _embed_batch(self, batch: list[tuple[str, Future[np.ndarray]]]) -> None:
-        live = [(t, f) for t, f in batch if f.set_running_or_notify_cancel()]
-        if not live:
-            return
-        try:
-            vecs = self.embedder.embed([t for t, _ in live])
-        except Exception as exc:  # handed to the callers, never kills the worker
-            for _, f in live:
-                f.set_exception(exc)
-            return
-        self.batches += 1
-        self.items += len(live)
-        for (_, f), v in zip(live, vecs, strict=True):
-            f.set_result(v)

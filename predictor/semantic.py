@@ -27,13 +27,8 @@ from typing import Any
 import numpy as np
 
 from core.distribution import DEFAULT_PRIOR, LengthDistribution, mixture
-from predictor.embedder import (
-    BatchingEmbedder,
-    MiniLMEmbedder,
-    PromptLike,
-    TextEmbedder,
-    flatten_prompt,
-)
+from predictor.embed_queue import BatchingEmbedder
+from predictor.embedder import MiniLMEmbedder, PromptLike, TextEmbedder, flatten_prompt
 from predictor.history import Completion, HistoryStore, WindowBounds, wall_clock
 from predictor.index import IndexConfig
 from predictor.lexical import DocFreq, extract_terms

@@ -20,10 +20,12 @@ class AsyncSemantic:
     def __init__(self, core: SemanticPredictor) -> None:
         self.core = core
 
-    async def features(self, prompt: PromptLike) -> PromptFeatures:
-        """The prompt's features, embedded on the worker thread (may raise: the embedder failed)."""
+    async def features(self, prompt: PromptLike, budget_s: float | None = None) -> PromptFeatures:
+        """The prompt's features, embedded on the worker thread (may raise: the embedder failed).
+        ``budget_s``: how long the caller will wait; the worker serves jobs that can still make it
+        first (``predictor.embed_queue``)."""
         text = flatten_prompt(prompt)
-        vec = await self.core.embedder.aembed(text)
+        vec = await self.core.embedder.aembed(text, budget_s)
         return self.core.features_from(vec, text)
 
     async def predict(self, prompt: PromptLike, prompt_tokens: int, model: str | None = None) -> Prediction:

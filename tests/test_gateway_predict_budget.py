@@ -27,7 +27,7 @@ class _SlowFace:
         self.embedded = 0
         self.recorded: list[object] = []
 
-    async def features(self, prompt: object) -> str:
+    async def features(self, prompt: object, budget_s: float | None = None) -> str:
         await asyncio.sleep(self.delay_s)
         self.embedded += 1
         return f"features-of-{prompt}"

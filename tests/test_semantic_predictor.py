@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from core.distribution import DEFAULT_PRIOR
 from core.request import PredictionQuery, TraceRequest
-from predictor.embedder import BatchingEmbedder, flatten_prompt
+from predictor.embed_queue import BatchingEmbedder
+from predictor.embedder import flatten_prompt
 from predictor.factory import SemanticOptions, make_predictor
 from predictor.history import WindowBounds
 from predictor.index import IndexConfig
