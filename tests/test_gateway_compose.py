@@ -52,7 +52,7 @@ def test_compose_file_is_valid_and_has_the_stack() -> None:
 def test_compose_commands_are_valid_cli_invocations(monkeypatch: pytest.MonkeyPatch) -> None:
     services = _compose_config("gpu")["services"]
     served: list[Any] = []
-    monkeypatch.setattr(cmd_serve, "run", served.append)
+    monkeypatch.setattr(cmd_serve, "run", lambda settings, **_: served.append(settings))
     monkeypatch.setattr("uvicorn.run", lambda *a, **k: None)
     runner = CliRunner()
     commands = {
@@ -65,3 +65,36 @@ def test_compose_commands_are_valid_cli_invocations(monkeypatch: pytest.MonkeyPa
     gateway = next(s for s in served if s.port == 8080 and len(s.backends) == 2)
     assert [b.url for b in gateway.backends] == ["http://backend-a:8000", "http://backend-b:8000"]
     assert gateway.redis_url == "redis://redis:6379/0" and gateway.policy == "sagesched"
+
+
+def test_the_replicas_profile_puts_two_ledger_sharing_gateways_behind_one_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        pytest.skip("docker-compose is not installed (Debian: apt-get install -y docker-compose)")
+    out = subprocess.run(
+        [exe, "-f", str(COMPOSE), "--profile", "replicas", "config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    services = yaml.safe_load(out.stdout)["services"]
+    default = _compose_config()["services"]
+    assert default["gateway-r1"]["profiles"] == default["replicas-lb"]["profiles"] == ["replicas"]
+    replicas = [services["gateway-r1"], services["gateway-r2"]]
+    served: list[Any] = []
+    monkeypatch.setattr(cmd_serve, "run", lambda settings, **_: served.append(settings))
+    for r in replicas:
+        assert r["environment"]["SAGEGATE_LEDGER__ENABLED"] == "true"
+        result = CliRunner().invoke(_cli(), [str(c) for c in r["command"]])
+        assert result.exit_code == 0, result.output
+    assert len(served) == 2 and served[0].redis_url == served[1].redis_url == "redis://redis:6379/0"
+    lb = services["replicas-lb"]
+    assert any(p["published"] == 8081 for p in lb["ports"])
+    (mount,) = lb["volumes"]
+    source = mount["source"] if isinstance(mount, dict) else mount.split(":")[0]  # long or short syntax
+    conf = Path(source).read_text()
+    assert "server gateway-r1:8080;" in conf and "server gateway-r2:8080;" in conf
+    assert "proxy_buffering off;" in conf  # SSE must not be buffered by the balancer
