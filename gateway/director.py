@@ -34,7 +34,7 @@ from gateway.queue import DispatchRefused, GatewayRequest
 from gateway.settings import GatewaySettings
 from gateway.stream import SHUTDOWN_MESSAGE
 from gateway.tenants import Identity, identify
-from gateway.tokens import acount_prompt
+from gateway.tokens import count_prompt
 
 log = logging.getLogger("sagegate.gateway")
 
@@ -118,7 +118,7 @@ class Director:
     async def count_tokens(self, client: ClientRequest, who: Identity) -> PredictInput:
         """The prompt's length in tokens, as the predictor's input."""
         try:
-            prompt_tokens = await acount_prompt(client.prompt, self.settings.tokenizer)
+            prompt_tokens = count_prompt(client.prompt, self.settings.tokenizer)  # bounded: ~1 ms at most
         except (TypeError, ValueError, AttributeError, IndexError, KeyError):
             raise errors.bad_request("the prompt could not be tokenised", "prompt") from None
         return PredictInput(client.prompt, max(1, prompt_tokens), client.params.model, who.tenant)

@@ -66,8 +66,3 @@ def _sum(parts: Any) -> TokenCount:
 def count_prompt(prompt: Any, encoding: str = "cl100k_base") -> int:
     """:func:`measure_prompt`'s token count (what the policy and the charge see)."""
     return measure_prompt(prompt, encoding).tokens
-
-
-async def acount_prompt(prompt: Any, encoding: str = "cl100k_base") -> int:
-    """:func:`count_prompt` for the event loop: bounded (~1 ms at most), so it runs inline."""
-    return count_prompt(prompt, encoding)
