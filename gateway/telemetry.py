@@ -65,16 +65,19 @@ def _pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-def counter_totals(registry: CollectorRegistry, name: str, label: str) -> dict[str, float]:
-    """The ``_total`` samples of counter ``name`` by the value of ``label``."""
-    out: dict[str, float] = {}
+def counter_totals(registry: CollectorRegistry, wanted: dict[str, str]) -> dict[str, dict[str, float]]:
+    """The ``_total`` samples of each counter in ``wanted`` (name → label), by that label's value, in
+    one pass over the registry (a pass also runs the state collectors)."""
+    out: dict[str, dict[str, float]] = {name: {} for name in wanted}
     for metric in registry.collect():
-        if metric.name != name:
+        label = wanted.get(metric.name)
+        if label is None:
             continue
+        by = out[metric.name]
         for s in metric.samples:
-            if s.name == f"{name}_total":
+            if s.name == f"{metric.name}_total":
                 key = s.labels.get(label, "")
-                out[key] = out.get(key, 0.0) + s.value
+                by[key] = by.get(key, 0.0) + s.value
     return out
 
 
@@ -132,8 +135,11 @@ class Telemetry:
     # --- the sampler (a background task, once per step) -------------------------------------------
     def sample(self, now: float, queue_depth: int) -> Step:
         """Close the open step at ``now``: queue depth, counter deltas, latency percentiles."""
-        admitted = sum(counter_totals(self.registry, "sagegate_admissions", "backend").values())
-        rejected = counter_totals(self.registry, "sagegate_rejections", "reason")
+        totals = counter_totals(
+            self.registry, {"sagegate_admissions": "backend", "sagegate_rejections": "reason"}
+        )
+        admitted = sum(totals["sagegate_admissions"].values())
+        rejected = totals["sagegate_rejections"]
         step = Step(
             t=now,
             queue_depth=queue_depth,
