@@ -170,8 +170,11 @@ class Simulation:
     def _arrive(self, tr: TraceRequest) -> None:
         now = self.now
         setup = self.setup
-        query = PredictionQuery.of(tr) if setup.predictor is not None else None
-        pred = setup.predictor.predict(query) if setup.predictor is not None and query is not None else None
+        query: PredictionQuery | None = None
+        pred = None
+        if setup.predictor is not None:
+            query = PredictionQuery.of(tr)
+            pred = setup.predictor.predict(query)
         if pred is not None and setup.cap_at_max_tokens:
             pred = pred.capped(tr.max_tokens)
         req = EngineRequest(
