@@ -90,6 +90,19 @@ def in_window(run: Run, arrival_s: float, window_s: float | None) -> bool:
     return arrival_s - start < window_s
 
 
+def engine_for(run: Run, perf: PerfModel) -> EngineConfig:
+    """The engine a BLIS run used (vLLM's flags as the run records them; prefix caching on, vLLM's default)."""
+    return EngineConfig(
+        model=run.model,
+        gpu=perf.gpu.name,
+        max_num_seqs=run.max_num_seqs,
+        max_num_batched_tokens=run.max_num_batched_tokens,
+        num_gpu_blocks_override=run.kv_blocks,
+        tensor_parallel_size=run.tp,
+        enable_prefix_caching=True,
+    )
+
+
 def simulate_run(
     run: Run, perf: PerfModel, *, rate_scale: float = 1.0, window_s: float | None = None
 ) -> list[tuple[float, float] | None]:
@@ -105,15 +118,7 @@ def simulate_run(
         for i, r in enumerate(run.requests)
         if in_window(run, r.arrival_s, window_s)
     ]
-    cfg = EngineConfig(
-        model=run.model,
-        gpu=perf.gpu.name,
-        max_num_seqs=run.max_num_seqs,
-        max_num_batched_tokens=run.max_num_batched_tokens,
-        num_gpu_blocks_override=run.kv_blocks,
-        tensor_parallel_size=run.tp,
-        enable_prefix_caching=True,
-    )
+    cfg = engine_for(run, perf)
     res = simulate(trace, SimSetup(perf=perf, engine=cfg))
     client_view(res, perf.frontend_s)
     out: list[tuple[float, float] | None] = [None] * len(run.requests)
@@ -171,14 +176,7 @@ def poisson_trace(run: Run, rate: float, duration_s: float, seed: int = 7) -> li
 
 
 def sim_mean_e2e(run: Run, perf: PerfModel, rate: float, duration_s: float = 240.0) -> float:
-    cfg = EngineConfig(
-        model=run.model,
-        gpu=perf.gpu.name,
-        max_num_seqs=run.max_num_seqs,
-        max_num_batched_tokens=run.max_num_batched_tokens,
-        num_gpu_blocks_override=run.kv_blocks,
-        tensor_parallel_size=run.tp,
-    )
+    cfg = engine_for(run, perf)
     res = simulate(poisson_trace(run, rate, duration_s), SimSetup(perf=perf, engine=cfg))
     client_view(res, perf.frontend_s)
     return statistics.fmean(r.ttlt for r in res.records if r.ttlt is not None)
