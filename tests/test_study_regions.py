@@ -17,6 +17,7 @@ from study.config import (
     StudyConfig,
     with_utilisation_regions,
 )
+from study.report.lssp import load_ends
 from study.simrun import Entry, run_window
 from study.sweep import plan
 from study.windows import Window, make_windows
@@ -111,3 +112,10 @@ def test_the_anchor_survives_the_config_file() -> None:
     old = StudyConfig().to_dict()
     del old["region_anchor"]  # a config.json written before the anchor existed
     assert StudyConfig.from_dict(old).region_anchor is RegionAnchor.VIOLATION
+
+
+def test_lssp_load_checks_read_each_sets_own_light_and_heavy_ends() -> None:
+    """On the utilisation set, LSSP's "none at LOW" check reads U50, not a region the run never had."""
+    assert load_ends(REGIONS, [name for name, _ in REGIONS]) == ("LOW", ["OVERLOAD", "HIGH_PRESSURE"])
+    assert load_ends(UTILISATION_REGIONS, ["U110", "U50", "U90"]) == ("U50", ["U90", "U110"])
+    assert load_ends(REGIONS, ["KNEE", "LOW"]) == ("LOW", ["LOW", "KNEE"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,15 @@ def lssp_section(
     ds: Dataset, cs: Mapping[str, float], rev: Mapping[str, Any], cm: analysis.CrossMetricSummary
 ) -> list[str]:
     lines = ["## Beside LSSP", ""]
+    light, top = load_ends(ds.cfg.regions, ds.regions)
+    if ds.cfg.region_anchor != "violation":
+        lines += [
+            "This run's regions are utilisation-anchored, not LSSP's: the load checks below read its "
+            f"lightest region ({light}) where LSSP reads LOW and its two heaviest ({' / '.join(top)}) where "
+            "LSSP reads OVERLOAD / HIGH_PRESSURE. They compare the light and heavy ends of each set, not "
+            "equal loads.",
+            "",
+        ]
     n = rev["records"]
     share = rev["supported"] / n if n else math.nan
     by_region = rev["by_region"]
@@ -59,11 +68,11 @@ def lssp_section(
             f"{rev['stable']} / {rev['microscopic']} / {rev['supported']}",
         ],
         ["supported share", pct(LSSP["supported_share"]), pct(share)],
-        ["supported at LOW", "0", str(by_region.get("LOW", 0))],
+        [f"supported at {light}", "0 (at LOW)", str(by_region.get(light, 0))],
         [
-            "supported at OVERLOAD / HIGH_PRESSURE",
-            f"{LSSP['overload']} / {LSSP['high_pressure']}",
-            f"{by_region.get('OVERLOAD', 0)} / {by_region.get('HIGH_PRESSURE', 0)}",
+            f"supported at {' / '.join(top)}",
+            f"{LSSP['overload']} / {LSSP['high_pressure']} (at OVERLOAD / HIGH_PRESSURE)",
+            " / ".join(str(by_region.get(r, 0)) for r in top),
         ],
         [
             "pair behind the supported reversals",
@@ -103,8 +112,8 @@ def lssp_section(
             + ("holds." if share < 0.05 else "does not hold.")
         )
     verdicts.append(
-        f"**No supported reversal at LOW load** (rule: zero at LOW): ours {by_region.get('LOW', 0)} — "
-        + ("holds." if by_region.get("LOW", 0) == 0 else "does not hold.")
+        f"**No supported reversal at light load** (rule: zero at {light}): ours {by_region.get(light, 0)} — "
+        + ("holds." if by_region.get(light, 0) == 0 else "does not hold.")
     )
     if rev["supported"]:
         verdicts.append(
@@ -147,6 +156,15 @@ def lssp_section(
     ]
     lines += _engine_note(ds)
     return lines
+
+
+def load_ends(regions: Sequence[tuple[str, float]], present: Sequence[str]) -> tuple[str, list[str]]:
+    """The lightest region present and the two heaviest: LSSP's LOW and OVERLOAD / HIGH_PRESSURE when a
+    run uses LSSP's regions, their counterparts by load when it does not."""
+    by_load = [name for name, _ in sorted(regions, key=lambda r: r[1]) if name in present]
+    if not by_load:
+        return "LOW", ["OVERLOAD", "HIGH_PRESSURE"]
+    return by_load[0], by_load[-2:]
 
 
 def _engine_note(ds: Dataset) -> list[str]:
