@@ -86,7 +86,13 @@ def value_rows(args: argparse.Namespace) -> list[Row]:
         runs = [
             summarize(
                 simulate_run(
-                    work, pol, predictor=args.predictor, seed=args.seed, step_time_scale=s, **kw
+                    work,
+                    pol,
+                    predictor=args.predictor,
+                    seed=args.seed,
+                    step_time_scale=s,
+                    max_wait_s=args.max_wait_s,
+                    **kw,
                 ).records
             )
             for pol in ("sagesched", None)
@@ -342,6 +348,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--gpu", default="h100")
     ap.add_argument("--predictor", default="length-bucket", help="value twin's gateway predictor")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--max-wait-s",
+        type=float,
+        default=None,
+        help="value twin: the gateway's queue timeout in engine seconds (the demo's: 30); default none",
+    )
     ap.add_argument("--requests", type=int, default=800, help="policy experiments: requests a workload")
     ap.add_argument(
         "--loads", type=lambda s: tuple(float(x) for x in s.split(",")), default=(0.5, 0.8, 0.95, 1.1)
