@@ -13,7 +13,8 @@ output length):
 Loads: utilisation 0.5 / 0.9 / 1.1 of vLLM alone's capacity (``sagegate.simtwin.capacity``). Runs:
 ``fcfs`` at engine level (vLLM alone, no gateway), gateway ``sagesched`` (non-preemptive: the
 default), gateway ``sagesched`` with pausing (``policies.pause.PauseConfig(enabled=True)``, its
-defaults otherwise). Ratios to vLLM alone, from one run.
+defaults otherwise), and a sensitivity row with the resume left unpriced (``hysteresis=0``,
+``prefill_tokens_per_step=1e6``: pause whenever the rank and the exchange gain say so; not the default). Ratios to vLLM alone, from one run.
 
     .venv/bin/python benchmarks/gateway_pause.py [--requests 800] [--workers 2] [--md out.md]
 """
@@ -32,8 +33,9 @@ from loadgen.records import rebase, scale_rate
 
 LOADS = (0.5, 0.9, 1.1)
 ERROR = 0.2
-RUNS = ("vllm", "gateway", "gateway+pause")
+RUNS = ("vllm", "gateway", "gateway+pause", "gateway+pause:unpriced")
 NAMES = {
+    "gateway+pause:unpriced": "… + pause, resume unpriced (sensitivity)",
     "vllm": "vLLM alone (fcfs)",
     "gateway": "gateway sagesched",
     "gateway+pause": "gateway sagesched + pause",
@@ -90,7 +92,9 @@ def run_one(work: list[TraceRequest], setup: Setup, run: str) -> dict[str, float
             level="gateway",
             policy=parse_policy("sagesched"),
             predictor=pred,
-            pause=PauseConfig(enabled=run == "gateway+pause"),
+            pause=PauseConfig(enabled=True, hysteresis=0.0, prefill_tokens_per_step=1e6)
+            if run.endswith("unpriced")
+            else PauseConfig(enabled=run == "gateway+pause"),
         )
     res = simulate(work, sim)
     client_view(res, perf.frontend_s)
@@ -134,15 +138,22 @@ def render(results: dict[tuple[str, float, str], dict[str, float]], caps: dict[s
                     f"{r['pauses']:.0f} | {r['resumed_tokens']:.0f} | {r['preemptions']:.0f} |"
                 )
     lines += ["", "Pause against no pause (gateway sagesched), same run:", ""]
-    lines += ["| workload | load | mean TTLT | p99 TTLT | throughput |", "|---|---:|---:|---:|---:|"]
+    lines += [
+        "| workload | load | mean TTLT | p99 TTLT | throughput | unpriced: mean | p99 | throughput |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for wname in caps:
         for load in LOADS:
-            a, b = results[(wname, load, "gateway+pause")], results[(wname, load, "gateway")]
-            lines.append(
-                f"| {wname} | {load} | {_ratio(a['ttlt_mean_s'], b['ttlt_mean_s']):.3f} | "
-                f"{_ratio(a['ttlt_p99_s'], b['ttlt_p99_s']):.3f} | "
-                f"{_ratio(a['throughput_tok_s'], b['throughput_tok_s']):.3f} |"
-            )
+            b = results[(wname, load, "gateway")]
+            cells = []
+            for run in ("gateway+pause", "gateway+pause:unpriced"):
+                a = results[(wname, load, run)]
+                cells += [
+                    f"{_ratio(a['ttlt_mean_s'], b['ttlt_mean_s']):.3f}",
+                    f"{_ratio(a['ttlt_p99_s'], b['ttlt_p99_s']):.3f}",
+                    f"{_ratio(a['throughput_tok_s'], b['throughput_tok_s']):.3f}",
+                ]
+            lines.append(f"| {wname} | {load} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

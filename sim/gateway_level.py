@@ -187,7 +187,12 @@ class SimGateway:
         self.refuse(req, reason)
 
     def running(self, backend: int) -> Sequence[tuple[EngineRequest, Charge]]:
-        return [(r, f.charge) for r, f in self.flights.items() if f.backend == backend and r.state is RUNNING]
+        """Running there and past its first token (the live gateway's "started": a first byte)."""
+        return [
+            (r, f.charge)
+            for r, f in self.flights.items()
+            if f.backend == backend and r.state is RUNNING and r.t_first_token is not None
+        ]
 
     def pause(self, req: EngineRequest, now: float) -> bool:
         """Free its KV on the engine at once, release its charge, queue it again (no timeout)."""

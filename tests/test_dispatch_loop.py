@@ -313,6 +313,7 @@ def play(
                 del eng.waiting[rid]
                 eng.running.add(rid)
                 sreqs[rid].state = RUNNING
+                sreqs[rid].t_first_token = now
             elif isinstance(event, Progress) and started:
                 rid = started[event.pick % len(started)]
                 g, sr = greqs[rid], sreqs[rid]
