@@ -13,7 +13,7 @@ from policies.pause import PauseConfig
 from policies.registry import parse_policy
 from predictor.factory import make_predictor
 from sim.config import EngineConfig
-from sim.des import SimResult, SimSetup, Simulation, simulate
+from sim.des import QueueLimits, SimResult, SimSetup, Simulation, simulate
 from tests.test_fold_exact import PERF, assert_same, workload
 
 EAGER = PauseConfig(enabled=True, max_pauses=2, hysteresis=0.0, prefill_tokens_per_step=1e6)
@@ -141,3 +141,27 @@ def test_pause_setting_is_off_by_default_and_checked() -> None:
             GatewaySettings.model_validate({"backends": ["http://b0"], "pause": bad})
     with pytest.raises(ValueError, match="max_pauses"):
         PauseConfig(max_pauses=-1)
+
+
+def test_a_paused_request_is_never_timed_out_in_the_queue() -> None:
+    work = workload(120, seed=7)
+    setup = setup_for(work, EAGER)
+    setup.queue_limits = QueueLimits(max_wait_s=2.0)
+    sim = Simulation(work, setup)
+    gw = sim.gw
+    assert gw is not None
+    paused: set[int] = set()
+    pause = gw.pause
+
+    def noting(req, now):  # type: ignore[no-untyped-def]
+        ok = pause(req, now)
+        if ok:
+            paused.add(req.rid)
+        return ok
+
+    gw.pause = noting  # type: ignore[method-assign]
+    res = sim.run()
+    timed_out = {r.rid for r in res.records if r.reason == "queue_timeout"}
+    assert paused and timed_out  # both happen in this run
+    assert not paused & timed_out
+    assert all(r.status == "ok" and r.finish_s is not None for r in res.records if r.rid in paused)
