@@ -92,6 +92,7 @@ class Gateway:
             pending_s=settings.admission.pending_s,
             clock=self.clock,
             ledger=self.ledger,
+            pause=settings.pause.config(),
         )
         self.recorder = Recorder(self.predictor)
         self.proxy = Proxy(settings, self.dispatcher, self.pool, self.client, self.metrics, self.recorder)

@@ -15,6 +15,10 @@ With a shared ledger (``gateway.ledger``, several replicas in front of one fleet
 tentative until Redis confirms the charge: the request leaves the queue and its charge weighs on the
 local view at once, but it goes to its backend only on Redis's yes; on a no it goes back into the
 queue (as a retry does). The pass itself never waits on Redis.
+
+Pausing (``policies.pause``, off by default: the ``pause`` setting) lets the pass pause a running
+request whose rank fell behind a head that fits nowhere; the pass decides, :meth:`Dispatcher.pause`
+acts (cancel upstream, release the charge, queue the continuation).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from gateway.queue import BoundedQueue, DispatchRefused, GatewayRequest
 from policies.admission import AdmissionConfig, Charge
 from policies.base import Capability, Policy
 from policies.dispatch_loop import Decision, DispatchLoop
+from policies.pause import PauseConfig
 from policies.prompt_share import charged_prompt
 
 
@@ -52,6 +57,7 @@ class Dispatcher:
         pending_s: float = 0.03,
         clock: Callable[[], float] = time.monotonic,
         ledger: SharedLedger | None = None,
+        pause: PauseConfig | None = None,
     ) -> None:
         self.policy = policy
         self.ledger = ledger
@@ -66,8 +72,15 @@ class Dispatcher:
         self.capacity_requests = capacity_requests * max(1, len(pool))
         self.pending_s = pending_s
         self._scheduled = False
+        self.flying: dict[int, GatewayRequest] = {}
+        """Requests sent to a backend and not yet released, in dispatch order (by ``id``)."""
         self.dispatch_loop = DispatchLoop(
-            policy, admission, queue, _GatewayDriver(self), capacity_requests=self.capacity_requests
+            policy,
+            admission,
+            queue,
+            _GatewayDriver(self),
+            capacity_requests=self.capacity_requests,
+            pause=pause,
         )
         """The admission rule's dispatch pass (``policies.dispatch_loop``, the simulator's own)."""
         self.last_stop: Decision[GatewayRequest] | None = None
@@ -126,6 +139,15 @@ class Dispatcher:
         self.last_stop = result.stop
         return result.dispatched
 
+    def pause(self, rid: object) -> bool:
+        """Pause running request ``rid``: cancel its upstream stream, release its charge
+        (``release(final=False)``), queue it again as a continuation that keeps ``generated`` (its
+        charge is then rebuilt at that progress, as ``_charge`` does). False: not paused.
+
+        TODO(lead): the live mechanism comes from branch ``pause-live``; until it is merged nothing
+        is paused live (the simulator models pausing, ``sim.gateway_level``)."""
+        return False
+
     @property
     def decisions(self) -> int:
         """Head decisions taken so far."""
@@ -138,6 +160,8 @@ class Dispatcher:
         if charge is None or req.charged_prompt != prompt:
             charge = req.charge = Charge(prompt, req.prediction, self.cfg)
             req.charged_prompt = prompt
+            if req.generated:  # a paused continuation: charged at its progress
+                charge.update(req.generated)
         return charge
 
     # --- life of a dispatched request ---------------------------------------------------------
@@ -172,6 +196,7 @@ class Dispatcher:
         idx = req.backend
         if idx is None:
             return
+        self.flying.pop(id(req), None)
         b = self.pool.backends[idx]
         b.left(req.rid, req.prompt_tokens, req.generated)
         if req.charge is not None:
@@ -233,6 +258,7 @@ class _GatewayDriver:
         d = self.d
         b = d.pool.backends[backend]
         req.backend = backend
+        d.flying[id(req)] = req
         b.sent(req.rid, req.prompt_tokens)
         req.t_dispatch = now
         asyncio.get_running_loop().call_later(d.pending_s, d._expire, req, backend, req.attempt)
@@ -244,6 +270,18 @@ class _GatewayDriver:
 
     def refused(self, req: GatewayRequest, reason: str) -> None:
         _resolve_error(req, reason)
+
+    def running(self, backend: int) -> Sequence[tuple[GatewayRequest, Charge]]:
+        """What has started on ``backend`` (a first byte came), in dispatch order."""
+        unstarted = self.d.pool.backends[backend].unstarted
+        return [
+            (r, r.charge)
+            for r in self.d.flying.values()
+            if r.backend == backend and r.charge is not None and r.rid not in unstarted
+        ]
+
+    def pause(self, req: GatewayRequest, now: float) -> bool:
+        return self.d.pause(req.rid)
 
 
 def _resolve_error(req: GatewayRequest, reason: str) -> None:

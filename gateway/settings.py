@@ -19,6 +19,7 @@ from pydantic_settings import (
 )
 
 from policies.admission import AdmissionConfig, Rule
+from policies.pause import PauseConfig
 from predictor.embedder import DEFAULT_QUANTIZE, DEFAULT_WINDOW, WINDOWS
 from predictor.factory import (
     LIVE_PREDICTORS,
@@ -93,6 +94,27 @@ class AdmissionSettings(BaseModel):
             max_waiting_tokens=self.max_waiting_tokens,
             rule=self.rule,
             peak_target=self.peak_target,
+        )
+
+
+_PAUSE = PauseConfig()
+
+
+class PauseSettings(BaseModel):
+    """Gateway pause/resume (``policies.pause``): off by default; the simulator found it does not
+    pay on the workloads measured (BENCHMARKS.md, "Gateway pause/resume, simulated")."""
+
+    enabled: bool = False
+    max_pauses: int = Field(default=_PAUSE.max_pauses, ge=0)
+    hysteresis: float = Field(default=_PAUSE.hysteresis, ge=0.0)
+    prefill_tokens_per_step: float = Field(default=_PAUSE.prefill_tokens_per_step, gt=0.0)
+
+    def config(self) -> PauseConfig:
+        return PauseConfig(
+            enabled=self.enabled,
+            max_pauses=self.max_pauses,
+            hysteresis=self.hysteresis,
+            prefill_tokens_per_step=self.prefill_tokens_per_step,
         )
 
 
@@ -331,6 +353,8 @@ class GatewaySettings(BaseSettings):
     """KV capacity assumed for a backend that neither reports nor is configured with one."""
     capacity_requests_per_backend: int = Field(default=256, ge=1)
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    pause: PauseSettings = Field(default_factory=PauseSettings)
+    """Pause running requests for better-ranked waiting work (off; docs/gateway.md)."""
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)
     """A shared admission ledger across replicas (needs ``redis_url``; see docs/gateway.md)."""
     queue: QueueSettings = Field(default_factory=QueueSettings)

@@ -16,7 +16,7 @@ buys a queue to reorder, at the price of throughput; letting in more only buys p
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Literal, get_args
@@ -173,6 +173,9 @@ class Holdings:
 
     def __len__(self) -> int:
         return len(self._charges)
+
+    def __iter__(self) -> Iterator[Charge]:
+        return iter(self._charges)
 
     def add(self, charge: Charge) -> None:
         self._charges[charge] = None

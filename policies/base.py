@@ -39,6 +39,7 @@ class SchedRequest:
         "deadline_s",
         "generated",
         "key_cache",
+        "pauses",
         "prediction",
         "priority",
         "prompt_tokens",
@@ -71,6 +72,8 @@ class SchedRequest:
         self.generated = 0
         self.pstate: Any = None
         self.key_cache: Any = None
+        self.pauses = 0
+        """Times the gateway paused it (``policies.pause``); a continuation has ``pauses > 0``."""
 
     def predicted_output(self) -> float:
         """Point prediction (the distribution's mean); 1 token when there is no prediction."""

@@ -10,6 +10,11 @@ masks failed backends and other models), and what a dispatch or a refusal means 
 HTTP future, an engine's waiting list, a record).
 
 Each decision is O(log n) in a static queue (heap), plus O(backends).
+
+With pausing on (``policies.pause.PauseConfig``, off by default) a head that fits nowhere may make
+its room by pausing a worse-ranked running request (:func:`policies.pause.choose_pause`): the loop
+records a PAUSE decision, tells the policy (``on_preempt``), and the driver frees the victim's KV and
+charge and queues it again as a continuation; then the pass goes on.
 """
 
 from __future__ import annotations
@@ -21,9 +26,9 @@ from typing import Generic, Protocol, TypeVar
 
 from policies.admission import AdmissionConfig, BackendLoad, Charge, choose_backend, usage_after
 from policies.base import ADMIT, Capability, LoadView, Policy, SchedRequest, Verdict
+from policies.pause import PauseConfig, choose_pause
 
 R = TypeVar("R", bound=SchedRequest)
-R_contra = TypeVar("R_contra", bound=SchedRequest, contravariant=True)
 
 NO_HEALTHY_BACKEND = "no_healthy_backend"
 """Why every queued request is refused when nothing can serve (``DecisionKind.NO_HEALTHY_BACKEND``)."""
@@ -53,7 +58,7 @@ class DispatchQueue(Protocol[R]):
     def ordered(self, now: float) -> Sequence[R]: ...
 
 
-class AdmissionDriver(Protocol[R_contra]):
+class AdmissionDriver(Protocol[R]):
     """What the loop needs from its driver: the backends' admission ledgers and four hooks.
 
     Invariants the loop relies on:
@@ -75,13 +80,24 @@ class AdmissionDriver(Protocol[R_contra]):
     @property
     def loads(self) -> Sequence[BackendLoad]: ...
 
-    def charge(self, req: R_contra) -> Charge: ...
+    def charge(self, req: R) -> Charge: ...
 
-    def allowed(self, req: R_contra) -> Sequence[bool] | None: ...
+    def allowed(self, req: R) -> Sequence[bool] | None: ...
 
-    def dispatched(self, req: R_contra, backend: int, charge: Charge, now: float) -> None: ...
+    def dispatched(self, req: R, backend: int, charge: Charge, now: float) -> None: ...
 
-    def refused(self, req: R_contra, reason: str) -> None: ...
+    def refused(self, req: R, reason: str) -> None: ...
+
+    def running(self, backend: int) -> Sequence[tuple[R, Charge]]:
+        """The requests that have started on ``backend`` (produced a byte), in dispatch order, with
+        their charges (read only with pausing on)."""
+        ...
+
+    def pause(self, req: R, now: float) -> bool:
+        """Pause running ``req``: cancel it on its backend (its KV freed at once), release its
+        charge, and queue it again as a continuation (``generated`` kept; its charge is rebuilt at
+        that progress). False if it could not be paused (it is left as it was)."""
+        ...
 
 
 class DecisionKind(enum.StrEnum):
@@ -96,6 +112,9 @@ class DecisionKind(enum.StrEnum):
     NO_HEALTHY_BACKEND = "no_healthy_backend"
     """The head fits nowhere and no backend is healthy: every queued request is refused now (reason
     ``no_healthy_backend``) rather than at its timeout; the pass stops with the queue empty."""
+    PAUSE = "pause"
+    """The head fit nowhere: running ``request`` was paused on ``backend`` to make its room (pausing
+    on); it waits in the queue again, and the pass goes on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +151,7 @@ class DispatchLoop(Generic[R]):
         driver: AdmissionDriver[R],
         *,
         capacity_requests: int,
+        pause: PauseConfig | None = None,
     ) -> None:
         self.policy = policy
         self.admission = admission
@@ -142,6 +162,15 @@ class DispatchLoop(Generic[R]):
         self.screens = Capability.SCREEN in policy.capabilities
         """Only a policy that screens gets asked (and a :class:`LoadView`: building one costs
         O(backends)); any other admits everything."""
+        self.pause = pause if pause is not None and pause.enabled else None
+        if self.pause is not None and (
+            Capability.PREEMPT_PAYS not in policy.capabilities or self.pause.max_pauses == 0
+        ):
+            self.pause = None  # only a policy that prices displacements may pause
+        """Pausing on (None: off, or it can never happen: ``max_pauses`` 0, or a policy that does not
+        price displacements, ``PREEMPT_PAYS``)."""
+        self.pauses = 0
+        """Requests paused so far."""
         self.decisions = 0
         """Head decisions taken so far."""
         self.log: list[Decision[R]] | None = None
@@ -195,12 +224,38 @@ class DispatchLoop(Generic[R]):
                 sent += 1
             elif kind is DecisionKind.REJECT:
                 self._refuse(req, decision.reason, now)
+            elif kind is DecisionKind.NO_ROOM and self.pause is not None and self._pause_for(decision, now):
+                continue
             else:
                 if kind is DecisionKind.NO_HEALTHY_BACKEND:
                     for queued in queue.ordered(now):
                         self._refuse(queued, NO_HEALTHY_BACKEND, now)
                 return PassResult(sent, decision)
         return PassResult(sent, None)
+
+    def _pause_for(self, head: Decision[R], now: float) -> bool:
+        """Pause the running request that pays most for ``head``'s room; whether one was paused."""
+        cfg, driver = self.pause, self.driver
+        assert cfg is not None
+        req = head.request
+        loads = driver.loads
+        running = [driver.running(i) for i in range(len(loads))]
+        key = self.policy.key(req, now)
+        choice = choose_pause(
+            self.policy, req, head.charge, key, loads, running, driver.allowed(req), self.admission, cfg, now
+        )
+        if choice is None:
+            return False
+        victim: R = choice.victim  # type: ignore[assignment]  # one of ``running``'s
+        charge = next(c for r, c in running[choice.backend] if r is victim)
+        if not driver.pause(victim, now):
+            return False
+        victim.pauses += 1
+        self.pauses += 1
+        self.policy.on_preempt(victim, now)
+        if self.log is not None:
+            self.log.append(Decision(DecisionKind.PAUSE, victim, charge, choice.backend))
+        return True
 
     def _refuse(self, req: R, reason: str, now: float) -> None:
         self.queue.remove(req)

@@ -26,6 +26,7 @@ from core.summary import summarize
 from policies.admission import AdmissionConfig
 from policies.base import ENGINE, GATEWAY, Capability, Policy
 from policies.fifo import FCFS
+from policies.pause import PauseConfig
 from policies.queue import PolicyQueue
 from sim.config import EngineConfig
 from sim.engine import Engine, EngineRequest, SchedulerOutput
@@ -61,6 +62,8 @@ class SimSetup:
     gateway's ``cap_at_max_tokens`` does."""
     queue_limits: QueueLimits | None = None
     """The live gateway's queue bounds at gateway level (None: an unbounded queue, no timeout)."""
+    pause: PauseConfig = field(default_factory=PauseConfig)
+    """Gateway level: pause running requests for better-ranked waiting work (``policies.pause``; off)."""
 
     def __post_init__(self) -> None:
         if self.level not in (ENGINE, GATEWAY):
@@ -83,6 +86,10 @@ class SimResult:
     engine_recomputed_tokens: list[int] = field(default_factory=list)
     """Per engine: tokens preempted requests computed again (their prompt and output less the
     prefix the cache still held when they were re-admitted)."""
+    gateway_pauses: int = 0
+    """Requests the gateway paused (each pause is one resume)."""
+    resumed_tokens: int = 0
+    """Tokens paused continuations computed again when they resumed (less their cached prefix)."""
 
 
 class Simulation:
@@ -109,6 +116,8 @@ class Simulation:
                 limits=setup.queue_limits,
                 send=self._send,
                 refuse=self._reject,
+                pause=setup.pause,
+                evict=self._evict,
             )
         self.queue: PolicyQueue[EngineRequest] = self.gw.queue if self.gw is not None else PolicyQueue(FCFS())
         """The gateway's queue (always empty at engine level)."""
@@ -125,7 +134,10 @@ class Simulation:
         self.area_system = 0.0
         self.area_queued = 0.0
         self.progress_hook = Capability.PROGRESS_HOOK in setup.policy.capabilities
-        self.peak_rule = gateway and setup.admission.rule == "peak"
+        # No fold while the gateway queue holds work, wherever a pass may act on progress at any step:
+        # a projected peak falls as requests progress, and a pause reads every running request.
+        pausing = self.gw is not None and self.gw.dispatch_loop.pause is not None
+        self.peak_rule = gateway and (setup.admission.rule == "peak" or pausing)
 
     # --- the loop -----------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -154,6 +166,8 @@ class Simulation:
             mean_queued=self.area_queued / span,
             wall_s=time.perf_counter() - t0,
             engine_recomputed_tokens=[e.recomputed_tokens for e in self.engines],
+            gateway_pauses=sum(e.num_pauses for e in self.engines),
+            resumed_tokens=sum(e.resumed_tokens for e in self.engines),
         )
 
     def _advance(self, t: float) -> None:
@@ -222,11 +236,17 @@ class Simulation:
             self._send(req, idx)
 
     def _send(self, req: EngineRequest, idx: int) -> None:
-        req.t_dispatch = self.now
+        if not req.pauses:  # a resumed continuation keeps its first dispatch
+            req.t_dispatch = self.now
+            self.records[req.rid].dispatch_s = self.now
         req.backend = idx
-        self.records[req.rid].dispatch_s = self.now
         self.engines[idx].add(req, self.now)
         self._kick(idx)
+
+    def _evict(self, req: EngineRequest) -> bool:
+        """The gateway paused ``req``: off its engine at once (the step in flight drops it)."""
+        idx = req.backend
+        return self.engines[idx].pause(req, self.now, self.steps[idx])
 
     # --- the gateway ---------------------------------------------------------------------------
     def _reject(self, req: EngineRequest, reason: str) -> None:

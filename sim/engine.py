@@ -61,6 +61,8 @@ class Engine:
         self.running: list[EngineRequest] = []
         self.num_preemptions = 0
         self.recomputed_tokens = 0  # tokens preempted requests computed again on re-admission
+        self.num_pauses = 0  # requests the gateway paused here
+        self.resumed_tokens = 0  # tokens paused continuations computed again on resume
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.finished_total = 0
@@ -127,6 +129,27 @@ class Engine:
         else:
             return False
         req.state = ABORTED
+        self.policy.on_finish(req, now)
+        return True
+
+    def pause(self, req: EngineRequest, now: float, in_flight: SchedulerOutput | None) -> bool:
+        """The gateway paused running ``req``: it leaves at once, its computed blocks staying cached
+        (as a preemption's do) for its continuation to find, and the step ``in_flight`` (the one
+        this engine is running) drops it. False if it is not running."""
+        if req.state is not RUNNING:
+            return False
+        if (
+            in_flight is not None
+            and in_flight.scheduled.pop(req, None) is not None
+            and req in in_flight.chunked
+        ):
+            in_flight.chunked.remove(req)
+        self.running.remove(req)
+        self.pool.register_full(req.table, req.num_computed, req.keys)
+        self.pool.free(req.table)
+        req.num_computed = 0
+        req.state = ABORTED  # until ``add`` queues the continuation
+        self.num_pauses += 1
         self.policy.on_finish(req, now)
         return True
 
@@ -288,6 +311,8 @@ class Engine:
             self.waiting.pop(now)
             if req.state is PREEMPTED:
                 self.recomputed_tokens += total - computed
+            elif req.generated:  # a paused continuation resuming
+                self.resumed_tokens += total - computed
             pool.take(req.table, hits)
             pool.grow(req.table, computed + n)
             req.num_computed = computed

@@ -4,7 +4,10 @@ Requests wait in a policy-ordered queue (with the live gateway's bounds, ``Queue
 dispatched by ``policies.dispatch_loop.DispatchLoop`` — the live gateway's own pass — to FCFS engines.
 This class is that loop's driver (``policies.dispatch_loop.AdmissionDriver``): it charges a request
 its whole prompt (the simulator has no prompt-share gauge), lets every request use every engine, and
-hands dispatches and refusals to the simulation through two callbacks.
+hands dispatches and refusals to the simulation through two callbacks. With pausing on
+(``policies.pause``) a third, ``evict``, takes a paused request off its engine at once (its blocks
+stay cached); the request then waits in this queue again as a continuation (its ``generated`` kept:
+the engine resumes it by prefilling its prompt and generated tokens, less what its cache still holds).
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from typing import Protocol
 from policies.admission import AdmissionConfig, BackendLoad, Charge
 from policies.base import Policy
 from policies.dispatch_loop import DispatchLoop, PassResult
+from policies.pause import PauseConfig
 from policies.queue import PolicyQueue
 from sim.engine import EngineRequest
+from sim.engine_request import RUNNING
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,8 @@ Send = Callable[[EngineRequest, int], None]
 """Hand a dispatched request to engine ``idx``."""
 Refuse = Callable[[EngineRequest, str], None]
 """Record a request refused for good (the policy has been told)."""
+Evict = Callable[[EngineRequest], bool]
+"""Take a paused request off its engine at once (False: it could not be, e.g. it has finished)."""
 
 
 class SimGateway:
@@ -75,6 +82,8 @@ class SimGateway:
         limits: QueueLimits | None,
         send: Send,
         refuse: Refuse,
+        pause: PauseConfig | None = None,
+        evict: Evict | None = None,
     ) -> None:
         self.policy = policy
         self.queue: PolicyQueue[EngineRequest] = PolicyQueue(policy)
@@ -87,8 +96,9 @@ class SimGateway:
         self.head_charges: dict[EngineRequest, Charge] = {}  # queued requests' charges, built once
         self.expiry: deque[tuple[float, EngineRequest]] = deque()  # (timeout, request), in arrival order
         self.queued_tokens = 0
+        self.evict = evict
         self.dispatch_loop = DispatchLoop(
-            policy, admission, self.queue, self, capacity_requests=capacity_requests
+            policy, admission, self.queue, self, capacity_requests=capacity_requests, pause=pause
         )
 
     # --- what the simulation tells it ---------------------------------------------------------
@@ -140,7 +150,7 @@ class SimGateway:
         expiry = self.expiry
         while expiry and expiry[0][0] <= now:
             _, req = expiry.popleft()
-            if self.queue.remove(req):
+            if not req.pauses and self.queue.remove(req):  # a paused request is never timed out
                 self._unqueue(req)
                 self.policy.on_finish(req, now)
                 self.refuse(req, "queue_timeout")
@@ -155,6 +165,8 @@ class SimGateway:
         charge = self.head_charges.get(req)
         if charge is None:  # a fresh charge depends only on the request: build it once
             charge = self.head_charges[req] = Charge(req.prompt_tokens, req.prediction, self.admission)
+            if req.generated:  # a paused continuation: charged at its progress
+                charge.update(req.generated)
         return charge
 
     def allowed(self, req: EngineRequest) -> Sequence[bool] | None:
@@ -173,3 +185,22 @@ class SimGateway:
     def refused(self, req: EngineRequest, reason: str) -> None:
         self._unqueue(req)
         self.refuse(req, reason)
+
+    def running(self, backend: int) -> Sequence[tuple[EngineRequest, Charge]]:
+        """Running there and past its first token (the live gateway's "started": a first byte)."""
+        return [
+            (r, f.charge)
+            for r, f in self.flights.items()
+            if f.backend == backend and r.state is RUNNING and r.t_first_token is not None
+        ]
+
+    def pause(self, req: EngineRequest, now: float) -> bool:
+        """Free its KV on the engine at once, release its charge, queue it again (no timeout)."""
+        if self.evict is None or not self.evict(req):
+            return False
+        flight = self.flights.pop(req)
+        self.loads[flight.backend].release(flight.charge)
+        self.queue.push(req, now)
+        if self.limits is not None:
+            self.queued_tokens += req.prompt_tokens
+        return True
