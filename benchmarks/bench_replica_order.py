@@ -20,10 +20,14 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from core.request import TraceRequest
 from loadgen.data import data_root
 from loadgen.records import rebase, scale_rate
+
+if TYPE_CHECKING:
+    from sim.des import SimSetup
 
 MODEL, GPU = "qwen3-32b", "h100"
 
@@ -41,7 +45,13 @@ def workload(n: int) -> list[TraceRequest]:
     return rebase(pairs[:n])
 
 
-def sim_setup(policy: str, level: str = "gateway"):  # type: ignore[no-untyped-def]
+def sim_setup(
+    policy: str,
+    level: str = "gateway",
+    predictor: str = "length-bucket",
+    work: list[TraceRequest] | None = None,
+) -> SimSetup:
+    from core.request import answer_key
     from policies.registry import parse_policy
     from predictor.factory import make_predictor
     from sim.config import EngineConfig
@@ -50,13 +60,19 @@ def sim_setup(policy: str, level: str = "gateway"):  # type: ignore[no-untyped-d
     from sim.perf import PerfModel
 
     perf = PerfModel(get_model(MODEL), get_gpu(GPU))
+    pred = None
+    if level == "gateway" and predictor.startswith("noisy-oracle:"):  # a sensitivity check only
+        error = float(predictor.split(":", 1)[1])
+        pred = make_predictor("noisy-oracle", relative_error=error, truth=answer_key(work or []))
+    elif level == "gateway":
+        pred = make_predictor(predictor)
     return SimSetup(
         perf,
         EngineConfig(model=MODEL, gpu=GPU),
         engines=2,
         level=level,
         policy=parse_policy(policy if level == "gateway" else "fcfs"),
-        predictor=make_predictor("length-bucket") if level == "gateway" else None,
+        predictor=pred,
         queue_limits=QueueLimits() if level == "gateway" else None,
     )
 
@@ -85,6 +101,12 @@ def main() -> None:
         choices=["round-robin", "random", "prompt"],
         help="prompt: replica k takes the k-th slice of prompt lengths (a balancer's affinity)",
     )
+    ap.add_argument("--seed", type=int, default=0, help="the replicas' pass order (and a random split)")
+    ap.add_argument(
+        "--predictor",
+        default="length-bucket",
+        help="a live predictor, or noisy-oracle:ERROR (sensitivity only)",
+    )
     ap.add_argument("--wake", default="own", choices=["own", "any"], help="when a replica runs a pass")
     args = ap.parse_args()
     t0 = time.perf_counter()
@@ -94,7 +116,7 @@ def main() -> None:
     rtt = args.rtt_ms / 1000
     print(f"## {len(work)} requests, 2x {MODEL} on {GPU}, vLLM alone saturates at {cap:.2f} req/s")
     print(
-        f"   policy {args.policy}, predictor length-bucket, rtt {args.rtt_ms:g} ms, split {args.split}, wake {args.wake}\n"
+        f"   policy {args.policy}, predictor {args.predictor}, seed {args.seed}, rtt {args.rtt_ms:g} ms, split {args.split}, wake {args.wake}\n"
     )
     head = (
         f"{'load':>5} {'setup':>28} {'mean TTLT':>9} {'p99 TTLT':>9} {'req/s':>7} {'preempt':>8} "
@@ -109,7 +131,7 @@ def main() -> None:
             edges = (
                 tuple(prompts[len(prompts) * k // n] for k in range(1, n)) if args.split == "prompt" else ()
             )
-            kw = {"prompt_edges": edges}
+            kw: dict[str, Any] = {"prompt_edges": edges, "seed": args.seed}
             for pub in args.publish_ms:
                 for order in ("none", "threshold"):
                     rs = ReplicaSetup(n, order, args.split, rtt, pub / 1000, args.wake, **kw)  # type: ignore[arg-type]
@@ -117,7 +139,9 @@ def main() -> None:
             cells.append((f"{n} replicas, global", ReplicaSetup(n, "global", args.split, rtt, **kw)))
         base: dict[str, float] = {}
         for label, rs in cells:
-            res, st = simulate_replicas(timed, sim_setup(args.policy), rs)
+            res, st = simulate_replicas(
+                timed, sim_setup(args.policy, predictor=args.predictor, work=timed), rs
+            )
             s = res.summary
             if not base:
                 base = s

@@ -14,7 +14,9 @@ queue is answered at once). Each decision is O(log n) in the queue (heap) plus O
 With a shared ledger (``gateway.ledger``, several replicas in front of one fleet) a dispatch is
 tentative until Redis confirms the charge: the request leaves the queue and its charge weighs on the
 local view at once, but it goes to its backend only on Redis's yes; on a no it goes back into the
-queue (as a retry does). The pass itself never waits on Redis.
+queue (as a retry does). The pass itself never waits on Redis. With ``ledger.order: threshold`` a
+head ranked worse than another replica's published head is held while dispatching it would leave that
+head no room (``policies.rank_threshold``; this replica's own head is published with every sync).
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ import time
 from collections.abc import Callable, Sequence
 
 from gateway.backends import BackendPool
-from gateway.ledger import SharedLedger
+from gateway.ledger import QueueHead, SharedLedger
 from gateway.metrics import GatewayMetrics
 from gateway.queue import BoundedQueue, DispatchRefused, GatewayRequest
 from policies.admission import AdmissionConfig, Charge
 from policies.base import Capability, Policy
 from policies.dispatch_loop import Decision, DispatchLoop
 from policies.prompt_share import charged_prompt
+from policies.rank_threshold import threshold_mask
 
 
 class QueueFull(Exception):
@@ -72,6 +75,10 @@ class Dispatcher:
         """The admission rule's dispatch pass (``policies.dispatch_loop``, the simulator's own)."""
         self.last_stop: Decision[GatewayRequest] | None = None
         """Why the last pass stopped with requests still queued (the dashboard says why the head waits)."""
+        self.held_for_others = 0
+        """Head decisions held for a better-ranked head on another replica (``ledger.order: threshold``)."""
+        if ledger is not None:
+            ledger.head_of = self.queue_head
 
     # --- entry points -------------------------------------------------------------------------
     def submit(self, req: GatewayRequest) -> asyncio.Future[int]:
@@ -125,6 +132,13 @@ class Dispatcher:
         result = self.dispatch_loop.run(self.clock())
         self.last_stop = result.stop
         return result.dispatched
+
+    def queue_head(self) -> QueueHead | None:
+        """The best-ranked queued request, as the shared ledger publishes it."""
+        req = self.queue.peek(self.clock())
+        if req is None:
+            return None
+        return QueueHead(req.key_cache, self._charge(req), req.prompt_tokens)
 
     @property
     def decisions(self) -> int:
@@ -197,11 +211,22 @@ class _GatewayDriver:
         return self.d._charge(req)
 
     def allowed(self, req: GatewayRequest) -> Sequence[bool] | None:
-        """Which backends ``req`` may use (None: all): those it has not failed on that serve its model."""
-        backends = self.d.pool.backends
-        if not req.excluded and all(b.serves(req.model) for b in backends):
-            return None
-        return [i not in req.excluded and b.serves(req.model) for i, b in enumerate(backends)]
+        """Which backends ``req`` may use (None: all): those it has not failed on that serve its model,
+        and (shared rank threshold) that leave a better-ranked head of another replica room."""
+        d = self.d
+        backends = d.pool.backends
+        mask: Sequence[bool] | None = None
+        if req.excluded or not all(b.serves(req.model) for b in backends):
+            mask = [i not in req.excluded and b.serves(req.model) for i, b in enumerate(backends)]
+        led = d.ledger
+        if led is None or not led.heads:
+            return mask
+        held = threshold_mask(
+            req.key_cache, d._charge(req), req.prompt_tokens, self.loads, d.cfg, led.heads, mask
+        )
+        if held is not None and not any(held):
+            d.held_for_others += 1
+        return held
 
     def dispatched(self, req: GatewayRequest, backend: int, charge: Charge, now: float) -> None:
         """Chosen: sent at once, or (shared ledger) once Redis has charged it fleet-wide."""

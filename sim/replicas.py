@@ -37,9 +37,10 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast, get_args
 
 from core.request import TraceRequest
-from policies.admission import AdmissionConfig, BackendLoad, Charge, choose_backend
+from policies.admission import AdmissionConfig, BackendLoad
 from policies.base import GATEWAY, Policy
 from policies.queue import PolicyQueue
+from policies.rank_threshold import ForeignHead, threshold_mask
 from sim.des import SimResult, SimSetup, Simulation
 from sim.engine import Engine, EngineRequest
 from sim.gateway_level import EngineBacklog, QueueLimits, Refuse, SimGateway
@@ -81,15 +82,6 @@ class ReplicaSetup:
             raise ValueError("split 'prompt' needs replicas - 1 prompt_edges")
         if self.rtt_s < 0 or self.publish_s <= 0:
             raise ValueError("rtt_s must be >= 0 and publish_s > 0")
-
-
-@dataclass(frozen=True, slots=True)
-class Head:
-    """A replica's published queue head."""
-
-    key: Any
-    charge: Charge
-    prompt_tokens: int
 
 
 @dataclass
@@ -134,27 +126,15 @@ class ReplicaGateway(SimGateway):
         super().__init__(policy, admission, [ld.capacity_tokens for ld in fleet.loads], **kw)
         self.loads = fleet.loads
         self.fleet = fleet
-        self.view: list[Head] = []
+        self.view: list[ForeignHead] = []
 
     def allowed(self, req: EngineRequest) -> Sequence[bool] | None:
         if not self.view:
             return None
-        key = req.key_cache
-        better = [h for h in self.view if h.key < key]
-        if not better:
-            return None
-        head = min(better, key=lambda h: h.key)
-        charge, loads, cfg = self.charge(req), self.loads, self.admission
-        mask = []
-        for load in loads:  # would the better head still fit somewhere with req charged here?
-            load.charge(charge)
-            load.waiting += 1
-            load.waiting_tokens += req.prompt_tokens
-            mask.append(choose_backend(head.charge, loads, cfg, head.prompt_tokens) is not None)
-            load.waiting -= 1
-            load.waiting_tokens -= req.prompt_tokens
-            load.release(charge)
-        if not any(mask):
+        mask = threshold_mask(
+            req.key_cache, self.charge(req), req.prompt_tokens, self.loads, self.admission, self.view
+        )
+        if mask is not None and not any(mask):
             self.fleet.stats.holds += 1
         return mask
 
@@ -212,7 +192,7 @@ class ReplicaFleet:
         self.pass_order = list(range(queues))
         n, p = len(self.gateways), setup.publish_s
         self.next_sync = [r * p / n for r in range(n)]
-        self.board: list[Head | None] = [None] * n
+        self.board: list[ForeignHead | None] = [None] * n
         self.call = [(-1.0, -1.0)] * n  # each replica's ledger call: (start, end)
         self.decided_at, self.in_pass = -1.0, 0  # global: decisions so far in the pass at ``decided_at``
         self.woken: set[int] = set()
@@ -285,7 +265,9 @@ class ReplicaFleet:
             if not threshold:
                 continue
             head = g.queue.peek(now)
-            self.board[r] = None if head is None else Head(head.key_cache, g.charge(head), head.prompt_tokens)
+            self.board[r] = (
+                None if head is None else ForeignHead(head.key_cache, g.charge(head), head.prompt_tokens)
+            )
             g.view = [h for q, h in enumerate(self.board) if q != r and h is not None]
 
     def _sender(self, r: int) -> Any:
