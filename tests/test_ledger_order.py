@@ -1,11 +1,14 @@
 """One order across replicas (``ledger.order: threshold``, real Redis): a short request queued on
 replica A is not held behind a long one replica B would dispatch into the same scarce room; with
-``order: none`` B takes the room first. Plus the threshold mask itself."""
+``order: none`` B takes the room first. In process (two dispatchers) and as real gateway processes
+over loopback. Plus the threshold mask itself."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import httpx
 import pytest
@@ -19,6 +22,8 @@ from gateway.settings import GatewaySettings, LedgerSettings
 from policies.admission import AdmissionConfig, BackendLoad, Charge
 from policies.rank_threshold import ForeignHead, key_from_wire, threshold_mask, wire_key
 from policies.registry import parse_policy
+from tests.fault_support import backend_process, gateway_process
+from tests.gateway_support import chat_body, wait_until
 
 pytest.importorskip("redis")
 
@@ -98,3 +103,55 @@ def test_ledger_order_is_validated() -> None:
     with pytest.raises(ValidationError):
         LedgerSettings(order="global")  # type: ignore[arg-type]
     assert LedgerSettings().order == "none"
+
+
+ADMIN = {"authorization": "Bearer admin-secret"}
+
+
+def test_replica_processes_hold_a_later_request_for_an_earlier_one_elsewhere(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """Two gateway processes, ``fcfs``, one backend that holds one request at a time (capacity one
+    token: an idle backend admits anything, nothing fits beside it). B runs a request; A's request,
+    sent before B's second, must run before it, though B hears of the freed room first."""
+    backends = json.dumps([{"url": "", "capacity_tokens": 1}])
+
+    def ledger(url: str) -> dict[str, object]:
+        out: dict[str, object] = httpx.get(url + "/admin/ledger", headers=ADMIN, timeout=5).json()
+        return out
+
+    def queued(url: str) -> int:
+        return int(httpx.get(url + "/admin/queue", headers=ADMIN, timeout=5).json()["queued"])
+
+    with backend_process(tokens=20, delay_s=0.1) as (_, backend):  # 2 s a request
+        env = {
+            "BACKENDS": backends.replace('""', json.dumps(backend)),
+            "REDIS_URL": redis_url,
+            "LEDGER__ENABLED": "true",
+            "LEDGER__PREFIX": redis_prefix,
+            "LEDGER__SYNC_INTERVAL_S": "0.05",
+            "LEDGER__ORDER": "threshold",
+        }
+        with (
+            gateway_process([], **env) as (_, a),
+            gateway_process([], **env) as (_, b),
+            ThreadPoolExecutor(4) as pool,
+        ):
+
+            def post(url: str, text: str) -> Future[httpx.Response]:
+                body = chat_body(text)
+                return pool.submit(httpx.post, url + "/v1/chat/completions", json=body, timeout=60)
+
+            blocker = post(b, "blocker")
+            wait_until(lambda: ledger(b)["own_charges"] == 1, timeout=10, what="b runs its first request")
+            earlier = post(a, "earlier")
+            wait_until(lambda: queued(a) == 1, timeout=10, what="a's request waits: no room")
+            later = post(b, "later")
+            wait_until(lambda: queued(b) == 1, timeout=10, what="b's second request waits")
+            wait_until(lambda: ledger(b)["foreign_heads"] == 1, timeout=10, what="b has read a's head")
+            assert not blocker.done()
+            first, _ = wait([earlier, later], timeout=30, return_when=FIRST_COMPLETED)
+            assert first == {earlier}  # a's request ran first; b held its own (order: none: b's first)
+            assert later.result(timeout=30).status_code == 200  # then b's: held, not starved
+            assert blocker.result(timeout=5).status_code == 200
+            assert earlier.result().status_code == 200
