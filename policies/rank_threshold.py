@@ -56,22 +56,29 @@ def threshold_mask(
 ) -> Sequence[bool] | None:
     """``allowed`` narrowed to the backends where a request of ``key`` and ``charge`` leaves the best
     better-ranked foreign head a backend that admits it (``allowed`` itself when no head is better).
-    All False: hold it. Charges ``loads`` hypothetically and restores them."""
+    All False: hold it.
+
+    Admission is monotone (more load never admits more), so only one backend ever needs a
+    hypothetical charge: where the head fits nowhere now, hold everywhere; where it fits on two
+    backends or more, charging one leaves another. Charges ``loads`` hypothetically and restores them.
+    """
     head = better_head(key, heads)
     if head is None:
         return allowed
-    mask: list[bool] = []
-    for i, load in enumerate(loads):
-        if allowed is not None and not allowed[i]:
-            mask.append(False)
-            continue
+    fits = [choose_backend(head.charge, [load], cfg, head.prompt_tokens) is not None for load in loads]
+    where = [i for i, ok in enumerate(fits) if ok]
+    mask = [len(where) > 1 or (len(where) == 1 and where[0] != i) for i in range(len(loads))]
+    if len(where) == 1 and (allowed is None or allowed[where[0]]):
+        load = loads[where[0]]  # its only room: does it survive this request there?
         load.charge(charge)
         load.waiting += 1
         load.waiting_tokens += prompt_tokens
-        mask.append(choose_backend(head.charge, loads, cfg, head.prompt_tokens) is not None)
+        mask[where[0]] = choose_backend(head.charge, [load], cfg, head.prompt_tokens) is not None
         load.waiting -= 1
         load.waiting_tokens -= prompt_tokens
         load.release(charge)
+    if allowed is not None:
+        mask = [m and ok for m, ok in zip(mask, allowed, strict=True)]
     return mask
 
 
