@@ -13,10 +13,11 @@ agree on an order is :attr:`ReplicaSetup.order`:
 * ``threshold`` — as ``none``, and every ``publish_s`` (the ledger sync it would ride on) a replica
   publishes its queue head (rank key and charge) and reads the others'. It holds a head ranked worse
   than a foreign published head when dispatching it would leave that head no backend that admits it
-  (capacity is scarce); with room for both, it goes. The published heads may be stale.
+  (capacity is scarce); with room for both, it goes (``policies.rank_threshold``, the live
+  dispatcher's own check). The published heads may be stale.
 * ``global`` — one queue over every replica's waiting work (a Redis sorted set ranked by the policy's
   key, popped by a check-and-charge script): one ranking, but a decision is a round trip, so the
-  ``j``-th dispatch of a pass reaches its backend ``(j + 1) · rtt_s`` later.
+  ``j``-th dispatch of a pass (from 1) reaches its backend ``j · rtt_s`` later.
 
 When a replica runs a pass is :attr:`ReplicaSetup.wake`: ``own`` (as live) at its own arrivals, at
 the steps where its own requests progressed or finished (it streams them), and at its ledger sync
