@@ -89,6 +89,7 @@ async def measure(url: str, charges: int, burst: int) -> dict[str, float]:
         out["own_charges"] = sum(len(own) for own in a._own)
         out["remote_charges"] = sum(len(r) for r in a._remote)
         out["view_us"], out["no_view_us"] = view_cost(a)
+        out["threshold_us"] = threshold_cost(a)
         return out
     finally:
         await a.stop()
@@ -115,6 +116,24 @@ def view_cost(led: SharedLedger, n: int = 2000) -> tuple[float, float]:
             choose_backend(probe, loads, cfg)
         out.append(1e6 * (time.perf_counter() - t0) / n)
     return out[0], out[1]
+
+
+def threshold_cost(led: SharedLedger, n: int = 2000) -> float:
+    """µs per ``ledger.order: threshold`` hold check on the merged view, worst case: a better foreign
+    head that fits on one backend only (one hypothetical charge there, a projected peak rebuilt)."""
+    from policies.rank_threshold import ForeignHead, threshold_mask
+
+    cfg = AdmissionConfig(unknown_output=256)
+    loads = led.loads
+    for load in loads:
+        load.capacity_tokens = int(load.charged_tokens + 700)
+    loads[-1].capacity_tokens = int(loads[-1].charged_tokens + 100)  # the head fits on backend 0 alone
+    head = ForeignHead((0.0,), Charge(300, None, cfg), 300)
+    mine = Charge(100, None, cfg)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        threshold_mask((1.0,), mine, 100, loads, cfg, [head])
+    return 1e6 * (time.perf_counter() - t0) / n
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ every setup, split round robin over the replicas; preemptions from the backends'
 throughput and latency from the client. Ratios are against the one gateway of the same run.
 
     python benchmarks/bench_replicas.py [--requests 240] [--replicas 2] [--blocks 1024] [--time-scale 4]
+        [--order-threshold] [--policy fcfs]
 
 Starts its own ``redis-server`` (none needs to be running). Figures are printed; nothing is asserted.
 """
@@ -58,6 +59,10 @@ def main() -> None:
     ap.add_argument("--overload", type=float, default=2.0)
     ap.add_argument("--blocks", type=int, default=1024, help="KV blocks (of 16) per backend")
     ap.add_argument("--time-scale", type=float, default=4.0)
+    ap.add_argument(
+        "--order-threshold", action="store_true", help="also the shared ledger with ledger.order: threshold"
+    )
+    ap.add_argument("--policy", default="fcfs")
     args = ap.parse_args()
     binary = redis_server_binary()
     if binary is None:
@@ -70,7 +75,7 @@ def main() -> None:
     work = workload(args.requests, rate, args.blocks)
     flags = ["--num-gpu-blocks-override", str(args.blocks)]
     base = {
-        "policy": "fcfs",
+        "policy": args.policy,
         "predictor": "global",
         "admission": {"pending_s": 0.03 / args.time_scale},
         "redis_url": redis.url,
@@ -81,18 +86,24 @@ def main() -> None:
         (f"{n} replicas, own ledgers", n, base),
         (f"{n} replicas, shared ledger", n, {**base, "ledger": {"enabled": True}}),
     ]
+    if args.order_threshold:
+        setups.append((f"{n} replicas, ledger, threshold", n, {**base, "ledger": {"order": "threshold"}}))
     print(
         f"## {len(work)} requests at {rate:.2f} req/s ({args.overload:g}x the saturated {cap:.2f}, engine time)"
     )
     print(f"   two simulated backends, {args.blocks} KV blocks of 16 each, time scale {args.time_scale:g}")
-    print(f"{'setup':>28} {'preemptions':>12} {'req/s':>7} {'mean TTLT':>10} {'p99 TTLT':>9} {'errors':>7}")
+    print(f"{'setup':>32} {'preemptions':>12} {'req/s':>7} {'mean TTLT':>10} {'p99 TTLT':>9} {'errors':>7}")
     rows: list[tuple[str, float, float]] = []
     try:
         for label, count, settings in setups:
             if "ledger" in settings:
                 settings = {
                     **settings,
-                    "ledger": {"enabled": True, "prefix": f"bench:{uuid.uuid4().hex[:6]}"},
+                    "ledger": {
+                        **settings["ledger"],
+                        "enabled": True,
+                        "prefix": f"bench:{uuid.uuid4().hex[:6]}",
+                    },
                 }
             with backend(args.time_scale, *flags) as b1, backend(args.time_scale, *flags) as b2:
                 with replicas([b1, b2], count, settings) as fronts:
@@ -101,7 +112,7 @@ def main() -> None:
             s = summarize(records)
             rows.append((label, float(pre) if pre != "?" else float("nan"), s["throughput_req_s"]))
             print(
-                f"{label:>28} {pre:>12} {s['throughput_req_s']:>7.2f} {s['ttlt_mean_s']:>10.2f} "
+                f"{label:>32} {pre:>12} {s['throughput_req_s']:>7.2f} {s['ttlt_mean_s']:>10.2f} "
                 f"{s['ttlt_p99_s']:>9.2f} {s['errors'] + s['rejected']:>7.0f}"
             )
     finally:
@@ -110,7 +121,7 @@ def main() -> None:
     print("\nagainst 1 gateway (same run):")
     for label, pre, tp in rows[1:]:
         ratio = f"{pre / pre1:.2f}x" if pre1 else f"{pre:.0f} vs 0"
-        print(f"{label:>28}: preemptions {ratio}, throughput {tp / tp1:.3f}x")
+        print(f"{label:>32}: preemptions {ratio}, throughput {tp / tp1:.3f}x")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,10 @@ queue (as a retry does). The pass itself never waits on Redis.
 Pausing (``policies.pause``, off by default: the ``pause`` setting) lets the pass pause a running
 request whose rank fell behind a head that fits nowhere; the pass decides, :meth:`Dispatcher.pause`
 acts (cancel upstream, release the charge, queue the continuation).
+=======
+queue (as a retry does). The pass itself never waits on Redis. With ``ledger.order: threshold`` a
+head ranked worse than another replica's published head is held while dispatching it would leave that
+head no room (``policies.rank_threshold``; this replica's own head is published with every sync).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from gateway.backends import BackendPool
-from gateway.ledger import SharedLedger
+from gateway.ledger import QueueHead, SharedLedger
 from gateway.metrics import GatewayMetrics
 from gateway.queue import BoundedQueue, DispatchRefused, GatewayRequest
 from policies.admission import AdmissionConfig, Charge
@@ -36,6 +40,7 @@ from policies.base import Capability, Policy
 from policies.dispatch_loop import Decision, DispatchLoop
 from policies.pause import PauseConfig
 from policies.prompt_share import charged_prompt
+from policies.rank_threshold import threshold_mask
 
 
 class QueueFull(Exception):
@@ -85,6 +90,10 @@ class Dispatcher:
         """The admission rule's dispatch pass (``policies.dispatch_loop``, the simulator's own)."""
         self.last_stop: Decision[GatewayRequest] | None = None
         """Why the last pass stopped with requests still queued (the dashboard says why the head waits)."""
+        self.held_for_others = 0
+        """Head decisions held for a better-ranked head on another replica (``ledger.order: threshold``)."""
+        if ledger is not None:
+            ledger.head_of = self.queue_head
 
     # --- entry points -------------------------------------------------------------------------
     def submit(self, req: GatewayRequest) -> asyncio.Future[int]:
@@ -147,6 +156,13 @@ class Dispatcher:
         TODO(lead): the live mechanism comes from branch ``pause-live``; until it is merged nothing
         is paused live (the simulator models pausing, ``sim.gateway_level``)."""
         return False
+
+    def queue_head(self) -> QueueHead | None:
+        """The best-ranked queued request, as the shared ledger publishes it."""
+        req = self.queue.peek(self.clock())
+        if req is None:
+            return None
+        return QueueHead(req.key_cache, self._charge(req), req.prompt_tokens)
 
     @property
     def decisions(self) -> int:
@@ -222,11 +238,22 @@ class _GatewayDriver:
         return self.d._charge(req)
 
     def allowed(self, req: GatewayRequest) -> Sequence[bool] | None:
-        """Which backends ``req`` may use (None: all): those it has not failed on that serve its model."""
-        backends = self.d.pool.backends
-        if not req.excluded and all(b.serves(req.model) for b in backends):
-            return None
-        return [i not in req.excluded and b.serves(req.model) for i, b in enumerate(backends)]
+        """Which backends ``req`` may use (None: all): those it has not failed on that serve its model,
+        and (shared rank threshold) that leave a better-ranked head of another replica room."""
+        d = self.d
+        backends = d.pool.backends
+        mask: Sequence[bool] | None = None
+        if req.excluded or not all(b.serves(req.model) for b in backends):
+            mask = [i not in req.excluded and b.serves(req.model) for i, b in enumerate(backends)]
+        led = d.ledger
+        if led is None or not led.heads:
+            return mask
+        held = threshold_mask(
+            req.key_cache, d._charge(req), req.prompt_tokens, self.loads, d.cfg, led.heads, mask
+        )
+        if held is not None and not any(held):
+            d.held_for_others += 1
+        return held
 
     def dispatched(self, req: GatewayRequest, backend: int, charge: Charge, now: float) -> None:
         """Chosen: sent at once, or (shared ledger) once Redis has charged it fleet-wide."""

@@ -15,9 +15,11 @@ Leases: every call renews this replica's lease (``lease_s``); the same call, eve
 with the next call (the one carrying the next commit, at the latest the next sync), so a replica's
 own freed room is in Redis before its next commit is checked. A replica that dies
 stops renewing; within ``lease_s`` its charges drop out of every check and, one sync later, out of
-every view. Redis unreachable (a call fails or takes longer than ``timeout_s``): the replica keeps a
-local ledger over ``local_share`` of each backend's capacity, accepts its queued commits itself, and
-retries every sync; when Redis answers it republishes all its charges and rejoins.
+every view. With ``order: threshold`` each sync also publishes this replica's queue head and reads
+the others' (:attr:`SharedLedger.heads`, for ``policies.rank_threshold``). Redis unreachable (a call
+fails or takes longer than ``timeout_s``): the replica keeps a local ledger over ``local_share`` of
+each backend's capacity, accepts its queued commits itself, and retries every sync; when Redis
+answers it republishes all its charges and rejoins.
 """
 
 from __future__ import annotations
@@ -38,11 +40,21 @@ from typing import Any
 from gateway.ledger_script import LEDGER_LUA
 from gateway.settings import LedgerSettings
 from policies.admission import AdmissionConfig, BackendLoad, Charge
+from policies.rank_threshold import ForeignHead, key_from_wire, wire_key
 
 log = logging.getLogger("sagegate.gateway")
 
 Verdict = Callable[[bool], None]
 """Called once with Redis's answer to a commit (True: charged; False: no room fleet-wide)."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueHead:
+    """This replica's queue head as it publishes it (``order: threshold``)."""
+
+    key: Any
+    charge: Charge
+    prompt_tokens: int
 
 
 class LedgerMode(StrEnum):
@@ -123,6 +135,11 @@ class SharedLedger:
         self._task: asyncio.Task[None] | None = None
         self._redis: Any = None
         self._script: Any = None
+        self.head_of: Callable[[], QueueHead | None] = lambda: None
+        """This replica's queue head now (the dispatcher sets it; published every sync)."""
+        self.heads: list[ForeignHead] = []
+        """The other replicas' published heads as of the last sync (``order: threshold``)."""
+        self.threshold = settings.order == "threshold"
 
     # --- life ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -151,7 +168,7 @@ class SharedLedger:
             return
         p = self.settings.prefix
         with contextlib.suppress(Exception):
-            keys = [f"{p}:c:{self.replica}:{b}" for b in self.backend_ids]
+            keys = [f"{p}:c:{self.replica}:{b}" for b in self.backend_ids] + [f"{p}:h:{self.replica}"]
             await self._redis.delete(*keys)
             await self._redis.zrem(f"{p}:members", self.replica)
         with contextlib.suppress(Exception):
@@ -218,6 +235,13 @@ class SharedLedger:
             "commit": [self._commit_args(c) for c in commits],
             "read": sync,
         }
+        if sync and self.threshold:
+            head = self.head_of()
+            payload["head"] = (
+                []
+                if head is None
+                else [wire_key(head.key), head.charge.held, head.charge.remaining, head.prompt_tokens]
+            )
         t0 = time.perf_counter()
         try:
             raw = await asyncio.wait_for(self._script(args=[json.dumps(payload)]), self.settings.timeout_s)
@@ -249,6 +273,11 @@ class SharedLedger:
             self._next_sync = now + self.settings.sync_interval_s
         if denied:  # the next call republishes our progress first, so Redis and our view agree
             self._next_sync = 0.0
+        if sync and self.threshold:
+            self.heads = [
+                ForeignHead(key_from_wire(k), RemoteCharge(int(h), int(r)), int(p))
+                for k, h, r, p in (answer.get("heads") or [])
+            ]
         if sync or denied:
             self._view(answer.get("others") or {})
 
@@ -289,6 +318,7 @@ class SharedLedger:
                 100 * self.settings.local_share,
             )
             self.mode = LedgerMode.LOCAL
+            self.heads = []
             self._view({})
         for c in commits:
             self._own[c.backend][c.charge] = None
@@ -301,6 +331,8 @@ class SharedLedger:
         return {
             "replica": self.replica,
             "mode": str(self.mode),
+            "order": self.settings.order,
+            "foreign_heads": len(self.heads),
             "local_share": self.settings.local_share,
             "own_charges": sum(len(own) for own in self._own),
             "pending_commits": len(self._commits),

@@ -17,10 +17,15 @@ backend admits anything; rule ``sum`` admits while the footprints stay within ``
 first, the peak is ``max_k S_k + k·r_k``) stays within it. The keys are computed in the script, so
 it suits one Redis server (or a cluster with every ledger key in one slot), not a sharded cluster.
 
+* ``{prefix}:h:{replica}`` — that replica's published queue head (``ledger.order: threshold``), JSON
+  ``[key, held, remaining, prompt]``, with the lease as its TTL.
+
 ARGV[1] is JSON: ``{"replica", "lease_ms", "prefix", "backends": [names], "publish": {backend:
-packed}, "commit": [[backend, held, remaining, limit, rule]], "read": bool}``. Returns JSON:
-``{"ok": [1 | 0 per commit], "others": {backend: packed}}``; ``others`` (every other live replica's
-charges, concatenated) is filled when ``read`` or when a commit was denied.
+packed}, "commit": [[backend, held, remaining, limit, rule]], "read": bool, "head": [...] | []
+(optional: publish this head, or none)}``. Returns JSON: ``{"ok": [1 | 0 per commit], "others":
+{backend: packed}, "heads": [every other live replica's head]}``; ``others`` (every other live
+replica's charges, concatenated) is filled when ``read`` or when a commit was denied, ``heads`` when
+``read`` and a head was given.
 """
 
 from __future__ import annotations
@@ -98,6 +103,24 @@ for _, backend in ipairs(a.backends) do
   redis.call('PEXPIRE', key(a.replica, backend), a.lease_ms)
 end
 
+local heads = {}
+if a.head ~= nil then
+  local hk = a.prefix .. ':h:' .. a.replica
+  if #a.head == 0 then
+    redis.call('DEL', hk)
+  else
+    redis.call('SET', hk, cjson.encode(a.head), 'PX', a.lease_ms)
+  end
+  if a.read then
+    for _, m in ipairs(live) do
+      if m ~= a.replica then
+        local v = redis.call('GET', a.prefix .. ':h:' .. m)
+        if v then heads[#heads + 1] = cjson.decode(v) end
+      end
+    end
+  end
+end
+
 local others = {}
 if a.read or denied then
   for _, backend in ipairs(a.backends) do
@@ -105,5 +128,5 @@ if a.read or denied then
     if packed ~= '' then others[backend] = packed end
   end
 end
-return cjson.encode({ok = ok, others = others})
+return cjson.encode({ok = ok, others = others, heads = heads})
 """

@@ -8,7 +8,7 @@ are JSON there: ``SAGEGATE_BACKENDS='["http://a:8000","http://b:8000"]'``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import (
@@ -136,6 +136,10 @@ class LedgerSettings(BaseModel):
     """A Redis call slower than this counts as Redis down (local ledgers until it answers again)."""
     prefix: str = "sagegate:ledger"
     """Key prefix in Redis: replicas in front of one fleet share it."""
+    order: Literal["none", "threshold"] = "none"
+    """``threshold``: each sync also publishes this replica's queue head and reads the others'; a
+    head ranked worse than another replica's is held while dispatching it would leave that better
+    head no room (``policies.rank_threshold``). ``none``: each replica orders only its own queue."""
 
     @model_validator(mode="after")
     def _sync_within_lease(self) -> LedgerSettings:
