@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (set PYTHON=...)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[embed,tokenize,dev]'
+	$(BIN)/pip install --quiet -e '.[embed,onnx,tokenize,dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)

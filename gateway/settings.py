@@ -8,7 +8,7 @@ are JSON there: ``SAGEGATE_BACKENDS='["http://a:8000","http://b:8000"]'``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import (
@@ -217,6 +217,9 @@ _OPTIONS_OF: dict[str, frozenset[str]] = {
             "embed_threads",
             "embed_window",
             "embed_quantize",
+            "embed_runtime",
+            "onnx_file",
+            "onnx_missing",
             "default_model",
             "batch_window_s",
             "max_batch",
@@ -246,6 +249,16 @@ class PredictorSettings(BaseModel):
     false`` is the first, slower configuration."""
     embed_quantize: bool = DEFAULT_QUANTIZE
     """int8 linear layers (the fast default)."""
+    embed_runtime: Literal["onnx", "torch"] = "onnx"
+    """``onnx``: ONNX Runtime and a file exported from the shipped model, no torch in the gateway
+    (~4x less memory, start-up in about a second); ``torch``: the model through torch. The int8 files
+    give different vectors (their own history); the float32 ones the same."""
+    onnx_file: str | None = None
+    """The ONNX model (unset: ``$SAGEGATE_CACHE/onnx/``, where ``sagegate predictor export-onnx``
+    writes)."""
+    onnx_missing: Literal["export", "torch", "error"] = "export"
+    """When the ONNX file is missing: ``export`` it once at start-up (a child process loads torch,
+    ~20 s), fall back to ``torch``, or refuse to start (``error``)."""
     default_model: str = _SEMANTIC.default_model
     """The history a request that names no model joins."""
     batch_window_s: float = Field(default=_SEMANTIC.batch_window_s, ge=0.0)
@@ -284,7 +297,14 @@ class PredictorSettings(BaseModel):
         self.check_for(predictor)
         if predictor == "semantic":
             return SemanticOptions(
-                embed=EmbedderOptions(self.embed_threads, self.embed_window, self.embed_quantize),
+                embed=EmbedderOptions(
+                    self.embed_threads,
+                    self.embed_window,
+                    self.embed_quantize,
+                    runtime=self.embed_runtime,
+                    onnx_path=self.onnx_file,
+                    onnx_missing=self.onnx_missing,
+                ),
                 default_model=self.default_model,
                 batch_window_s=self.batch_window_s,
                 max_batch=self.max_batch,
