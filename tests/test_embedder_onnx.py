@@ -137,3 +137,34 @@ def test_gateway_settings_choose_the_runtime(tmp_path: Path) -> None:
         with pytest.raises(ValidationError):
             PredictorSettings.model_validate(bad)
     assert default_onnx_path(True) != default_onnx_path(False)
+
+
+def test_static_table_embeds_the_widest_window_to_unit_vectors(tmp_path: Path) -> None:
+    """The comparison's static embedder on a made-up table: the head and tail of a long prompt decide
+    its vector, an empty prompt gives zeros, the rest unit length."""
+    from predictor.embedder_static import STATIC_DIM, StaticEmbedder
+
+    rng = np.random.default_rng(0)
+    table = tmp_path / "table.npy"
+    np.save(table, rng.normal(size=(30522, STATIC_DIM)).astype(np.float32))
+    emb = StaticEmbedder(table)
+    middle = "Summarise this. " + "filler words go here. " * 400 + "Answer in one word."
+    other = "Summarise this. " + "different words sit here. " * 400 + "Answer in one word."
+    vecs = emb.embed([middle, other, "   ", "cats"])
+    assert vecs.shape == (4, STATIC_DIM)
+    assert np.allclose(np.linalg.norm(vecs[[0, 1, 3]], axis=1), 1.0, atol=1e-5)
+    assert not vecs[2].any()
+    assert float(vecs[0] @ vecs[1]) < 0.999  # the window reaches past the shared head and tail
+
+
+def test_export_command_refuses_what_it_cannot_do(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from sagegate.cmd_predictor import predictor_app
+
+    bad = CliRunner().invoke(predictor_app, ["export-onnx", "--precision", "int4"])
+    assert bad.exit_code != 0 and "int8, fp32, both" in bad.output
+    both = CliRunner().invoke(
+        predictor_app, ["export-onnx", "--precision", "both", "--out", str(tmp_path / "m")]
+    )
+    assert both.exit_code != 0 and "one file" in both.output
