@@ -3,11 +3,12 @@
 #   docker build --build-arg EXTRAS=tokenize -t sagegate-slim .   # without torch (predictor: global)
 FROM python:3.11-slim
 
-ARG EXTRAS=tokenize,embed
+ARG EXTRAS=tokenize,embed,onnx
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    HF_HUB_OFFLINE=1
+    HF_HUB_OFFLINE=1 \
+    SAGEGATE_CACHE=/app/cache
 
 WORKDIR /app
 COPY pyproject.toml README.md ./
@@ -20,6 +21,8 @@ COPY sim ./sim
 COPY study ./study
 RUN pip install ".[${EXTRAS}]" uvloop httptools \
     && useradd --system --uid 10001 sagegate
+# The ONNX file the gateway's embedder loads, exported once here from the shipped model (offline).
+RUN if pip show onnxruntime >/dev/null 2>&1; then sagegate predictor export-onnx; fi
 USER sagegate
 
 EXPOSE 8080

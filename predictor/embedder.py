@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -241,21 +241,34 @@ class MiniLMEmbedder:
 
     def fit_text(self, text: str) -> str:
         """The part of ``text`` the model will see: all of it when it fits, else head and tail."""
-        if not text.strip():
-            return " "
-        w = self.window
         tok = self.tokenizer
-        head = text[: w.max_chars]
-        spans = tok(head, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-        if len(spans) <= w.max_tokens - 2 and len(text) <= w.max_chars:
-            return text
-        tail = text[-w.max_chars :]
-        tspans = tok(tail, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-        if not spans or not tspans:
-            return head
-        head_part = head[: spans[min(w.head, len(spans)) - 1][1]]
-        tail_part = tail[tspans[max(0, len(tspans) - w.tail)][0] :]
-        return f"{head_part} ... {tail_part}"
+
+        def spans(part: str) -> list[tuple[int, int]]:
+            return list(tok(part, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"])
+
+        return fit_window(text, self.window, spans)
+
+
+Spans = Callable[[str], Sequence[tuple[int, int]]]
+"""A text's word pieces as character spans (no special tokens, no truncation)."""
+
+
+def fit_window(text: str, w: Window, spans: Spans) -> str:
+    """``text`` when its pieces fit in ``w``, else its first ``w.head`` and last ``w.tail`` pieces
+    joined by " ... "; one function for every runtime, so each one reads the same words."""
+    if not text.strip():
+        return " "
+    head = text[: w.max_chars]
+    hspans = spans(head)
+    if len(hspans) <= w.max_tokens - 2 and len(text) <= w.max_chars:
+        return text
+    tail = text[-w.max_chars :]
+    tspans = spans(tail)
+    if not hspans or not tspans:
+        return head
+    head_part = head[: hspans[min(w.head, len(hspans)) - 1][1]]
+    tail_part = tail[tspans[max(0, len(tspans) - w.tail)][0] :]
+    return f"{head_part} ... {tail_part}"
 
 
 def _hidden(out: Any) -> Any:

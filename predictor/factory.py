@@ -50,15 +50,27 @@ class LengthBucketOptions:
     prior: LengthDistribution | None = None
 
 
+EMBED_RUNTIMES = ("onnx", "torch")
+ONNX_MISSING = ("export", "torch", "error")
+
+
 @dataclass(frozen=True, slots=True)
 class EmbedderOptions:
-    """The MiniLM embedder's torch threads, window (word pieces) and int8 layers; the defaults are the
-    fast configuration. ``window=256, quantize=False`` is the first, slower one (its own history: the
-    Redis stream is keyed by embedding version)."""
+    """The MiniLM embedder's threads, window (word pieces), int8 layers and runtime; the defaults are
+    the fast, light configuration. ``window=256, quantize=False`` is the first, slower one (its own
+    history: the Redis stream is keyed by embedding version).
+
+    ``runtime="onnx"`` loads onnxruntime and the ONNX file at ``onnx_path`` (unset: the cache, see
+    :func:`predictor.embedder_onnx.default_onnx_path`) and never imports torch. When the file is
+    missing, ``onnx_missing`` says what happens: ``export`` it once from the shipped package in a child
+    process, fall back to the ``torch`` runtime, or raise an ``error``."""
 
     threads: int = 1
     window: int = DEFAULT_WINDOW
     quantize: bool = DEFAULT_QUANTIZE
+    runtime: str = "onnx"
+    onnx_path: str | None = None
+    onnx_missing: str = "export"
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,15 +154,10 @@ def make_predictor(
 def semantic_core(options: SemanticOptions | None = None) -> SemanticPredictor:
     """The semantic predictor's core (what its async and simulator faces wrap); its history is in
     process, or in Redis under one stream per embedding version when ``redis_url`` is set."""
-    from predictor.embedder import MiniLMEmbedder
     from predictor.semantic import SemanticConfig, SemanticPredictor
 
     opts = options or SemanticOptions()
-    embedder = opts.embedder
-    if embedder is None:
-        embedder = MiniLMEmbedder(
-            threads=opts.embed.threads, window=opts.embed.window, quantize=opts.embed.quantize
-        )
+    embedder = opts.embedder if opts.embedder is not None else make_embedder(opts.embed)
     store = None
     if opts.redis_url:
         from predictor.embedder import EMBED_VERSION
@@ -168,4 +175,55 @@ def semantic_core(options: SemanticOptions | None = None) -> SemanticPredictor:
         default_model=opts.default_model,
         batch_window_s=opts.batch_window_s,
         max_batch=opts.max_batch,
+    )
+
+
+def make_embedder(opts: EmbedderOptions | None = None) -> TextEmbedder:
+    """The MiniLM embedder ``opts`` describe, on its runtime (see :class:`EmbedderOptions`); raises
+    ``OnnxModelMissing`` with what to do when the ONNX path cannot run and ``onnx_missing`` says
+    ``error`` (or the export fails)."""
+    import logging
+    from pathlib import Path
+
+    from predictor.embedder import MiniLMEmbedder
+    from predictor.embedder_onnx import (
+        OnnxMiniLMEmbedder,
+        OnnxModelMissing,
+        default_onnx_path,
+        onnx_runtime_missing,
+    )
+
+    o = opts or EmbedderOptions()
+    if o.runtime not in EMBED_RUNTIMES:
+        raise ValueError(f"embedder runtime must be one of {', '.join(EMBED_RUNTIMES)}, not {o.runtime!r}")
+    if o.onnx_missing not in ONNX_MISSING:
+        raise ValueError(f"onnx_missing must be one of {', '.join(ONNX_MISSING)}, not {o.onnx_missing!r}")
+
+    def torch_embedder() -> TextEmbedder:
+        return MiniLMEmbedder(threads=o.threads, window=o.window, quantize=o.quantize)
+
+    if o.runtime == "torch":
+        return torch_embedder()
+    path = Path(o.onnx_path) if o.onnx_path else default_onnx_path(o.quantize)
+    problem = onnx_runtime_missing()
+    if problem is None and not path.is_file():
+        problem = f"no ONNX model at {path}"
+        if o.onnx_missing == "export":
+            from predictor.onnx_export import ExportFailed, export_in_subprocess
+
+            logging.getLogger(__name__).warning("%s: exporting it once from the shipped package", problem)
+            try:
+                export_in_subprocess(path, quantize=o.quantize)
+                problem = None
+            except ExportFailed as exc:
+                problem = f"{problem}, and {exc}"
+    if problem is None:
+        return OnnxMiniLMEmbedder(path, threads=o.threads, quantize=o.quantize, window=o.window)
+    if o.onnx_missing == "torch":
+        logging.getLogger(__name__).warning("%s: the embedder falls back to torch", problem)
+        return torch_embedder()
+    raise OnnxModelMissing(
+        f"{problem}; run `sagegate predictor export-onnx`"
+        + ("" if o.quantize else " --precision fp32")
+        + " (needs the embed extra), or set predictor_options.embed_runtime: torch"
     )

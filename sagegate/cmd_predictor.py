@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from predictor.embedder import TextEmbedder
 
 predictor_app = typer.Typer(no_args_is_help=True, add_completion=False)
 
@@ -53,13 +56,21 @@ def eval_cmd(
     probe_weight: Annotated[
         float | None, typer.Option("--probe-weight", help="Pull toward the linear probe (0: pure kNN).")
     ] = None,
+    runtime: Annotated[
+        str,
+        typer.Option(
+            "--runtime",
+            help="onnx or torch (MiniLM, the gateway's embed_runtime), or static (a table distilled "
+            "from MiniLM's own outputs, made on first use).",
+        ),
+    ] = "onnx",
 ) -> None:
     """Online time-ordered replay: predict each request from those before it, then add it."""
     import json
     from dataclasses import replace
 
     from loadgen.data import SHAREGPT, find_data
-    from predictor.embedder import DEFAULT_QUANTIZE, DEFAULT_WINDOW, WINDOWS, MiniLMEmbedder
+    from predictor.embedder import DEFAULT_QUANTIZE, DEFAULT_WINDOW, WINDOWS
     from predictor.evaluate import default_history, evaluate, format_report, load_items
     from predictor.semantic import SemanticConfig
 
@@ -92,13 +103,64 @@ def eval_cmd(
         config = replace(config, prior_weight=prior_weight)
     if probe_weight is not None:
         config = replace(config, probe_weight=probe_weight)
-    embedder = MiniLMEmbedder(
+    if runtime not in ("onnx", "torch", "static"):
+        raise typer.BadParameter("choose onnx, torch or static", param_hint="--runtime")
+    embedder = eval_embedder(
+        runtime,
         quantize=DEFAULT_QUANTIZE if quantize is None else quantize,
         window=DEFAULT_WINDOW if window is None else window,
     )
     report = evaluate(items, history, embedder, config, use_cache=not no_cache)
-    report["embed_version"] = embedder.version
+    report["embed_version"] = getattr(embedder, "version", "?")
     if as_json:
         typer.echo(json.dumps(report))
     else:
         typer.echo(format_report(report))
+
+
+def eval_embedder(runtime: str, quantize: bool, window: int) -> TextEmbedder:
+    """The embedder ``predictor eval --runtime`` names; the static table is distilled on first use
+    (from the float32 ONNX file, exported first when missing)."""
+    from predictor.factory import EmbedderOptions, make_embedder
+
+    if runtime != "static":
+        return make_embedder(EmbedderOptions(window=window, quantize=quantize, runtime=runtime))
+    from predictor.embedder_onnx import default_onnx_path
+    from predictor.embedder_static import StaticEmbedder, default_table_path, distill
+
+    table = default_table_path()
+    if not table.is_file():
+        make_embedder(EmbedderOptions(quantize=False, runtime="onnx"))  # exports it if missing
+        typer.echo(f"distilling the static table into {table}", err=True)
+        distill(default_onnx_path(False), table)
+    return StaticEmbedder(table)
+
+
+@predictor_app.command("export-onnx")
+def export_onnx_cmd(
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="Where to write (default: the cache the gateway reads, $SAGEGATE_CACHE/onnx)."
+        ),
+    ] = None,
+    precision: Annotated[
+        str, typer.Option("--precision", help="int8 (the gateway's default), fp32, or both.")
+    ] = "int8",
+) -> None:
+    """Export the shipped all-MiniLM-L6-v2 to ONNX (offline; needs torch once, here, not in the gateway)."""
+    from predictor.embedder_onnx import default_onnx_path
+    from predictor.onnx_export import ExportFailed, export
+
+    choices = {"int8": (True,), "fp32": (False,), "both": (True, False)}
+    if precision not in choices:
+        raise typer.BadParameter(f"choose one of {', '.join(choices)}", param_hint="--precision")
+    if out is not None and precision == "both":
+        raise typer.BadParameter("--out names one file: pick int8 or fp32", param_hint="--precision")
+    for quantize in choices[precision]:
+        target = out if out is not None else default_onnx_path(quantize)
+        try:
+            typer.echo(export(target, quantize=quantize))
+        except ExportFailed as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from exc

@@ -85,8 +85,10 @@ def test_fast_default_stays_close_to_the_first_configuration() -> None:
 
 
 def test_gateway_options_choose_the_embedder() -> None:
-    fast = build_predictor("semantic")
-    options = PredictorSettings.model_validate({"embed_window": "256", "embed_quantize": "false"})
+    fast = build_predictor("semantic", options=PredictorSettings(embed_runtime="torch"))
+    options = PredictorSettings.model_validate(
+        {"embed_window": "256", "embed_quantize": "false", "embed_runtime": "torch"}
+    )
     first = build_predictor("semantic", options=options)
     assert isinstance(fast, SemanticAdapter) and isinstance(first, SemanticAdapter)
     try:

@@ -102,7 +102,19 @@ class _Refuse:
 
 def test_cli_prints_one_json_object(clustered: Path) -> None:
     result = CliRunner().invoke(
-        predictor_app, ["eval", "--data", str(clustered), "--history", "40", "--limit", "80", "--json"]
+        predictor_app,
+        [
+            "eval",
+            "--data",
+            str(clustered),
+            "--history",
+            "40",
+            "--limit",
+            "80",
+            "--json",
+            "--runtime",
+            "torch",
+        ],
     )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
@@ -114,11 +126,15 @@ def test_cli_prints_one_json_object(clustered: Path) -> None:
     assert bad.exit_code != 0
     odd = CliRunner().invoke(predictor_app, ["eval", "--data", str(clustered), "--window", "100"])
     assert odd.exit_code != 0
+    alien = CliRunner().invoke(predictor_app, ["eval", "--data", str(clustered), "--runtime", "tf"])
+    assert alien.exit_code != 0 and "onnx, torch or static" in alien.output
 
 
 def test_cli_history_defaults_to_what_fits_the_data(clustered: Path) -> None:
     """96 items: the default warms on 86 (90%) and scores 10, and says so (not '6000 leaves nothing')."""
-    result = CliRunner().invoke(predictor_app, ["eval", "--data", str(clustered), "--json"])
+    result = CliRunner().invoke(
+        predictor_app, ["eval", "--data", str(clustered), "--json", "--runtime", "torch"]
+    )
     assert result.exit_code == 0, result.output
     assert "history: the first 86 of 96 items" in result.stderr
     report = json.loads(result.stdout)
