@@ -27,7 +27,7 @@ from gateway.admin import MAX_LIMIT, queue_snapshot
 from gateway.backends import BackendPool
 from gateway.dashboard import FEED_TTL_S, FeedCache, Sampler, build_feed, dashboard_router
 from gateway.director import Director
-from gateway.dispatcher import Dispatcher
+from gateway.dispatcher import Dispatcher, PauseVerdict
 from gateway.errors import GatewayError
 from gateway.intake import Intake
 from gateway.ledger import SharedLedger
@@ -93,6 +93,7 @@ class Gateway:
             clock=self.clock,
             ledger=self.ledger,
         )
+        self.dispatcher.pause_enabled = settings.pause.enabled
         self.recorder = Recorder(self.predictor)
         self.proxy = Proxy(settings, self.dispatcher, self.pool, self.client, self.metrics, self.recorder)
         self.director = Director(
@@ -233,6 +234,32 @@ def create_app(
                 403, "admin key required", type="authentication_error", reason=Reason.FORBIDDEN
             )
         return JSONResponse(gw.ledger.snapshot() if gw.ledger is not None else {"mode": "off"})
+
+    @app.post("/admin/requests/{rid}/pause")
+    async def admin_pause(request: Request, rid: str) -> Response:
+        """Pause a running request now (``pause.enabled``): it resumes on its own when dispatched."""
+        if not is_admin(request.headers, settings.admin_key):
+            raise GatewayError(
+                403, "admin key required", type="authentication_error", reason=Reason.FORBIDDEN
+            )
+        verdict = gw.dispatcher.try_pause(rid)
+        if verdict is PauseVerdict.PAUSED:
+            return JSONResponse({"id": rid, "paused": True})
+        if verdict is PauseVerdict.DISABLED:
+            raise GatewayError(409, "pausing is off (pause.enabled: false)", reason=Reason.PAUSE_DISABLED)
+        if verdict is PauseVerdict.UNKNOWN and not any(
+            str(lc.req.rid) == rid for lc in gw.director.ledger.values()
+        ):
+            raise GatewayError(
+                404,
+                f"no request {rid!r} is running",
+                type="not_found_error",
+                reason=Reason.NOT_FOUND,
+                param="rid",
+            )
+        raise GatewayError(
+            409, f"request {rid!r} cannot be paused now ({verdict})", reason=Reason.NOT_PAUSABLE
+        )
 
     app.include_router(dashboard_router(gw.feed, lambda: settings.admin_key))
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

@@ -22,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from enum import StrEnum
+from typing import Protocol
 
 from gateway.backends import BackendPool
 from gateway.ledger import SharedLedger
@@ -31,6 +33,24 @@ from policies.admission import AdmissionConfig, Charge
 from policies.base import Capability, Policy
 from policies.dispatch_loop import Decision, DispatchLoop
 from policies.prompt_share import charged_prompt
+
+
+class PauseVerdict(StrEnum):
+    PAUSED = "paused"
+    DISABLED = "disabled"
+    """``pause.enabled`` is off."""
+    UNKNOWN = "unknown"
+    """No request of that id is being streamed (never was, finished, or not dispatched yet)."""
+    NOT_PAUSABLE = "not_pausable"
+    """Paused already, finishing, or cannot be continued (``n`` > 1, …)."""
+    LIMIT = "limit"
+    """It has been paused ``pause.max_pauses`` times."""
+
+
+class Pausable(Protocol):
+    """A running request the gateway can pause (``gateway.resume.Resumer``)."""
+
+    def pause(self) -> PauseVerdict: ...
 
 
 class QueueFull(Exception):
@@ -70,6 +90,10 @@ class Dispatcher:
             policy, admission, queue, _GatewayDriver(self), capacity_requests=self.capacity_requests
         )
         """The admission rule's dispatch pass (``policies.dispatch_loop``, the simulator's own)."""
+        self.pause_enabled = False
+        """``pause.enabled``: :meth:`pause` may act."""
+        self.pausable: dict[str, Pausable] = {}
+        """Requests being streamed from a backend, by ``str(rid)``: what :meth:`pause` can pause."""
         self.last_stop: Decision[GatewayRequest] | None = None
         """Why the last pass stopped with requests still queued (the dashboard says why the head waits)."""
 
@@ -107,6 +131,23 @@ class Dispatcher:
         self.policy.on_finish(req, self.clock())
         return True
 
+    # --- pause (``gateway.resume``) ------------------------------------------------------------
+    def pause(self, rid: object) -> bool:
+        """Pause the running, streamed request ``rid``: its upstream stream is cancelled (the backend
+        frees its KV), its charge released, and it waits in this queue as a continuation of what it
+        has sent, to resume on any backend. False if it is not running, not pausable (not streamed
+        yet, finishing, at ``pause.max_pauses``) or pausing is off."""
+        return self.try_pause(rid) is PauseVerdict.PAUSED
+
+    def try_pause(self, rid: object) -> PauseVerdict:
+        """:meth:`pause`, saying why not."""
+        if not self.pause_enabled:
+            return PauseVerdict.DISABLED
+        target = self.pausable.get(str(rid))
+        if target is None:
+            return PauseVerdict.UNKNOWN
+        return target.pause()
+
     def kick(self) -> None:
         """Run a dispatch pass soon (once per loop iteration however many events asked)."""
         if not self._scheduled:
@@ -138,6 +179,8 @@ class Dispatcher:
         if charge is None or req.charged_prompt != prompt:
             charge = req.charge = Charge(prompt, req.prediction, self.cfg)
             req.charged_prompt = prompt
+            if req.generated:  # a continuation: it holds prompt + generated, conditioned on having gone on
+                charge.update(req.generated)
         return charge
 
     # --- life of a dispatched request ---------------------------------------------------------
@@ -173,7 +216,7 @@ class Dispatcher:
         if idx is None:
             return
         b = self.pool.backends[idx]
-        b.left(req.rid, req.prompt_tokens, req.generated)
+        b.left(req.rid, req.upstream_prompt, req.generated - req.resumed_from)
         if req.charge is not None:
             b.load.release(req.charge)
             if self.ledger is not None:
@@ -233,7 +276,7 @@ class _GatewayDriver:
         d = self.d
         b = d.pool.backends[backend]
         req.backend = backend
-        b.sent(req.rid, req.prompt_tokens)
+        b.sent(req.rid, req.upstream_prompt)
         req.t_dispatch = now
         asyncio.get_running_loop().call_later(d.pending_s, d._expire, req, backend, req.attempt)
         if d.metrics is not None:

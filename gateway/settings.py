@@ -122,6 +122,16 @@ class LedgerSettings(BaseModel):
         return self
 
 
+class PauseSettings(BaseModel):
+    """Gateway-level pause with transparent resume (``gateway.resume``): a streamed request can be
+    taken off its backend (its KV freed) and later continued from its text on any backend, the client
+    seeing one unbroken answer. Off by default: a pause costs the resume's prefill."""
+
+    enabled: bool = False
+    max_pauses: int = Field(default=2, ge=1, le=16)
+    """At most this many pauses per request (no thrash); past it a request runs to its end."""
+
+
 class QueueSettings(BaseModel):
     """Bounds on the gateway's own queue."""
 
@@ -332,6 +342,7 @@ class GatewaySettings(BaseSettings):
     capacity_requests_per_backend: int = Field(default=256, ge=1)
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)
+    pause: PauseSettings = Field(default_factory=PauseSettings)
     """A shared admission ledger across replicas (needs ``redis_url``; see docs/gateway.md)."""
     queue: QueueSettings = Field(default_factory=QueueSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)

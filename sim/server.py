@@ -34,7 +34,6 @@ from sim.prefix import CHARS_PER_TOKEN
 from sim.server_api import (
     ApiError,
     ChatBody,
-    ChatMessage,
     CompletionBody,
     GenerationBody,
     ResponseShape,
@@ -42,6 +41,7 @@ from sim.server_api import (
     filler_word,
     sse_event,
     validation_error,
+    written_before,
 )
 from sim.server_metrics import Metrics
 from sim.server_runner import SCHEDULING_POLICIES, BackendSettings, EngineRunner, PriorityPolicy, Stream
@@ -64,6 +64,8 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions; used for chat too (
 class _Prompt:
     tokens: int
     key: str  # token ids packed CHARS_PER_TOKEN characters apiece: exact prefix-cache content keys
+    written: int = 0
+    """Tokens of the response the prompt already ends with (a continuation, see ``written_before``)."""
 
 
 def _pack(ids: list[int]) -> str:
@@ -103,9 +105,8 @@ class Backend:
             raise ApiError(f"invalid JSON body: {exc}") from exc
 
     def check_common(self, body: GenerationBody) -> int:
-        """Checks shared by both generation routes; returns the output length: the forced length
-        (``sim_output_tokens``) within ``max_tokens``, else ``max_tokens`` (no EOS in a simulated
-        model), else 16."""
+        """Checks shared by both generation routes; returns the cap on the output: ``max_tokens``,
+        else 16."""
         if body.model is not None and body.model != self.model_name:
             raise ApiError(f"The model `{body.model}` does not exist.", param="model")
         if body.n != 1:
@@ -119,10 +120,17 @@ class Backend:
         max_tokens = self.client_cap(body)
         if max_tokens is not None and max_tokens < 1:
             raise ApiError(f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
-        forced = body.sim_output_tokens
-        if forced is not None:  # the replay's true length, within the client's cap
-            return forced if max_tokens is None else min(forced, max_tokens)
         return DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+
+    @staticmethod
+    def output_length(body: GenerationBody, cap: int, written: int) -> int:
+        """What this request generates: the forced length (``sim_output_tokens``, the response's
+        whole length, of which a continuation's prompt already holds ``written``) within ``cap``, else
+        ``cap`` (no EOS in a simulated model). At least one token."""
+        forced = body.sim_output_tokens
+        if forced is None:
+            return cap
+        return max(1, min(forced - written, cap))
 
     @staticmethod
     def client_cap(body: GenerationBody) -> int | None:
@@ -146,13 +154,31 @@ class Backend:
                 raise ApiError(f"token id {bad} is out of vocabulary (< {self.vocab})", param="prompt")
         if not ids:
             raise ApiError("The prompt cannot be empty.", param="prompt")
-        return _Prompt(len(ids), _pack(ids))
+        return _Prompt(len(ids), _pack(ids), written_before(prompt) if isinstance(prompt, str) else 0)
 
-    def chat_prompt_of(self, messages: list[ChatMessage]) -> _Prompt:
+    def chat_prompt_of(self, body: ChatBody) -> _Prompt:
+        """The messages as one prompt; with ``continue_final_message`` (vLLM's rules: not with
+        ``add_generation_prompt``, the last message the assistant's) the response goes on from the
+        last message's text."""
+        messages = body.messages
         if not messages:
             raise ApiError("messages must not be empty", param="messages")
+        written = 0
+        if body.continue_final_message:
+            if body.add_generation_prompt:
+                raise ApiError(
+                    "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                    param="continue_final_message",
+                )
+            last = messages[-1]
+            if last.role != "assistant":
+                raise ApiError(
+                    "continue_final_message needs the last message to be the assistant's",
+                    param="continue_final_message",
+                )
+            written = written_before(last.content) if isinstance(last.content, str) else 0
         ids = encode(flatten_messages([m.model_dump() for m in messages]))
-        return _Prompt(max(1, len(ids)), _pack(ids or [0]))
+        return _Prompt(max(1, len(ids)), _pack(ids or [0]), written)
 
     def check_length(self, prompt: _Prompt, max_tokens: int) -> None:
         if prompt.tokens + max_tokens > self.max_model_len:
@@ -165,11 +191,12 @@ class Backend:
 
     # --- running ---------------------------------------------------------------------------------
     async def generate(
-        self, request: Request, body: GenerationBody, prompt: _Prompt, output_tokens: int, chat: bool
+        self, request: Request, body: GenerationBody, prompt: _Prompt, cap: int, chat: bool
     ) -> Any:
+        output_tokens = self.output_length(body, cap, prompt.written)
         self.check_length(prompt, max(output_tokens, self.client_cap(body) or 0))  # vLLM checks the cap
         stream = self.runner.submit(prompt.tokens, output_tokens, prompt.key, body.priority)
-        shape = ResponseShape(self.model_name, chat, prompt.tokens)
+        shape = ResponseShape(self.model_name, chat, prompt.tokens, prompt.written)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
             return StreamingResponse(self._sse(stream, shape, usage), media_type="text/event-stream")
@@ -206,7 +233,9 @@ class Backend:
                         sent += 1
                         last = sent >= stream.req.output_tokens
                         parts.append(
-                            sse_event(shape.chunk(filler_word(sent - 1), "length" if last else None))
+                            sse_event(
+                                shape.chunk(filler_word(shape.written + sent - 1), "length" if last else None)
+                            )
                         )
                 if parts:
                     yield b"".join(parts)
@@ -279,14 +308,14 @@ def create_app(settings: BackendSettings | None = None) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
         body: CompletionBody = parse(CompletionBody, await be.read_json(request))
-        output = be.check_common(body)
-        return await be.generate(request, body, be.prompt_of(body.prompt), output, chat=False)
+        cap = be.check_common(body)
+        return await be.generate(request, body, be.prompt_of(body.prompt), cap, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
         body: ChatBody = parse(ChatBody, await be.read_json(request))
-        output = be.check_common(body)
-        return await be.generate(request, body, be.chat_prompt_of(body.messages), output, chat=True)
+        cap = be.check_common(body)
+        return await be.generate(request, body, be.chat_prompt_of(body), cap, chat=True)
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Any:
