@@ -145,7 +145,8 @@ class Gateway:
         return self.started and not self.draining and self.pool.any_healthy()
 
     def queue_snapshot(self, limit: int) -> dict[str, Any]:
-        return queue_snapshot(self.policy.name, self.queue, self.pool, self.clock(), limit)
+        running = (p.request for p in self.dispatcher.pausable.values())
+        return queue_snapshot(self.policy.name, self.queue, self.pool, self.clock(), limit, running)
 
 
 def create_app(

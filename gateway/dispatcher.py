@@ -48,7 +48,11 @@ class PauseVerdict(StrEnum):
 
 
 class Pausable(Protocol):
-    """A running request the gateway can pause (``gateway.resume.Resumer``)."""
+    """A running request the gateway can pause (``gateway.resume.Resumer``): ``request`` is what the
+    policy reads (its backend, ``generated``, prediction, pauses so far)."""
+
+    @property
+    def request(self) -> GatewayRequest: ...
 
     def pause(self) -> PauseVerdict: ...
 

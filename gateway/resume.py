@@ -29,7 +29,7 @@ from gateway import errors
 from gateway.continuation import Transcript
 from gateway.dispatcher import PauseVerdict
 from gateway.lifecycle import RequestState
-from gateway.queue import DispatchRefused
+from gateway.queue import DispatchRefused, GatewayRequest
 from gateway.tokens import count_prompt
 
 if TYPE_CHECKING:
@@ -53,6 +53,10 @@ class Resumer:
         self.pausing = False
         """Between a pause and the resumed try's first chunk."""
         self.key = str(sse.req.rid)
+
+    @property
+    def request(self) -> GatewayRequest:
+        return self.sse.req
 
     def register(self) -> None:
         self.sse.proxy.dispatcher.pausable[self.key] = self

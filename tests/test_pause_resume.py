@@ -27,7 +27,7 @@ from sim.config import EngineConfig
 from sim.server import BackendSettings
 from sim.server import create_app as backend_app
 from sim.server_api import filler_word, written_before
-from tests.gateway_support import FakeBackend, ServerThread, idle, settings_for, wait_until
+from tests.gateway_support import FakeBackend, ServerThread, admin, idle, settings_for, wait_until
 
 ADMIN = {"authorization": "Bearer admin-secret"}
 PROMPT = "Tell me a story about a gateway."
@@ -77,10 +77,9 @@ def stack() -> Iterator[tuple[ServerThread, list[ServerThread]]]:
 
 
 def running_rid(gw: ServerThread) -> str:
-    """The id of the one request being streamed from a backend (read in-process)."""
-    pausable = gw.app.state.gateway.dispatcher.pausable
-    wait_until(lambda: len(pausable) == 1, what="a running request")
-    return str(next(iter(pausable)))
+    """The id of the one request being streamed from a backend (as ``/admin/queue`` lists it)."""
+    wait_until(lambda: len(admin(gw.url)["pausable"]) == 1, what="a running request")
+    return str(admin(gw.url)["pausable"][0]["id"])
 
 
 def stream_with_pauses(
