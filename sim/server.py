@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -32,6 +33,7 @@ from sim.hardware import get_gpu, get_model
 from sim.perf import PerfModel
 from sim.prefix import CHARS_PER_TOKEN
 from sim.server_api import (
+    FILLER,
     ApiError,
     ChatBody,
     CompletionBody,
@@ -73,6 +75,23 @@ def _pack(ids: list[int]) -> str:
     text-based prefix keys see token content block for block."""
     assert CHARS_PER_TOKEN == 4
     return struct.pack(f"<{len(ids)}I", *ids).decode("latin-1")
+
+
+@lru_cache(maxsize=1)
+def _filler_ids() -> tuple[int, ...] | None:
+    """Each filler word's one token id (None if the tokenizer splits one: no output content keys)."""
+    ids = [encode(filler_word(i)) for i in range(len(FILLER))]
+    return tuple(i[0] for i in ids) if all(len(i) == 1 for i in ids) else None
+
+
+def _output_ids(written: int, n: int) -> list[int] | None:
+    """The token ids of the output a request will write (the simulated model's text is known in
+    advance), as vLLM would key their blocks for its prefix cache."""
+    table = _filler_ids()
+    if table is None:
+        return None
+    k = len(table)
+    return [table[(written + i) % k] for i in range(n)]
 
 
 class Backend:
@@ -195,7 +214,11 @@ class Backend:
     ) -> Any:
         output_tokens = self.output_length(body, cap, prompt.written)
         self.check_length(prompt, max(output_tokens, self.client_cap(body) or 0))  # vLLM checks the cap
-        stream = self.runner.submit(prompt.tokens, output_tokens, prompt.key, body.priority)
+        key, content = prompt.key, None
+        ids = _output_ids(prompt.written, output_tokens)
+        if ids is not None:  # the output's blocks get content keys: a continuation finds them cached
+            key, content = key + _pack(ids), prompt.tokens + output_tokens
+        stream = self.runner.submit(prompt.tokens, output_tokens, key, body.priority, content)
         shape = ResponseShape(self.model_name, chat, prompt.tokens, prompt.written)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage

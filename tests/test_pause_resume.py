@@ -24,12 +24,17 @@ from gateway.app import create_app
 from gateway.continuation import Transcript, pausable
 from policies.admission import AdmissionConfig, Charge
 from sim.config import EngineConfig
+from sim.engine import Engine
+from sim.engine_request import EngineRequest
+from sim.hardware import get_gpu, get_model
+from sim.perf import PerfModel
 from sim.server import BackendSettings
 from sim.server import create_app as backend_app
 from sim.server_api import filler_word, written_before
 from tests.gateway_support import FakeBackend, ServerThread, admin, idle, settings_for, wait_until
 
 ADMIN = {"authorization": "Bearer admin-secret"}
+PERF = PerfModel(get_model("llama-3.1-8b"), get_gpu("h100"))
 PROMPT = "Tell me a story about a gateway."
 MESSAGES = [{"role": "user", "content": PROMPT}]
 
@@ -409,3 +414,25 @@ def test_the_simulated_backend_continues_its_own_text() -> None:
         out = r.json()
         assert out["choices"][0]["message"]["content"] == "".join(filler_word(i) for i in range(13, 15))
         assert out["usage"]["completion_tokens"] == 2
+
+
+def test_a_resumed_prompt_finds_the_paused_output_cached() -> None:
+    """As in vLLM, the full blocks a request's output filled stay cached when it is aborted (the
+    simulated backend keys them by the text it will write): the continuation prefills only the rest."""
+    engine = Engine(PERF, EngineConfig())
+    text = "".join(chr(65 + (i * 7) % 26) for i in range(128 * 4))  # 4 characters a token: 64 + 64
+    paused = EngineRequest(0, 0.0, 64, 64, prompt=text)
+    paused.keys = (None, text, 128)
+    engine.add(paused, 0.0)
+    now = 0.0
+    while paused.generated < 40:
+        step = engine.schedule(now, horizon=now + 0.005)  # a few decode steps at a time
+        now += step.duration
+        engine.complete(step, now)
+    engine.abort(paused, now)
+    held = 64 + paused.generated
+    resumed = EngineRequest(1, now, held, 128 - held, prompt=text)
+    resumed.keys = (None, text, 128)
+    engine.add(resumed, now)
+    engine.schedule(now)
+    assert resumed.cached_tokens == (held - 1) // 16 * 16 > 64  # past the prompt's own blocks
