@@ -292,6 +292,15 @@ class _GatewayDriver:
     def refused(self, req: GatewayRequest, reason: str) -> None:
         _resolve_error(req, reason)
 
+    def running(self) -> list[GatewayRequest]:
+        """The running requests a pause could take now (``pause.enabled``; ``gateway.resume``)."""
+        return [p.request for p in self.d.pausable.values()] if self.d.pause_enabled else []
+
+    def pause(self, req: GatewayRequest) -> bool:
+        """Pause a running request (see :meth:`Dispatcher.pause`): its charge is released at once and
+        it queues again as a continuation, so the pass may go on to admit the head in its room."""
+        return self.d.pause(req.rid)
+
 
 def _resolve_error(req: GatewayRequest, reason: str) -> None:
     fut = req.future

@@ -45,7 +45,7 @@ log = logging.getLogger("sagegate.gateway")
 class Resumer:
     """The pause and resume of one relayed stream (:class:`gateway.stream.SseResponse`)."""
 
-    __slots__ = ("key", "pausing", "sse", "transcript")
+    __slots__ = ("key", "offset", "pausing", "sse", "transcript")
 
     def __init__(self, sse: SseResponse, transcript: Transcript) -> None:
         self.sse = sse
@@ -53,6 +53,8 @@ class Resumer:
         self.pausing = False
         """Between a pause and the resumed try's first chunk."""
         self.key = str(sse.req.rid)
+        self.offset = 0
+        """Prompt tokens the current continuation holds beyond the client's prompt."""
 
     @property
     def request(self) -> GatewayRequest:
@@ -85,6 +87,7 @@ class Resumer:
         self.pausing = True
         self.unregister()
         reader.cancel()  # closes the upstream request: the backend frees the request's KV
+        self._requeue(None, "paused")  # now: the caller's dispatch pass sees the room it freed
         sse.reader = asyncio.get_running_loop().create_task(self._resume(reader))
         return PauseVerdict.PAUSED
 
@@ -108,26 +111,32 @@ class Resumer:
         self.unregister()
         failed = sse.req.backend
         sse.proxy.pool.request_failed(sse.backend, hard=False)
-        await self._continue(failed, "recovered")
+        self._requeue(failed, "recovered")
+        await self._continue()
 
     async def _resume(self, old: asyncio.Task[None]) -> None:
         await asyncio.wait((old,))  # its upstream response is closed when it ends (our own cancel raises)
-        if self.sse.lc.state is RequestState.STREAMING:
-            await self._continue(None, "paused")
+        await self._continue()
 
-    async def _continue(self, exclude: int | None, event: str) -> None:
-        """Back into the queue as the continuation of what the client has, then on from the resumed
-        try's first chunk (``exclude``: a backend not to go back to)."""
+    def _requeue(self, exclude: int | None, event: str) -> None:
+        """Release its reservation and queue it again as the continuation of what the client has
+        (``exclude``: a backend not to go back to). The reader must be stopped (or be the caller):
+        nothing more of the old try reaches the client."""
         sse = self.sse
         lc, req, t = sse.lc, sse.req, self.transcript
         t.read()  # what the client has been sent (an unfinished event is dropped: it comes again)
         req.body = t.continuation()
-        offset = self._prompt_offset()
+        self.offset = self._prompt_offset()
         lc.pause(t.tokens)
         if exclude is not None:
             req.excluded.add(exclude)  # before the dispatch pass, which runs at the next iteration
+        sse.proxy.metrics.pauses.labels(event).inc()
+
+    async def _continue(self) -> None:
+        """Wait for the continuation's dispatch, then relay on from the resumed try's first chunk."""
+        sse = self.sse
+        req, t = sse.req, self.transcript
         metrics = sse.proxy.metrics
-        metrics.pauses.labels(event).inc()
         opened = await self._reopen()
         if isinstance(opened, bytes):
             metrics.pauses.labels("failed").inc()
@@ -137,7 +146,7 @@ class Resumer:
         b, resp, chunks, first = opened
         sse.backend, sse.upstream, sse.chunks = b, resp, chunks
         sse.scanner = sse.proxy.scanner(req)
-        t.resumed(offset)
+        t.resumed(self.offset)
         self.pausing = False
         self.register()
         metrics.pauses.labels("resumed").inc()
