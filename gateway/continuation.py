@@ -19,6 +19,8 @@ from gateway.openai_schema import Route
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 """OpenAI's (and vLLM's) ``max_tokens`` of a completion that sends none: a continuation states it."""
+UNREAD_BYTES = 64 * 1024
+"""The first try's events are kept as sent (read only if it is paused) up to this much, then read."""
 _CAPS = ("max_tokens", "max_completion_tokens")
 _FINISHED = (b'"finish_reason":"', b'"finish_reason": "')
 
@@ -80,6 +82,12 @@ class Transcript:
         self.usage: dict[str, Any] | None = None
         """The final usage as the client sees it (the original prompt, every token)."""
         self._unread: list[bytes] = []
+        self._unread_bytes = 0
+
+    @property
+    def unread_bytes(self) -> int:
+        """Bytes of the first try's events kept unread (at most about :data:`UNREAD_BYTES`)."""
+        return self._unread_bytes
 
     # --- the stream -----------------------------------------------------------------------------
     def relay(self, data: bytes) -> bytes:
@@ -91,6 +99,9 @@ class Transcript:
             self.finished = True
         if self.leg == 0:
             self._unread.append(data)
+            self._unread_bytes += len(data)
+            if self._unread_bytes > UNREAD_BYTES:
+                self.read()  # a long stream: fold it into its text (SSE is ~10× the text)
             return data
         out: list[bytes] = []
         for event in _events(data):
@@ -110,6 +121,7 @@ class Transcript:
                 if isinstance(obj, dict) and "error" not in obj:
                     self._take(obj)
         self._unread.clear()
+        self._unread_bytes = 0
 
     def _take(self, obj: dict[str, Any]) -> bool:
         """Count a chunk's token and text; False for a chunk that carries neither (a chat role)."""

@@ -141,15 +141,16 @@ class Backend:
             raise ApiError(f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
         return DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
 
-    @staticmethod
-    def output_length(body: GenerationBody, cap: int, written: int) -> int:
+    def output_length(self, body: GenerationBody, cap: int, written: int) -> int:
         """What this request generates: the forced length (``sim_output_tokens``, the response's
-        whole length, of which a continuation's prompt already holds ``written``) within ``cap``, else
-        ``cap`` (no EOS in a simulated model). At least one token."""
+        whole length, of which a continuation's prompt already holds ``written``) within the client's
+        ``max_tokens``, else ``cap`` (no EOS in a simulated model). At least one token."""
         forced = body.sim_output_tokens
         if forced is None:
             return cap
-        return max(1, min(forced - written, cap))
+        client = self.client_cap(body)
+        rest = forced - written
+        return max(1, rest if client is None else min(rest, client))
 
     @staticmethod
     def client_cap(body: GenerationBody) -> int | None:

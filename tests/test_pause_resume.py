@@ -493,3 +493,17 @@ def test_random_pauses_under_concurrency_lose_nothing_and_release_everything() -
         assert len(results) == 12 - left and all(want == got for want, got in results), results
         assert pauses(gw.url, "resumed") >= 3 and pauses(gw.url, "failed") == 0
         wait_until(lambda: settled(gw), what="every reservation released")
+
+
+def test_a_long_first_try_is_folded_into_its_text_as_it_goes() -> None:
+    t = Transcript("completions", {"model": "m", "prompt": "p", "max_tokens": 5000})
+    event = _sse({"id": "x", "created": 1, "model": "m", "choices": [{"index": 0, "text": " w"}]})
+    for _ in range(3000):  # ~270 kB of events
+        t.relay(event)
+    assert t.unread_bytes <= 64 * 1024
+    t.read()
+    assert t.tokens == 3000 and t.continuation() == {
+        "model": "m",
+        "prompt": "p" + " w" * 3000,
+        "max_tokens": 2000,
+    }
