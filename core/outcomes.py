@@ -43,6 +43,10 @@ class Reason(StrEnum):
     REQUEST_TIMEOUT = "request_timeout"
     REQUEST_HEADER_TOO_LARGE = "request_header_too_large"
     HTTP_ERROR = "http_error"
+    # the operator's pause (``POST /admin/requests/{id}/pause``)
+    NOT_FOUND = "not_found"
+    PAUSE_DISABLED = "pause_disabled"
+    NOT_PAUSABLE = "not_pausable"
     # the gateway's own fault
     INTERNAL_ERROR = "internal_error"
 

@@ -5,6 +5,8 @@ The queue in rank order (each request's rank key, prediction and wait) and every
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable
 from typing import Any
 
 from gateway.backends import Backend, BackendPool
@@ -15,11 +17,22 @@ MAX_LIMIT = 10_000
 
 
 def queue_snapshot(
-    policy_name: str, queue: BoundedQueue, pool: BackendPool, now: float, limit: int
+    policy_name: str,
+    queue: BoundedQueue,
+    pool: BackendPool,
+    now: float,
+    limit: int,
+    pausable: Iterable[GatewayRequest] = (),
 ) -> dict[str, Any]:
-    """The admin payload: the first ``limit`` queued requests (by rank) and the backends."""
+    """The admin payload: the first ``limit`` queued requests (by rank), the backends, and (with
+    ``pause.enabled``) the running requests that could be paused now."""
     requests = [_queued(rank, r, now) for rank, r in enumerate(queue.ordered(now, limit))]
+    running = [
+        {"id": r.rid, "backend": r.backend, "generated": r.generated, "pauses": r.pauses}
+        for r in itertools.islice(pausable, limit)
+    ]
     return {
+        "pausable": running,
         "policy": policy_name,
         "queued": len(queue),
         "queued_tokens": queue.tokens,

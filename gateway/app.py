@@ -27,7 +27,7 @@ from gateway.admin import MAX_LIMIT, queue_snapshot
 from gateway.backends import BackendPool
 from gateway.dashboard import FEED_TTL_S, FeedCache, Sampler, build_feed, dashboard_router
 from gateway.director import Director
-from gateway.dispatcher import Dispatcher
+from gateway.dispatcher import Dispatcher, PauseVerdict
 from gateway.errors import GatewayError
 from gateway.intake import Intake
 from gateway.ledger import SharedLedger
@@ -94,6 +94,7 @@ class Gateway:
             ledger=self.ledger,
             pause=settings.pause.config(),
         )
+        self.dispatcher.pause_enabled = settings.pause.enabled
         self.recorder = Recorder(self.predictor)
         self.proxy = Proxy(settings, self.dispatcher, self.pool, self.client, self.metrics, self.recorder)
         self.director = Director(
@@ -145,7 +146,8 @@ class Gateway:
         return self.started and not self.draining and self.pool.any_healthy()
 
     def queue_snapshot(self, limit: int) -> dict[str, Any]:
-        return queue_snapshot(self.policy.name, self.queue, self.pool, self.clock(), limit)
+        running = (p.request for p in self.dispatcher.pausable.values())
+        return queue_snapshot(self.policy.name, self.queue, self.pool, self.clock(), limit, running)
 
 
 def create_app(
@@ -234,6 +236,32 @@ def create_app(
                 403, "admin key required", type="authentication_error", reason=Reason.FORBIDDEN
             )
         return JSONResponse(gw.ledger.snapshot() if gw.ledger is not None else {"mode": "off"})
+
+    @app.post("/admin/requests/{rid}/pause")
+    async def admin_pause(request: Request, rid: str) -> Response:
+        """Pause a running request now (``pause.enabled``): it resumes on its own when dispatched."""
+        if not is_admin(request.headers, settings.admin_key):
+            raise GatewayError(
+                403, "admin key required", type="authentication_error", reason=Reason.FORBIDDEN
+            )
+        verdict = gw.dispatcher.try_pause(rid)
+        if verdict is PauseVerdict.PAUSED:
+            return JSONResponse({"id": rid, "paused": True})
+        if verdict is PauseVerdict.DISABLED:
+            raise GatewayError(409, "pausing is off (pause.enabled: false)", reason=Reason.PAUSE_DISABLED)
+        if verdict is PauseVerdict.UNKNOWN and not any(
+            str(lc.req.rid) == rid for lc in gw.director.ledger.values()
+        ):
+            raise GatewayError(
+                404,
+                f"no request {rid!r} is running",
+                type="not_found_error",
+                reason=Reason.NOT_FOUND,
+                param="rid",
+            )
+        raise GatewayError(
+            409, f"request {rid!r} cannot be paused now ({verdict})", reason=Reason.NOT_PAUSABLE
+        )
 
     app.include_router(dashboard_router(gw.feed, lambda: settings.admin_key))
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

@@ -30,6 +30,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from enum import StrEnum
+from typing import Protocol
 
 from gateway.backends import BackendPool
 from gateway.ledger import QueueHead, SharedLedger
@@ -41,6 +43,28 @@ from policies.dispatch_loop import Decision, DispatchLoop
 from policies.pause import PauseConfig
 from policies.prompt_share import charged_prompt
 from policies.rank_threshold import threshold_mask
+
+
+class PauseVerdict(StrEnum):
+    PAUSED = "paused"
+    DISABLED = "disabled"
+    """``pause.enabled`` is off."""
+    UNKNOWN = "unknown"
+    """No request of that id is being streamed (never was, finished, or not dispatched yet)."""
+    NOT_PAUSABLE = "not_pausable"
+    """Paused already, finishing, or cannot be continued (``n`` > 1, …)."""
+    LIMIT = "limit"
+    """It has been paused ``pause.max_pauses`` times."""
+
+
+class Pausable(Protocol):
+    """A running request the gateway can pause (``gateway.resume.Resumer``): ``request`` is what the
+    policy reads (its backend, ``generated``, prediction, pauses so far)."""
+
+    @property
+    def request(self) -> GatewayRequest: ...
+
+    def pause(self) -> PauseVerdict: ...
 
 
 class QueueFull(Exception):
@@ -88,6 +112,10 @@ class Dispatcher:
             pause=pause,
         )
         """The admission rule's dispatch pass (``policies.dispatch_loop``, the simulator's own)."""
+        self.pause_enabled = False
+        """``pause.enabled``: :meth:`pause` may act."""
+        self.pausable: dict[str, Pausable] = {}
+        """Requests being streamed from a backend, by ``str(rid)``: what :meth:`pause` can pause."""
         self.last_stop: Decision[GatewayRequest] | None = None
         """Why the last pass stopped with requests still queued (the dashboard says why the head waits)."""
         self.held_for_others = 0
@@ -129,6 +157,23 @@ class Dispatcher:
         self.policy.on_finish(req, self.clock())
         return True
 
+    # --- pause (``gateway.resume``) ------------------------------------------------------------
+    def pause(self, rid: object) -> bool:
+        """Pause the running, streamed request ``rid``: its upstream stream is cancelled (the backend
+        frees its KV), its charge released, and it waits in this queue as a continuation of what it
+        has sent, to resume on any backend. False if it is not running, not pausable (not streamed
+        yet, finishing, at ``pause.max_pauses``) or pausing is off."""
+        return self.try_pause(rid) is PauseVerdict.PAUSED
+
+    def try_pause(self, rid: object) -> PauseVerdict:
+        """:meth:`pause`, saying why not."""
+        if not self.pause_enabled:
+            return PauseVerdict.DISABLED
+        target = self.pausable.get(str(rid))
+        if target is None:
+            return PauseVerdict.UNKNOWN
+        return target.pause()
+
     def kick(self) -> None:
         """Run a dispatch pass soon (once per loop iteration however many events asked)."""
         if not self._scheduled:
@@ -147,15 +192,6 @@ class Dispatcher:
         result = self.dispatch_loop.run(self.clock())
         self.last_stop = result.stop
         return result.dispatched
-
-    def pause(self, rid: object) -> bool:
-        """Pause running request ``rid``: cancel its upstream stream, release its charge
-        (``release(final=False)``), queue it again as a continuation that keeps ``generated`` (its
-        charge is then rebuilt at that progress, as ``_charge`` does). False: not paused.
-
-        TODO(lead): the live mechanism comes from branch ``pause-live``; until it is merged nothing
-        is paused live (the simulator models pausing, ``sim.gateway_level``)."""
-        return False
 
     def queue_head(self) -> QueueHead | None:
         """The best-ranked queued request, as the shared ledger publishes it."""
@@ -176,7 +212,7 @@ class Dispatcher:
         if charge is None or req.charged_prompt != prompt:
             charge = req.charge = Charge(prompt, req.prediction, self.cfg)
             req.charged_prompt = prompt
-            if req.generated:  # a paused continuation: charged at its progress
+            if req.generated:  # a continuation: it holds prompt + generated, conditioned on having gone on
                 charge.update(req.generated)
         return charge
 
@@ -214,7 +250,7 @@ class Dispatcher:
             return
         self.flying.pop(id(req), None)
         b = self.pool.backends[idx]
-        b.left(req.rid, req.prompt_tokens, req.generated)
+        b.left(req.rid, req.upstream_prompt, req.generated - req.resumed_from)
         if req.charge is not None:
             b.load.release(req.charge)
             if self.ledger is not None:
@@ -286,7 +322,7 @@ class _GatewayDriver:
         b = d.pool.backends[backend]
         req.backend = backend
         d.flying[id(req)] = req
-        b.sent(req.rid, req.prompt_tokens)
+        b.sent(req.rid, req.upstream_prompt)
         req.t_dispatch = now
         asyncio.get_running_loop().call_later(d.pending_s, d._expire, req, backend, req.attempt)
         if d.metrics is not None:
@@ -299,15 +335,24 @@ class _GatewayDriver:
         _resolve_error(req, reason)
 
     def running(self, backend: int) -> Sequence[tuple[GatewayRequest, Charge]]:
-        """What has started on ``backend`` (a first byte came), in dispatch order."""
-        unstarted = self.d.pool.backends[backend].unstarted
+        """What has started on ``backend`` (a first byte came) and could be paused now
+        (``pause.enabled``, being streamed: ``gateway.resume``), in dispatch order."""
+        d = self.d
+        if not d.pause_enabled:
+            return []
+        unstarted = d.pool.backends[backend].unstarted
         return [
             (r, r.charge)
-            for r in self.d.flying.values()
-            if r.backend == backend and r.charge is not None and r.rid not in unstarted
+            for r in d.flying.values()
+            if r.backend == backend
+            and r.charge is not None
+            and r.rid not in unstarted
+            and str(r.rid) in d.pausable
         ]
 
     def pause(self, req: GatewayRequest, now: float) -> bool:
+        """Pause a running request (see :meth:`Dispatcher.pause`): its charge is released at once and
+        it queues again as a continuation, so the pass may go on to admit the head in its room."""
         return self.d.pause(req.rid)
 
 

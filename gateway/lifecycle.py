@@ -104,6 +104,20 @@ class Lifecycle:
         self.future = self.dispatcher.requeue(self.req)
         self.state = RequestState.QUEUED
 
+    def pause(self, generated: int) -> None:
+        """Paused (``gateway.resume``) after ``generated`` tokens: give its backend back and queue it
+        again as a continuation, for any backend (what it failed on before no longer counts)."""
+        self._expect(RequestState.STREAMING)
+        self._release(final=False)
+        req = self.req
+        req.generated = req.resumed_from = generated
+        req.pauses += 1
+        req.attempt = 0
+        req.excluded.clear()
+        req.t_enqueue = self.dispatcher.clock()
+        self.future = self.dispatcher.requeue(req)
+        self.state = RequestState.QUEUED
+
     # --- a try on the backend -----------------------------------------------------------------
     def answered(self) -> None:
         """The backend's first byte: the request no longer waits in the backend's queue."""

@@ -48,6 +48,10 @@ class GatewayMetrics:
         self.cancellations = Counter(
             "sagegate_cancellations", "Requests whose client went away, by stage.", ["stage"], registry=r
         )
+        self.pauses = Counter(
+            "sagegate_pauses", "Requests paused at the gateway, and how their resumes went.", ["event"],
+            registry=r,
+        )  # fmt: skip
         self.queue_wait = Histogram(
             "sagegate_queue_wait_seconds", "Time from enqueue to dispatch.", buckets=WAIT_BUCKETS, registry=r
         )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
@@ -22,6 +23,7 @@ from starlette.responses import Response
 
 from core.outcomes import Outcome
 from gateway.backends import Backend, BackendPool
+from gateway.continuation import Transcript, pausable
 from gateway.dispatcher import Dispatcher
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import GatewayMetrics
@@ -78,40 +80,76 @@ class Proxy:
     async def attempt(self, lc: Lifecycle, b: Backend, inp: PredictInput) -> Response | Failed:
         """One try on backend ``b``: a response for the client, or why it failed before the first byte."""
         req = lc.req
-        resp: httpx.Response | None = None
+        upstream_stream = self.streams_upstream(req)
+        resp = await self.send(lc, b, upstream_stream)
+        if isinstance(resp, Failed):
+            return resp
         handed_over = False
         try:
-            try:
-                resp = await self.client.send(self._build(req, b), stream=True)
-            except Exception as exc:
-                lc.attempt_failed()
-                self.pool.request_failed(b, hard=isinstance(exc, httpx.ConnectError))
-                return self._failed(b, "", exc)
-            if resp.status_code == THROTTLED:  # the backend is busy, not broken: no breaker
-                lc.attempt_failed()
-                retry = resp.headers.get("retry-after") or str(self.settings.queue.retry_after_s)
-                return Failed(f"{b.name}: HTTP 429", True, retry)
-            if resp.status_code in RETRYABLE:
-                lc.attempt_failed()
-                self.pool.request_failed(b, hard=False)
-                return Failed(f"{b.name}: HTTP {resp.status_code}")
-            if resp.status_code != 200 or not req.stream:
+            if resp.status_code != 200 or not upstream_stream:
                 return await self._whole(lc, b, resp, inp)
-            scanner = SseScanner(not req.want_usage, self.settings.upstream.max_sse_event_bytes)
-            chunks = resp.aiter_raw()
-            try:
-                first = await anext(chunks)
-            except Exception as exc:  # StopAsyncIteration included
-                lc.attempt_failed()
-                self.pool.request_failed(b, hard=False)
-                return self._failed(b, "stream ended before its first chunk", exc)
-            self._answered(lc, b)
+            first = await self.first_chunk(lc, b, resp)
+            if isinstance(first, Failed):
+                return first
+            chunks, data = first
+            scanner = self.scanner(req)
+            transcript = Transcript(req.route, req.body) if self.pause_on(req) else None
+            self.answered(lc, b)
             lc.streaming()
             handed_over = True
-            return SseResponse(self, lc, b, inp, resp, chunks, first, scanner)
+            sse = SseResponse(self, lc, b, inp, resp, chunks, data, scanner, transcript)
+            return sse if req.stream else await sse.collect()
         finally:
-            if not handed_over and resp is not None:
+            if not handed_over:
                 await close_quietly(resp)
+
+    def scanner(self, req: GatewayRequest) -> SseScanner:
+        """A scanner for ``req``'s upstream stream: the usage the gateway asked for is kept only for a
+        client that asked for it too (or one whose whole answer is assembled from the stream)."""
+        return SseScanner(req.stream and not req.want_usage, self.settings.upstream.max_sse_event_bytes)
+
+    def pause_on(self, req: GatewayRequest) -> bool:
+        """Whether ``req`` may be paused (``pause.enabled``, and it can be continued from its text)."""
+        return self.settings.pause.enabled and pausable(req.route, req.body)
+
+    def streams_upstream(self, req: GatewayRequest) -> bool:
+        """A streamed client, or one the gateway may pause (its answer is assembled from a stream)."""
+        return req.stream or self.pause_on(req)
+
+    async def send(self, lc: Lifecycle, b: Backend, stream: bool) -> httpx.Response | Failed:
+        """Send ``lc``'s request to ``b``: the open response, or why it failed before the first byte
+        (unreachable, throttled, a server error)."""
+        req = lc.req
+        try:
+            resp = await self.client.send(self._build(req, b, stream), stream=True)
+        except Exception as exc:
+            lc.attempt_failed()
+            self.pool.request_failed(b, hard=isinstance(exc, httpx.ConnectError))
+            return self._failed(b, "", exc)
+        if resp.status_code == THROTTLED:  # the backend is busy, not broken: no breaker
+            await close_quietly(resp)
+            lc.attempt_failed()
+            retry = resp.headers.get("retry-after") or str(self.settings.queue.retry_after_s)
+            return Failed(f"{b.name}: HTTP 429", True, retry)
+        if resp.status_code in RETRYABLE:
+            await close_quietly(resp)
+            lc.attempt_failed()
+            self.pool.request_failed(b, hard=False)
+            return Failed(f"{b.name}: HTTP {resp.status_code}")
+        return resp
+
+    async def first_chunk(
+        self, lc: Lifecycle, b: Backend, resp: httpx.Response
+    ) -> tuple[AsyncIterator[bytes], bytes] | Failed:
+        """The stream's chunks and its first one, or why it ended before it."""
+        chunks = resp.aiter_raw()
+        try:
+            first = await anext(chunks)
+        except Exception as exc:  # StopAsyncIteration included
+            lc.attempt_failed()
+            self.pool.request_failed(b, hard=False)
+            return self._failed(b, "stream ended before its first chunk", exc)
+        return chunks, first
 
     @staticmethod
     def _failed(b: Backend, what: str, exc: Exception) -> Failed:
@@ -130,7 +168,7 @@ class Proxy:
             lc.attempt_failed()
             self.pool.request_failed(b, hard=False)
             return self._failed(b, "body failed", exc)
-        self._answered(lc, b)
+        self.answered(lc, b)
         status = resp.status_code
         output = None
         if status == 200:
@@ -143,11 +181,14 @@ class Proxy:
         }
         return Response(body, status_code=status, headers=headers)
 
-    def _build(self, req: GatewayRequest, b: Backend) -> httpx.Request:
-        """The upstream request: the client's body as sent, plus what the gateway adds to it."""
+    def _build(self, req: GatewayRequest, b: Backend, stream: bool) -> httpx.Request:
+        """The upstream request: the client's body as sent, plus what the gateway adds to it (a
+        non-streaming request the gateway may pause goes upstream as a stream with usage)."""
         body = req.body
         up = self.settings.upstream
-        if req.stream and up.force_usage and not req.want_usage:
+        if stream and not req.stream:
+            body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        elif req.stream and up.force_usage and not req.want_usage:
             opts = body.get("stream_options")
             body = {
                 **body,
@@ -163,12 +204,14 @@ class Proxy:
             timeout=self.timeout,
         )
 
-    def _answered(self, lc: Lifecycle, b: Backend) -> None:
-        """The backend's first byte: time to first token, and the backend is alive."""
+    def answered(self, lc: Lifecycle, b: Backend, *, first_token: bool = True) -> None:
+        """The backend's first byte: time to first token (not for a resumed try), and the backend is
+        alive."""
         lc.answered()
         now = self.dispatcher.clock()
         b.answered_at = now
-        self.metrics.first_token(now - lc.req.arrival_s)
+        if first_token:
+            self.metrics.first_token(now - lc.req.arrival_s)
 
     # --- the end of a request the backend answered -----------------------------------------------
     def plausible(self, req: GatewayRequest, b: Backend, usage: object) -> int | None:

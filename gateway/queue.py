@@ -39,8 +39,10 @@ class GatewayRequest(SchedRequest):
         "future",
         "max_tokens",
         "model",
+        "pauses",
         "prediction_path",
         "prompt",
+        "resumed_from",
         "route",
         "stream",
         "t_dispatch",
@@ -91,6 +93,17 @@ class GatewayRequest(SchedRequest):
         self.future: asyncio.Future[int] | None = None
         self.t_enqueue = arrival_s
         self.t_dispatch: float | None = None
+        self.pauses = 0
+        """Times the gateway paused it (``gateway.resume``)."""
+        self.resumed_from = 0
+        """Tokens it had generated when its current try was dispatched (a continuation's prompt holds
+        them: the backend prefills ``prompt_tokens + resumed_from``)."""
+
+    @property
+    def upstream_prompt(self) -> int:
+        """The prompt the backend prefills on this try: the prompt, plus the text a continuation
+        carries."""
+        return self.prompt_tokens + self.resumed_from
 
 
 class BoundedQueue:

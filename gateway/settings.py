@@ -101,17 +101,28 @@ _PAUSE = PauseConfig()
 
 
 class PauseSettings(BaseModel):
-    """Gateway pause/resume (``policies.pause``): off by default; the simulator found it does not
-    pay on the workloads measured (BENCHMARKS.md, "Gateway pause/resume, simulated")."""
+    """Gateway-level pause with transparent resume (``gateway.resume``, decided by ``policies.pause``):
+    a streamed request is taken off its backend (its KV freed) and later continued from its text on any
+    backend, the client seeing one unbroken answer. Off by default: the simulator found that pausing by
+    rank does not pay on the workloads measured (BENCHMARKS.md, "Gateway pause/resume")."""
 
     enabled: bool = False
-    max_pauses: int = Field(default=_PAUSE.max_pauses, ge=0)
+    """The mechanism: ``POST /admin/requests/{id}/pause`` works, and a stream whose backend breaks
+    mid-way is continued on another backend (that counts as a pause)."""
+    by_policy: bool = True
+    """With ``enabled``: the dispatch pass also pauses a running request whose Gittins rank fell behind
+    a waiting head that no backend admits, when the expected gain beats ``hysteresis`` × the resume's
+    prefill. False: only operators and failed backends pause."""
+    max_pauses: int = Field(default=_PAUSE.max_pauses, ge=0, le=16)
+    """At most this many pauses per request (no thrash); past it a request runs to its end."""
     hysteresis: float = Field(default=_PAUSE.hysteresis, ge=0.0)
     prefill_tokens_per_step: float = Field(default=_PAUSE.prefill_tokens_per_step, gt=0.0)
+    """The resume cost's exchange rate: prefill tokens one decode step of engine time buys."""
 
     def config(self) -> PauseConfig:
+        """What the dispatch loop decides with (its ``enabled``: pausing by rank)."""
         return PauseConfig(
-            enabled=self.enabled,
+            enabled=self.enabled and self.by_policy,
             max_pauses=self.max_pauses,
             hysteresis=self.hysteresis,
             prefill_tokens_per_step=self.prefill_tokens_per_step,

@@ -11,17 +11,19 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import httpx
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from core.outcomes import CancelStage, Outcome, Reason
 from gateway import errors
 from gateway.backends import Backend
 from gateway.client_guard import CLIENT_ABORT
+from gateway.continuation import Transcript, assemble
 from gateway.disconnect import DisconnectGuard
 from gateway.lifecycle import Lifecycle
 from gateway.predict import PredictInput
 from gateway.queue import GatewayRequest
+from gateway.resume import Resumer
 from gateway.sse import EventTooLarge, SseScanner
 
 if TYPE_CHECKING:
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("sagegate.gateway")
 
 BACKEND_HEADER = "x-sagegate-backend"
+REQUEST_ID_HEADER = "x-sagegate-request-id"
+"""The gateway's id of the request (what ``POST /admin/requests/{id}/pause`` takes)."""
 PREDICTED_HEADER = "x-sagegate-predicted-tokens"
 SHUTDOWN_MESSAGE = "the gateway is shutting down"
 SSE_HEADERS = [
@@ -61,6 +65,7 @@ class SseResponse(Response):
         chunks: AsyncIterator[bytes],
         first: bytes,
         scanner: SseScanner,
+        transcript: Transcript | None = None,
     ) -> None:
         self.proxy = proxy
         self.lc = lc
@@ -82,6 +87,11 @@ class SseResponse(Response):
         self.aborted: str | None = None
         self.dropped = False
         """The client fell more than :attr:`max_buffered` behind: its stream is being cut."""
+        self.transcript = transcript
+        """What the client has been sent (when the request may be paused, ``gateway.resume``)."""
+        self.resumer = Resumer(self, transcript) if transcript is not None else None
+        self.blame_backend = True
+        """A failure is the backend's (False: a resume that found no backend)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         proxy = self.proxy
@@ -100,13 +110,10 @@ class SseResponse(Response):
                 except EventTooLarge as exc:
                     self._end(b"", Outcome.FAILED, str(exc))
                     first = b""
+                first = self._relay(first)
                 if first:
-                    proxy.dispatcher.progress(self.req, self.scanner.events)
                     await send({"type": "http.response.body", "body": first, "more_body": True})
-                if proxy.closing and self.aborted is None:
-                    self.abort(SHUTDOWN_MESSAGE)
-                if not self.lc.final:
-                    self.reader = asyncio.get_running_loop().create_task(self._read())
+                self._start()
                 outbox = self.outbox
                 while (data := await outbox.get()) is not None:
                     self.buffered -= len(data)
@@ -123,42 +130,96 @@ class SseResponse(Response):
             self.task.uncancel()  # cut by the relay bound: end without completing the response
             proxy.metrics.cancellations.labels(CancelStage.SLOW_CLIENT).inc()
         finally:
-            proxy.streams.discard(self)
-            reader = self.reader
-            if reader is None:
-                await close_quietly(self.upstream)  # the reader never took the stream over
-            elif not reader.done():
-                reader.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await reader
+            await self._stop_reader()
             self._settle(Outcome.CANCELLED)
 
-    async def _read(self) -> None:
+    def _start(self) -> None:
+        """Hand the stream to the reader task (and make it pausable)."""
+        if self.proxy.closing and self.aborted is None:
+            self.abort(SHUTDOWN_MESSAGE)
+        if not self.lc.final:
+            self.reader = asyncio.get_running_loop().create_task(self._read())
+            if self.resumer is not None:
+                self.resumer.register()
+
+    def _relay(self, data: bytes) -> bytes:
+        """Events on their way to the client: counted, and (a resumed try's) rewritten."""
+        if data:
+            self.proxy.dispatcher.progress(self.req, self.req.resumed_from + self.scanner.events)
+            if self.transcript is not None:
+                data = self.transcript.relay(data)
+        return data
+
+    async def collect(self) -> Response:
+        """For a client that did not ask for a stream (the gateway streams it to be able to pause it):
+        read it whole, then answer with one body assembled from it."""
+        self.task = asyncio.current_task()
+        self.proxy.streams.add(self)
+        parts: list[bytes] = []
+        try:
+            try:
+                first = self._relay(self.scanner.feed(self.first))
+            except EventTooLarge as exc:
+                self._end(b"", Outcome.FAILED, str(exc))
+                first = b""
+            parts.append(first)
+            self._start()
+            outbox = self.outbox
+            while (data := await outbox.get()) is not None:
+                self.buffered -= len(data)
+                parts.append(data)
+        finally:
+            await self._stop_reader()
+            self._settle(Outcome.CANCELLED)
+        status, body = assemble(self.req.route, b"".join(parts))
+        return JSONResponse(body, status_code=status, headers=answer_headers(self.req, self.backend))
+
+    async def _stop_reader(self) -> None:
+        self.proxy.streams.discard(self)
+        reader = self.reader
+        if reader is None:
+            await close_quietly(self.upstream)  # the reader never took the stream over
+        elif not reader.done():
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    async def _read(self, first: bytes = b"") -> None:
         scanner = self.scanner
         outcome, why = Outcome.CANCELLED, ""
+        broke = False
+        """The backend broke the stream (not a bad event): it may go on elsewhere."""
         try:
+            if first:
+                self._put(scanner.feed(first))
             async for chunk in self.chunks:
                 self._put(scanner.feed(chunk))
             self._put(scanner.flush())
             outcome = Outcome.OK if scanner.done else Outcome.TRUNCATED
+            broke = not scanner.done
         except EventTooLarge as exc:
             outcome, why = Outcome.FAILED, str(exc)
             log.warning("backend %s: %s", self.backend.name, why)
         except _ClientTooSlow:
             outcome = Outcome.SLOW_CLIENT
         except Exception as exc:  # whatever the upstream client raises: the backend failed
-            outcome = Outcome.FAILED
+            outcome, broke = Outcome.FAILED, True
             log.warning("backend %s failed mid-stream: %s", self.backend.name, type(exc).__name__)
         finally:
             await close_quietly(self.upstream)
         if outcome is Outcome.SLOW_CLIENT:
             self._drop_client()
+        elif broke and self.resumer is not None and self.resumer.recoverable():
+            await self.resumer.recover()
         else:
             self._end(b"", outcome, why)
 
-    def _end(self, data: bytes, outcome: Outcome, why: str = "") -> None:
-        """Queue the stream's end (with an SSE error event unless it ended well), then settle."""
-        if outcome is not Outcome.OK:
+    def _end(self, data: bytes, outcome: Outcome, why: str = "", event: bytes | None = None) -> None:
+        """Queue the stream's end (with an SSE error event, ``event`` or one made of ``why``, unless
+        it ended well), then settle."""
+        if event is not None:
+            data += event
+        elif outcome is not Outcome.OK:
             msg = why or (
                 "the backend failed mid-stream" if outcome is Outcome.FAILED else "the backend ended early"
             )
@@ -173,10 +234,10 @@ class SseResponse(Response):
         self._settle(outcome)
 
     def _put(self, data: bytes) -> None:
+        data = self._relay(data)
         if data:
             self.outbox.put_nowait(data)
             self.buffered += len(data)
-            self.proxy.dispatcher.progress(self.req, self.scanner.events)
             if self.buffered > self.max_buffered:
                 raise _ClientTooSlow
 
@@ -211,15 +272,20 @@ class SseResponse(Response):
     def _settle(self, outcome: Outcome) -> None:
         """Once per request (the reader, the relay and a drain may each end it): the backend's
         verdict, then release and record."""
+        if self.resumer is not None:
+            self.resumer.unregister()
         if self.lc.final:
             return
         proxy, scanner, b = self.proxy, self.scanner, self.backend
-        if outcome is Outcome.FAILED:
+        if outcome is Outcome.FAILED and self.blame_backend:
             proxy.pool.request_failed(b, hard=False)
         elif outcome is Outcome.OK:
             proxy.pool.request_succeeded(b)
-        output = proxy.plausible(self.req, b, scanner.usage) if outcome is Outcome.OK else None
-        proxy.settle(self.lc, self.inp, outcome, scanner.events if output is None else output)
+        before = self.req.resumed_from
+        usage = scanner.usage
+        total = before + usage if isinstance(usage, int) and not isinstance(usage, bool) else None
+        output = proxy.plausible(self.req, b, total) if outcome is Outcome.OK else None
+        proxy.settle(self.lc, self.inp, outcome, before + scanner.events if output is None else output)
 
 
 class _ClientTooSlow(Exception):
@@ -228,7 +294,7 @@ class _ClientTooSlow(Exception):
 
 def answer_headers(req: GatewayRequest, b: Backend) -> dict[str, str]:
     """Response headers telling the client where its request went and what was predicted."""
-    out = {BACKEND_HEADER: b.name}
+    out = {BACKEND_HEADER: b.name, REQUEST_ID_HEADER: str(req.rid)}
     if req.prediction is not None:
         out[PREDICTED_HEADER] = str(round(req.prediction.mean))
     return out

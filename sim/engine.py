@@ -119,10 +119,19 @@ class Engine:
         self.policy.on_arrival(req, now)
         self.waiting.push(req, now)
 
+    def _cache_output(self, req: EngineRequest) -> None:
+        """Before its blocks are freed: cache the full blocks its output filled, where their content
+        is known (``sim.prefix.block_keys``'s ``content_tokens``; a no-op for a prompt-only key)."""
+        keys = req.keys
+        if isinstance(keys, BlockKeys) and keys.shared_blocks > len(req.table.keys):
+            bs = self.pool.block_size
+            self.pool.register_full(req.table, min(req.num_computed, keys.shared_blocks * bs), keys)
+
     def abort(self, req: EngineRequest, now: float) -> bool:
         """Cancel ``req`` (client gone): its blocks are freed at once. False if it had finished."""
         if req.state is RUNNING:
             self.running.remove(req)
+            self._cache_output(req)
             self.pool.free(req.table)
         elif req.state.is_queued:
             self.waiting.remove(req)
@@ -360,6 +369,7 @@ class Engine:
             req.state = FINISHED
             req.t_finish = now
             self.running.remove(req)
+            self._cache_output(req)
             pool.free(req.table)
             self.finished_total += 1
             policy.on_finish(req, now)

@@ -50,8 +50,13 @@ def block_keys(
     block_size: int,
     hash_ids: tuple[int, ...] | None = None,
     prompt: str | None = None,
+    content_tokens: int | None = None,
 ) -> BlockKeys:
-    full = prompt_tokens // block_size
+    """``content_tokens``: how many tokens ``prompt`` describes when it also holds the output's
+    content (the simulated backend's, whose text it knows in advance): then the blocks the output
+    fills get content keys too and stay cached after the request, as vLLM's do, so a continuation
+    of prompt + output finds them."""
+    full = max(prompt_tokens, content_tokens or 0) // block_size
     content: list[Hashable] = []
     if hash_ids:
         per = max(1, MOONCAKE_BLOCK // block_size)

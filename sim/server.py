@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -32,9 +33,9 @@ from sim.hardware import get_gpu, get_model
 from sim.perf import PerfModel
 from sim.prefix import CHARS_PER_TOKEN
 from sim.server_api import (
+    FILLER,
     ApiError,
     ChatBody,
-    ChatMessage,
     CompletionBody,
     GenerationBody,
     ResponseShape,
@@ -42,6 +43,7 @@ from sim.server_api import (
     filler_word,
     sse_event,
     validation_error,
+    written_before,
 )
 from sim.server_metrics import Metrics
 from sim.server_runner import SCHEDULING_POLICIES, BackendSettings, EngineRunner, PriorityPolicy, Stream
@@ -64,6 +66,8 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions; used for chat too (
 class _Prompt:
     tokens: int
     key: str  # token ids packed CHARS_PER_TOKEN characters apiece: exact prefix-cache content keys
+    written: int = 0
+    """Tokens of the response the prompt already ends with (a continuation, see ``written_before``)."""
 
 
 def _pack(ids: list[int]) -> str:
@@ -71,6 +75,23 @@ def _pack(ids: list[int]) -> str:
     text-based prefix keys see token content block for block."""
     assert CHARS_PER_TOKEN == 4
     return struct.pack(f"<{len(ids)}I", *ids).decode("latin-1")
+
+
+@lru_cache(maxsize=1)
+def _filler_ids() -> tuple[int, ...] | None:
+    """Each filler word's one token id (None if the tokenizer splits one: no output content keys)."""
+    ids = [encode(filler_word(i)) for i in range(len(FILLER))]
+    return tuple(i[0] for i in ids) if all(len(i) == 1 for i in ids) else None
+
+
+def _output_ids(written: int, n: int) -> list[int] | None:
+    """The token ids of the output a request will write (the simulated model's text is known in
+    advance), as vLLM would key their blocks for its prefix cache."""
+    table = _filler_ids()
+    if table is None:
+        return None
+    k = len(table)
+    return [table[(written + i) % k] for i in range(n)]
 
 
 class Backend:
@@ -103,9 +124,8 @@ class Backend:
             raise ApiError(f"invalid JSON body: {exc}") from exc
 
     def check_common(self, body: GenerationBody) -> int:
-        """Checks shared by both generation routes; returns the output length: the forced length
-        (``sim_output_tokens``) within ``max_tokens``, else ``max_tokens`` (no EOS in a simulated
-        model), else 16."""
+        """Checks shared by both generation routes; returns the cap on the output: ``max_tokens``,
+        else 16."""
         if body.model is not None and body.model != self.model_name:
             raise ApiError(f"The model `{body.model}` does not exist.", param="model")
         if body.n != 1:
@@ -119,10 +139,18 @@ class Backend:
         max_tokens = self.client_cap(body)
         if max_tokens is not None and max_tokens < 1:
             raise ApiError(f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
-        forced = body.sim_output_tokens
-        if forced is not None:  # the replay's true length, within the client's cap
-            return forced if max_tokens is None else min(forced, max_tokens)
         return DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+
+    def output_length(self, body: GenerationBody, cap: int, written: int) -> int:
+        """What this request generates: the forced length (``sim_output_tokens``, the response's
+        whole length, of which a continuation's prompt already holds ``written``) within the client's
+        ``max_tokens``, else ``cap`` (no EOS in a simulated model). At least one token."""
+        forced = body.sim_output_tokens
+        if forced is None:
+            return cap
+        client = self.client_cap(body)
+        rest = forced - written
+        return max(1, rest if client is None else min(rest, client))
 
     @staticmethod
     def client_cap(body: GenerationBody) -> int | None:
@@ -146,13 +174,31 @@ class Backend:
                 raise ApiError(f"token id {bad} is out of vocabulary (< {self.vocab})", param="prompt")
         if not ids:
             raise ApiError("The prompt cannot be empty.", param="prompt")
-        return _Prompt(len(ids), _pack(ids))
+        return _Prompt(len(ids), _pack(ids), written_before(prompt) if isinstance(prompt, str) else 0)
 
-    def chat_prompt_of(self, messages: list[ChatMessage]) -> _Prompt:
+    def chat_prompt_of(self, body: ChatBody) -> _Prompt:
+        """The messages as one prompt; with ``continue_final_message`` (vLLM's rules: not with
+        ``add_generation_prompt``, the last message the assistant's) the response goes on from the
+        last message's text."""
+        messages = body.messages
         if not messages:
             raise ApiError("messages must not be empty", param="messages")
+        written = 0
+        if body.continue_final_message:
+            if body.add_generation_prompt:
+                raise ApiError(
+                    "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                    param="continue_final_message",
+                )
+            last = messages[-1]
+            if last.role != "assistant":
+                raise ApiError(
+                    "continue_final_message needs the last message to be the assistant's",
+                    param="continue_final_message",
+                )
+            written = written_before(last.content) if isinstance(last.content, str) else 0
         ids = encode(flatten_messages([m.model_dump() for m in messages]))
-        return _Prompt(max(1, len(ids)), _pack(ids or [0]))
+        return _Prompt(max(1, len(ids)), _pack(ids or [0]), written)
 
     def check_length(self, prompt: _Prompt, max_tokens: int) -> None:
         if prompt.tokens + max_tokens > self.max_model_len:
@@ -165,11 +211,16 @@ class Backend:
 
     # --- running ---------------------------------------------------------------------------------
     async def generate(
-        self, request: Request, body: GenerationBody, prompt: _Prompt, output_tokens: int, chat: bool
+        self, request: Request, body: GenerationBody, prompt: _Prompt, cap: int, chat: bool
     ) -> Any:
+        output_tokens = self.output_length(body, cap, prompt.written)
         self.check_length(prompt, max(output_tokens, self.client_cap(body) or 0))  # vLLM checks the cap
-        stream = self.runner.submit(prompt.tokens, output_tokens, prompt.key, body.priority)
-        shape = ResponseShape(self.model_name, chat, prompt.tokens)
+        key, content = prompt.key, None
+        ids = _output_ids(prompt.written, output_tokens)
+        if ids is not None:  # the output's blocks get content keys: a continuation finds them cached
+            key, content = key + _pack(ids), prompt.tokens + output_tokens
+        stream = self.runner.submit(prompt.tokens, output_tokens, key, body.priority, content)
+        shape = ResponseShape(self.model_name, chat, prompt.tokens, prompt.written)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
             return StreamingResponse(self._sse(stream, shape, usage), media_type="text/event-stream")
@@ -206,7 +257,9 @@ class Backend:
                         sent += 1
                         last = sent >= stream.req.output_tokens
                         parts.append(
-                            sse_event(shape.chunk(filler_word(sent - 1), "length" if last else None))
+                            sse_event(
+                                shape.chunk(filler_word(shape.written + sent - 1), "length" if last else None)
+                            )
                         )
                 if parts:
                     yield b"".join(parts)
@@ -279,14 +332,14 @@ def create_app(settings: BackendSettings | None = None) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
         body: CompletionBody = parse(CompletionBody, await be.read_json(request))
-        output = be.check_common(body)
-        return await be.generate(request, body, be.prompt_of(body.prompt), output, chat=False)
+        cap = be.check_common(body)
+        return await be.generate(request, body, be.prompt_of(body.prompt), cap, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
         body: ChatBody = parse(ChatBody, await be.read_json(request))
-        output = be.check_common(body)
-        return await be.generate(request, body, be.chat_prompt_of(body.messages), output, chat=True)
+        cap = be.check_common(body)
+        return await be.generate(request, body, be.chat_prompt_of(body), cap, chat=True)
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Any:

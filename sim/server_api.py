@@ -83,6 +83,9 @@ class ChatMessage(BaseModel):
 class ChatBody(GenerationBody):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
+    continue_final_message: bool = False
+    """vLLM's: the last (assistant) message is unfinished; the model writes on from its end."""
+    add_generation_prompt: bool = True
 
 
 class TokenizeBody(BaseModel):
@@ -101,6 +104,33 @@ def filler_word(i: int) -> str:
     return " " + FILLER[i % len(FILLER)]
 
 
+_FILLER_AT = {w: i for i, w in enumerate(FILLER)}
+
+
+def written_before(text: str) -> int:
+    """How many of the simulated model's own tokens ``text`` ends with: the longest suffix that is
+    ``filler_word(0) + … + filler_word(m - 1)``. A continuation (a prompt that ends in what the model
+    wrote, or a partial assistant message) is written on from there, as a deterministic model would:
+    token ``m`` next, and the forced length counts from the response's start. O(m)."""
+    best = 0
+    run = 0
+    expect = -1
+    end = len(text)
+    while end > 0:
+        cut = text.rfind(" ", 0, end)
+        if cut < 0:
+            break
+        k = _FILLER_AT.get(text[cut + 1 : end], -1)
+        if k < 0 or (expect >= 0 and k != expect):
+            break
+        run += 1
+        if k == 0:
+            best = run
+        expect = (k - 1) % len(FILLER)
+        end = cut
+    return best
+
+
 def sse_event(obj: dict[str, Any]) -> bytes:
     """One server-sent event carrying ``obj`` as compact JSON."""
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
@@ -109,10 +139,12 @@ def sse_event(obj: dict[str, Any]) -> bytes:
 class ResponseShape:
     """OpenAI response bodies for one request (completion or chat)."""
 
-    def __init__(self, model: str, chat: bool, prompt_tokens: int) -> None:
+    def __init__(self, model: str, chat: bool, prompt_tokens: int, written: int = 0) -> None:
         self.model = model
         self.chat = chat
         self.prompt_tokens = prompt_tokens
+        self.written = written
+        """Tokens of this response the prompt already holds (a continuation): the text goes on from them."""
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
 
@@ -128,7 +160,7 @@ class ResponseShape:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     def full(self, n: int) -> dict[str, Any]:
-        text = "".join(filler_word(i) for i in range(n))
+        text = "".join(filler_word(self.written + i) for i in range(n))
         if self.chat:
             choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
             body = self._head("chat.completion")

@@ -129,13 +129,23 @@ class EngineRunner:
         return self.engine.num_waiting + sum(1 for s in self.pending if s.req.state != ABORTED)
 
     # --- requests -------------------------------------------------------------------------------
-    def submit(self, prompt_tokens: int, output_tokens: int, prompt_key: str | None, priority: int) -> Stream:
+    def submit(
+        self,
+        prompt_tokens: int,
+        output_tokens: int,
+        prompt_key: str | None,
+        priority: int,
+        content_tokens: int | None = None,
+    ) -> Stream:
+        """``content_tokens``: ``prompt_key`` describes the output too (``sim.prefix.block_keys``)."""
         t = self.now()
         rid = self._next_rid
         self._next_rid += 1
         req = EngineRequest(
             rid, t + self.frontend_s, prompt_tokens, output_tokens, prompt=prompt_key, priority=priority
         )
+        if content_tokens is not None:
+            req.keys = (None, prompt_key, content_tokens)
         stream = Stream(req, t)
         req.user = stream
         self.pending.append(stream)
