@@ -165,6 +165,10 @@ class Dispatcher:
         yet, finishing, at ``pause.max_pauses``) or pausing is off."""
         return self.try_pause(rid) is PauseVerdict.PAUSED
 
+    def can_pause(self, req: GatewayRequest) -> bool:
+        """Whether ``req`` is being streamed by a resumer that could pause it now (``pause.enabled``)."""
+        return self.pause_enabled and str(req.rid) in self.pausable
+
     def try_pause(self, rid: object) -> PauseVerdict:
         """:meth:`pause`, saying why not."""
         if not self.pause_enabled:
@@ -338,16 +342,11 @@ class _GatewayDriver:
         """What has started on ``backend`` (a first byte came) and could be paused now
         (``pause.enabled``, being streamed: ``gateway.resume``), in dispatch order."""
         d = self.d
-        if not d.pause_enabled:
-            return []
         unstarted = d.pool.backends[backend].unstarted
         return [
             (r, r.charge)
             for r in d.flying.values()
-            if r.backend == backend
-            and r.charge is not None
-            and r.rid not in unstarted
-            and str(r.rid) in d.pausable
+            if r.backend == backend and r.charge is not None and r.rid not in unstarted and d.can_pause(r)
         ]
 
     def pause(self, req: GatewayRequest, now: float) -> bool:

@@ -148,8 +148,11 @@ def _ledgers(loads: Sequence[BackendLoad]) -> list[tuple[float, int, int, bool]]
 
 class PausingDispatcher(Dispatcher):
     """The live dispatcher with the accounting :meth:`Dispatcher.pause` owes (``policies.pause``):
-    the upstream stream is cancelled elsewhere (branch ``pause-live``); here the request leaves its
+    the upstream stream is cancelled by ``gateway.resume``, absent here; the request leaves its
     backend without finishing, keeps ``generated``, and waits in the queue again as a continuation."""
+
+    def can_pause(self, req: GatewayRequest) -> bool:
+        return True  # every started request is "streamed" here
 
     def pause(self, rid: object) -> bool:
         req = next((r for r in self.flying.values() if r.rid == rid), None)
