@@ -8,7 +8,8 @@ from all before it, then added), warm on the first 6,000 (BENCHMARKS' usual) and
 (the LTR protocol), for the previous default (kNN + probe) and the new one (head, shipped prior,
 conformal spread). Unseen source (a JSONL that ``load_items`` reads; skipped when absent): the
 predictor after the first N ∈ {0, 100, 500, 2,000} completions of that source, from an empty history,
-scores the same last ``--test`` items (frozen: no recording while scoring); Kendall tau-b
+scores the same last ``--test`` items (frozen: no recording while scoring); and online from an empty
+history (each item predicted, then recorded), the 500 predictions after the first N. Kendall tau-b
 (``scipy.stats.kendalltau``) of the predicted mean against the true length, and 10–90% coverage.
 """
 
@@ -42,6 +43,7 @@ VARIANTS = {
     "head + shipped prior (new default)": NEW,
 }
 CURVE = (0, 100, 500, 2000)
+ONLINE_SPAN = 500
 
 
 def frozen_after(
@@ -109,6 +111,21 @@ def unseen(path: Path, test: int) -> None:
             f"{n:>5}: {c['tau']:.3f} ({c['coverage']:.2f})" for n, c in zip(CURVE, cells, strict=True)
         )
         print(f"  {label:<36} tau-b (coverage) after  {row}", flush=True)
+    print(f"  online from an empty history, tau-b (coverage) of the {ONLINE_SPAN} predictions after N:")
+    truth = np.array([it.output_tokens for it in items], dtype=float)
+    for label, cfg in VARIANTS.items():
+        res = replay_semantic(items, vecs, 0, cfg)
+        cells = []
+        for n in CURVE:
+            sl = slice(n, n + ONLINE_SPAN)
+            r = score_replay(res.means[sl], res.quants[sl], truth[sl])
+            cells.append(f"{n:>5}: {r['kendall_tau']:.3f} ({r['coverage_10_90']:.2f})")
+        whole = score_replay(res.means, res.quants, truth)
+        print(
+            f"  {label:<36} {'  '.join(cells)}  all {len(items)}: {whole['kendall_tau']:.3f} "
+            f"({whole['coverage_10_90']:.2f})",
+            flush=True,
+        )
 
 
 def main() -> None:

@@ -48,6 +48,18 @@ def test_head_learns_an_injected_ranking_signal() -> None:
     assert tau > 0.6, tau
 
 
+def test_head_fits_only_rows_inside_the_age_bound() -> None:
+    head = OnlineHead(None, background=False, max_age_s=60.0)
+    emb, out = signal_rows(300, unit(RNG.normal(size=384)))
+    zero = np.zeros(N_CUES, np.float32)
+    for i in range(200):
+        head.observe(features(emb[i], zero, 10), int(out[i]), ts=0.0, now=0.0)
+    for i in range(200, 300):
+        head.observe(features(emb[i], zero, 10), int(out[i]), ts=100.0, now=100.0)
+    head.fit_now()
+    assert head.model is not None and head.model.fitted_on == 100
+
+
 def test_the_semantic_predictor_ranks_by_its_head_where_neighbours_cannot() -> None:
     """Prompts share no words and the signal is spread over the embedding: the head must carry it."""
     direction = unit(RNG.normal(size=384))
