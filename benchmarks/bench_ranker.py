@@ -97,7 +97,7 @@ def sharegpt(path: Path, histories: list[float], variants: list[str]) -> None:
             )
 
 
-def unseen(path: Path, test: int) -> None:
+def unseen(path: Path, test: int, variants: list[str]) -> None:
     if not path.exists():
         print(f"unseen source {path}: absent, skipped")
         return
@@ -105,7 +105,8 @@ def unseen(path: Path, test: int) -> None:
     vecs = embed_cached([flatten_prompt(it.prompt) for it in items], MiniLMEmbedder())
     test = min(test, len(items) - max(CURVE))
     print(f"unseen source {path}: {len(items)} items, scoring the last {test}")
-    for label, cfg in VARIANTS.items():
+    chosen = {k: v for k, v in VARIANTS.items() if not variants or any(x in k for x in variants)}
+    for label, cfg in chosen.items():
         cells = [frozen_after(items, vecs, n, test, cfg) for n in CURVE]
         row = "  ".join(
             f"{n:>5}: {c['tau']:.3f} ({c['coverage']:.2f})" for n, c in zip(CURVE, cells, strict=True)
@@ -113,7 +114,7 @@ def unseen(path: Path, test: int) -> None:
         print(f"  {label:<36} tau-b (coverage) after  {row}", flush=True)
     print(f"  online from an empty history, tau-b (coverage) of the {ONLINE_SPAN} predictions after N:")
     truth = np.array([it.output_tokens for it in items], dtype=float)
-    for label, cfg in VARIANTS.items():
+    for label, cfg in chosen.items():
         res = replay_semantic(items, vecs, 0, cfg)
         cells = []
         for n in CURVE:
@@ -139,7 +140,7 @@ def main() -> None:
     ap.add_argument("--variants", nargs="*", default=[], help="substrings of the variants to run (all)")
     args = ap.parse_args()
     for p in [] if args.skip_unseen else args.unseen:
-        unseen(p, args.test)
+        unseen(p, args.test, args.variants)
     if not args.skip_sharegpt:
         if args.sharegpt.exists():
             sharegpt(args.sharegpt, args.history, args.variants)

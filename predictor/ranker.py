@@ -156,7 +156,7 @@ class OnlineHead:
         self._ts = np.zeros(0, dtype=np.float64)
         self._now = -math.inf
         self._n = 0
-        self._seen = 0
+        self._ysum = 0.0
         self._since = 0
         self._lock = threading.Lock()
         self._fitting: threading.Thread | None = None
@@ -167,9 +167,15 @@ class OnlineHead:
         return min(self._n, self.max_rows)
 
     def score(self, phi: np.ndarray) -> float | None:
-        """The fitted model's score, else the prior's (its own intercept), else None."""
-        model = self.model if self.model is not None else self.prior
-        return None if model is None else model.score(phi)
+        """The fitted model's score; before the first fit the prior's *shift* added to this model's mean
+        log length so far (the prior's own intercept, another model's scale, only with no outcome yet);
+        None without either."""
+        if self.model is not None:
+            return self.model.score(phi)
+        if self.prior is None:
+            return None
+        base = self._ysum / self._n if self._n else self.prior.intercept
+        return self.prior.score(phi) - self.prior.intercept + base
 
     @property
     def sigma(self) -> float:
@@ -194,6 +200,7 @@ class OnlineHead:
             self._ts[at] = ts
             self._now = max(self._now, now)
             self._n += 1
+            self._ysum += float(self._y[at])
             self._since += 1
             due = self._n in self.FIRST_FITS or self._since >= max(self.refit_every, len(self) // 10)
         if due:
