@@ -23,7 +23,8 @@ from predictor.embedder import DIM
 @dataclass(frozen=True, slots=True, eq=False)
 class Completion:
     """One completed request. ``embedding`` is a unit float32 vector; ``terms``/``counts`` are the
-    prompt's hashed lexical terms (no text leaves the replica). ``ts`` is wall-clock seconds, shared by
+    prompt's hashed lexical terms and ``cues`` its length cues (:mod:`predictor.cues`; no text leaves the
+    replica). ``ts`` is wall-clock seconds, shared by
     every replica, so age bounds agree across them."""
 
     id: str
@@ -35,6 +36,7 @@ class Completion:
     tenant: str = "default"
     terms: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint32))
     counts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint16))
+    cues: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
 
     @staticmethod
     def new_id() -> str:
@@ -52,6 +54,7 @@ class Completion:
             "tenant": self.tenant,
             "terms": np.asarray(self.terms, dtype="<u4").tobytes(),
             "counts": np.asarray(self.counts, dtype="<u2").tobytes(),
+            "cues": np.asarray(self.cues, dtype="<f4").tobytes(),
         }
 
     @staticmethod
@@ -71,6 +74,7 @@ class Completion:
             tenant=_text(f.get("tenant", b"default")),
             terms=np.frombuffer(f.get("terms", b""), dtype="<u4").astype(np.uint32),
             counts=np.frombuffer(f.get("counts", b""), dtype="<u2").astype(np.uint16),
+            cues=np.frombuffer(f.get("cues", b""), dtype="<f4").astype(np.float32),
         )
 
 

@@ -5,10 +5,14 @@ MiniLM embeddings (hnswlib) and the best TF-IDF word matches (an inverted index)
 blend of both cosines. The best ``k`` above a similarity floor vote with weight
 ``exp((s − s_max)/T) · exp(−|ln I − ln I_n| / ℓ)``: sharpened relative to the best match, and favouring
 neighbours of similar prompt length. Their lengths form a discrete distribution, optionally moved in log
-space toward a linear probe's estimate (``probe_weight``; see :mod:`predictor.probe`), then shrunk toward
-the prompt-length-bucket prior (then the global one) by ``c / (c + n_eff)``; with too few neighbours above
-the floor the prior answers alone. Every answer says which path it took: ``semantic``, ``bucket``,
-``global`` or ``cold``. Defaults were tuned on the ShareGPT replay (``sagegate predictor eval``).
+space toward a linear probe's estimate (``probe_weight``; see :mod:`predictor.probe`) and toward the
+ranking head's score (``head_weight``; :mod:`predictor.ranker`, trained in the background from the
+shipped prior), then shrunk toward the prompt-length-bucket prior (then the global one), itself moved by
+the head, by ``c / (c + n_eff)``; with too few neighbours above the floor the moved prior answers alone,
+and with no history at all the shipped prior's log-normal. The result's spread is stretched so that its
+10–90% interval covers ~80% of recent outcomes (:mod:`predictor.calibration`). Every answer says which
+path it took: ``semantic``, ``bucket``, ``global`` or ``cold``. Defaults were tuned on the ShareGPT
+replay (``sagegate predictor eval``).
 
 The request path only reads local state: a replica's index is fed by its own completions at once and by
 other replicas' through the history store's background consumer.
@@ -21,18 +25,22 @@ import math
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from core.distribution import DEFAULT_PRIOR, LengthDistribution, mixture
+from predictor.cues import cue_features
 from predictor.embed_queue import BatchingEmbedder
 from predictor.embedder import MiniLMEmbedder, PromptLike, TextEmbedder, flatten_prompt
 from predictor.history import Completion, HistoryStore, WindowBounds, wall_clock
 from predictor.index import IndexConfig
 from predictor.lexical import DocFreq, extract_terms
 from predictor.memory_store import MemoryStore
+from predictor.ranker import features as head_features
+from predictor.ranker import log_mean, lognormal_points
+from predictor.ranker_prior import shipped_prior
 from predictor.semantic_shard import ModelShard
 
 log = logging.getLogger(__name__)
@@ -58,17 +66,29 @@ class SemanticConfig:
     probe_weight: float = 0.3
     probe_refit_every: int = 500
     probe_alpha: float = 3.0
+    head_weight: float = 0.15
+    head_blend_learned: bool = False
+    head_prior_weight: float = 1.0
+    head_lambda: float = 300.0
+    head_refit_every: int = 500
+    head_max_rows: int = 20000
+    head_pairwise_steps: int = 60
+    shipped_prior: bool = True
+    calibrate: bool = True
+    calibration_rate: float = 0.05
+    coverage_target: float = 0.8
     bounds: WindowBounds = field(default_factory=WindowBounds)
     index: IndexConfig = field(default_factory=IndexConfig)
 
 
 @dataclass(frozen=True, slots=True)
 class PromptFeatures:
-    """What the predictor keeps of a prompt: its embedding and hashed lexical terms."""
+    """What the predictor keeps of a prompt: its embedding, hashed lexical terms and length cues."""
 
     embedding: np.ndarray
     terms: np.ndarray
     counts: np.ndarray
+    cues: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +200,7 @@ class SemanticPredictor:
     @staticmethod
     def features_from(embedding: np.ndarray, text: str) -> PromptFeatures:
         terms, counts = extract_terms(text)
-        return PromptFeatures(np.asarray(embedding, dtype=np.float32), terms, counts)
+        return PromptFeatures(np.asarray(embedding, dtype=np.float32), terms, counts, cue_features(text))
 
     # --- prediction ---------------------------------------------------------------------------
     def predict_features(
@@ -190,23 +210,25 @@ class SemanticPredictor:
         if not self._started:
             self.start()
         shard = self._shards.get(model or self.default_model)
-        if shard is None:
-            return self.tally(Prediction(DEFAULT_PRIOR, "cold", features=feats))
         cfg = self.config
+        if shard is None:
+            return self.tally(Prediction(self._cold(feats, prompt_tokens), "cold", features=feats))
         with shard.index.lock:
             prior, prior_path = shard.prior_for(prompt_tokens, self.clock())
             if feats is None:
                 return self.tally(Prediction(prior, prior_path))
+            h = self._head_score(shard, feats, prompt_tokens)
+            prior = self._moved_prior(shard, prior, prior_path, h)
             with self._df_lock:
                 q_w = self._docfreq.weigh(feats.terms, feats.counts)
             cand = shard.index.search(feats.embedding, feats.terms, q_w, cfg.k_dense, cfg.k_lexical)
         if not cand.rows.size:
-            return self.tally(Prediction(prior, prior_path, features=feats))
+            return self._answer(shard, Prediction(prior, prior_path, features=feats))
         sim = cfg.dense_weight * cand.dense + (1.0 - cfg.dense_weight) * cand.lexical
         keep = np.flatnonzero(sim >= cfg.floor)
         best = float(sim.max())
         if keep.size < cfg.min_neighbours:
-            return self.tally(Prediction(prior, prior_path, int(keep.size), best, feats))
+            return self._answer(shard, Prediction(prior, prior_path, int(keep.size), best, feats))
         if keep.size > cfg.k:
             keep = keep[np.argpartition(-sim[keep], cfg.k)[: cfg.k]]
         s = sim[keep]
@@ -220,6 +242,9 @@ class SemanticPredictor:
             if est is not None:  # move the neighbours' lengths toward the probe, in log space
                 shift = cfg.probe_weight * (est - math.log(float(w @ outs / w.sum())))
                 outs = outs * math.exp(shift)
+        if h is not None and cfg.head_weight > 0:  # and toward the ranking head's score
+            a = log_mean(outs, w)
+            outs = outs * math.exp(shard.blend.location(a, h, feats) - a)
         knn = LengthDistribution.from_samples(outs, w, max_points=cfg.max_points)
         dist = knn
         if cfg.prior_weight > 0:
@@ -228,7 +253,40 @@ class SemanticPredictor:
             dist = mixture([(1.0 - lam, knn), (lam, prior)])
             if len(dist.support) > cfg.max_points:
                 dist = LengthDistribution.from_samples(dist.support, dist.probs, max_points=cfg.max_points)
-        return self.tally(Prediction(dist, "semantic", int(keep.size), best, feats))
+        return self._answer(shard, Prediction(dist, "semantic", int(keep.size), best, feats))
+
+    def _head_score(self, shard: ModelShard, feats: PromptFeatures, prompt_tokens: int) -> float | None:
+        if self.config.head_weight <= 0 and self.config.head_prior_weight <= 0:
+            return None
+        return shard.head.score(head_features(feats.embedding, feats.cues, prompt_tokens))
+
+    def _moved_prior(
+        self, shard: ModelShard, prior: LengthDistribution, path: str, h: float | None
+    ) -> LengthDistribution:
+        """The length prior moved in log space toward the head's score (``head_prior_weight``); before
+        any outcome of this model, the head's own log-normal."""
+        beta = self.config.head_prior_weight
+        if h is None or beta <= 0:
+            return prior
+        if path == "cold":
+            return LengthDistribution.from_samples(*lognormal_points(h, shard.head.sigma))
+        sup = np.asarray(prior.support, dtype=float)
+        probs = np.asarray(prior.probs, dtype=float)
+        return LengthDistribution.from_samples(sup * math.exp(beta * (h - log_mean(sup, probs))), probs)
+
+    def _cold(self, feats: PromptFeatures | None, prompt_tokens: int) -> LengthDistribution:
+        """No history for this model: the shipped prior's log-normal, else the default point."""
+        model = shipped_prior() if self.config.shipped_prior else None
+        if feats is None or model is None or self.config.head_prior_weight <= 0:
+            return DEFAULT_PRIOR
+        h = model.score(head_features(feats.embedding, feats.cues, prompt_tokens))
+        return LengthDistribution.from_samples(*lognormal_points(h, model.sigma))
+
+    def _answer(self, shard: ModelShard, p: Prediction) -> Prediction:
+        """Stretch the spread by the shard's conformal factor and count the path."""
+        if self.config.calibrate:
+            p = replace(p, distribution=shard.calibrator.apply(p.distribution, p.features))
+        return self.tally(p)
 
     def tally(self, p: Prediction) -> Prediction:
         """Count the path an answer took (``stats``) and return it."""
@@ -270,9 +328,14 @@ class SemanticPredictor:
             tenant=tenant,
             terms=feats.terms,
             counts=feats.counts,
+            cues=feats.cues,
         )
         if not self._started:
             self.start()
+        shard = self._shards.get(rec.model)
+        if shard is not None:
+            shard.blend.observe(feats, math.log(max(1, output_tokens)))
+            shard.calibrator.observe(feats, output_tokens)
         if self._ingest_one(rec):
             self.counters.recorded += 1
             self.store.append(rec)
@@ -325,7 +388,8 @@ class SemanticPredictor:
         shard = self._shards.get(model)
         if shard is None:
             with self._shards_lock:
-                shard = self._shards.setdefault(model, ModelShard(self.config))
+                prior = shipped_prior() if self.config.shipped_prior else None
+                shard = self._shards.setdefault(model, ModelShard(self.config, prior))
         return shard
 
     def expire(self) -> int:

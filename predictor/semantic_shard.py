@@ -1,5 +1,6 @@
-"""One served model's share of the semantic predictor: its window index, its prompt-length priors
-and its (optional) linear probe, refitted as the window moves."""
+"""One served model's share of the semantic predictor: its window index, its prompt-length priors,
+its (optional) linear probe, refitted as the window moves, its ranking head (trained off the request
+path, starting from the shipped prior) and its spread calibrator."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.distribution import LengthDistribution
+from predictor.blend import Blend
+from predictor.calibration import SpreadCalibrator
 from predictor.history import Completion
 from predictor.index import WindowIndex
 from predictor.priors import WindowPriors
 from predictor.probe import LengthProbe
+from predictor.ranker import HeadModel, OnlineHead, features
 
 if TYPE_CHECKING:
     from predictor.semantic import SemanticConfig
@@ -21,7 +25,7 @@ if TYPE_CHECKING:
 class ModelShard:
     """One model's index, its length priors and (optional) linear probe."""
 
-    def __init__(self, config: SemanticConfig) -> None:
+    def __init__(self, config: SemanticConfig, prior: HeadModel | None = None) -> None:
         self.priors = WindowPriors(
             config.bounds, min_samples=config.bucket_min_samples, max_points=config.max_points
         )
@@ -30,6 +34,17 @@ class ModelShard:
         self.refit_every = config.probe_refit_every
         self.since_fit = 0
         self._fitting: threading.Thread | None = None
+        self.head = OnlineHead(
+            prior,
+            max_rows=min(config.head_max_rows, config.bounds.max_entries),
+            refit_every=config.head_refit_every,
+            lam=config.head_lambda,
+            pairwise_steps=config.head_pairwise_steps,
+            background=config.index.background,
+            max_age_s=config.bounds.max_age_s,
+        )
+        self.blend = Blend(config.head_weight, refit_every=50 if config.head_blend_learned else 10**12)
+        self.calibrator = SpreadCalibrator(config.calibration_rate, target=config.coverage_target)
 
     def maybe_refit(self) -> None:
         """Refit the probe every ``refit_every`` additions or a tenth of the window, whichever is more
@@ -56,6 +71,8 @@ class ModelShard:
 
     def _observe(self, rec: Completion, now: float) -> None:
         self.priors.add(rec.ts, rec.prompt_tokens, rec.output_tokens, now)
+        phi = features(rec.embedding, rec.cues, rec.prompt_tokens)
+        self.head.observe(phi, rec.output_tokens, rec.ts, now)
 
     def observe_length(self, prompt_tokens: int, output_tokens: int, now: float) -> None:
         """An outcome without text: only the priors learn from it."""

@@ -67,6 +67,7 @@ def test_a_completion_through_one_replica_informs_the_other(redis_url: str, redi
             assert _ask(a.url, f"{QUESTION} variant {i}").headers["x-sagegate-backend"] == "backend-0"
         wait_until(lambda: gw_b.predictor.core.size("fake") >= 8, timeout=10, what="history reached B")
         after = _ask(b.url, QUESTION)
-        assert after.headers["x-sagegate-predicted-tokens"] == "77"
+        # A's 77-token answers, moved a little by the ranking head's shift (B's own backend answers 5)
+        assert 60 <= int(after.headers["x-sagegate-predicted-tokens"]) <= 95
         metrics = httpx.get(b.url + "/metrics").text
         assert 'sagegate_predictor_path_total{path="semantic"} 1.0' in metrics

@@ -27,6 +27,7 @@ from predictor.semantic_sim import SemanticLengthPredictor
 from tests.semantic_support import LONG_TASKS, SHORT_TASKS, TOPICS, family, real_embedder
 
 SHORT, LONG = 20, 900
+NEIGHBOURS_ONLY: dict[str, object] = {"head_weight": 0.0, "head_prior_weight": 0.0}  # exact supports
 
 
 def make(
@@ -108,8 +109,16 @@ def test_micro_batching_matches_direct_embedding() -> None:
     assert batcher.items == len(texts) and batcher.batches < len(texts)
 
 
-def test_cold_start_answers_from_the_prior(feats: dict[str, list[PromptFeatures]]) -> None:
+def test_cold_start_answers_from_the_shipped_prior(feats: dict[str, list[PromptFeatures]]) -> None:
     p = make()
+    first = p.predict_features(feats["short_new"][0], 15)
+    assert first.path == "cold" and len(first.distribution.support) > 1  # the shipped head's log-normal
+    long = p.predict_features(feats["long_new"][0], 25)
+    assert long.mean > first.mean
+
+
+def test_cold_start_answers_from_the_prior(feats: dict[str, list[PromptFeatures]]) -> None:
+    p = make(shipped_prior=False)
     first = p.predict_features(feats["short_new"][0], 15)
     assert first.path == "cold" and first.distribution is DEFAULT_PRIOR
     for f in feats["long"][:2]:  # two outcomes (a client's warm-up, say) are no prior yet
@@ -138,7 +147,7 @@ def test_similar_prompts_predict_their_family_length(feats: dict[str, list[Promp
 
 
 def test_models_do_not_share_neighbours(feats: dict[str, list[PromptFeatures]]) -> None:
-    p = make()
+    p = make(**NEIGHBOURS_ONLY)
     for f in feats["short"] + feats["long"]:
         p.record_features(f, 20, 700, model="big")
         p.record_features(f, 20, 12, model="small")
@@ -149,7 +158,8 @@ def test_models_do_not_share_neighbours(feats: dict[str, list[PromptFeatures]]) 
 
 
 def test_count_bound_forgets_old_lengths(feats: dict[str, list[PromptFeatures]]) -> None:
-    p = make(bounds=WindowBounds(max_entries=len(feats["long"]), max_age_s=math.inf))
+    bounds = WindowBounds(max_entries=len(feats["long"]), max_age_s=math.inf)
+    p = make(bounds=bounds, **NEIGHBOURS_ONLY)
     for f in feats["long"]:
         p.record_features(f, 25, 1111)
     for f in feats["long"]:
@@ -161,7 +171,7 @@ def test_count_bound_forgets_old_lengths(feats: dict[str, list[PromptFeatures]])
 
 def test_age_bound_forgets_old_lengths(feats: dict[str, list[PromptFeatures]]) -> None:
     now = [1000.0]
-    p = make(bounds=WindowBounds(max_entries=10_000, max_age_s=60.0), clock=now)
+    p = make(bounds=WindowBounds(max_entries=10_000, max_age_s=60.0), clock=now, **NEIGHBOURS_ONLY)
     for f in feats["long"]:
         p.record_features(f, 25, 1111)
     now[0] += 30
@@ -189,11 +199,19 @@ def pool(feats: dict[str, list[PromptFeatures]]) -> list[PromptFeatures]:
     query=st.integers(0, 10_000),
     prompt_tokens=st.integers(1, 50_000),
     prior_weight=st.sampled_from([0.0, 2.0]),
+    alone=st.booleans(),
 )
 def test_distribution_is_normalised_and_quantiles_monotone(
-    pool: Sequence[PromptFeatures], lengths: list[int], query: int, prompt_tokens: int, prior_weight: float
+    pool: Sequence[PromptFeatures],
+    lengths: list[int],
+    query: int,
+    prompt_tokens: int,
+    prior_weight: float,
+    alone: bool,
 ) -> None:
-    p = make(prior_weight=prior_weight)
+    """``alone``: the neighbours without the head's shift and the spread's stretch."""
+    off = {"head_weight": 0.0, "head_prior_weight": 0.0, "calibrate": False} if alone else {}
+    p = make(prior_weight=prior_weight, **off)
     for i, n in enumerate(lengths):
         p.record_features(pool[i % len(pool)], 10 + i, n)
     pred = p.predict_features(pool[query % len(pool)], prompt_tokens)
@@ -203,7 +221,7 @@ def test_distribution_is_normalised_and_quantiles_monotone(
     assert len(d.support) <= p.config.max_points or pred.path != "semantic"
     assert pred.p10 <= pred.p50 <= pred.p90
     assert min(d.support) <= pred.mean <= max(d.support)
-    if pred.path == "semantic" and prior_weight == 0:  # else the prior's mass may lie outside them
+    if pred.path == "semantic" and prior_weight == 0 and alone:  # else the prior's mass may lie outside
         assert min(lengths) <= pred.p10 and pred.p90 <= max(lengths)
 
 

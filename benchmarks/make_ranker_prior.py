@@ -1,0 +1,68 @@
+"""Fit the ranking head's shipped prior (``predictor/data/ranker_prior.npz``) offline on ShareGPT pairs.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/make_ranker_prior.py [--pairs FILE] [--first 6000]
+        [--lam 300] [--pairwise-steps 60] [--out predictor/data/ranker_prior.npz]
+
+It reads the shared ShareGPT first-turn pairs (Apache-2.0 upstream card; ``../shared/data/sharegpt``),
+embeds the prompts with the default embedder (cached under ``SAGEGATE_CACHE``), and fits
+:func:`predictor.ranker.fit_head` on the *first* ``--first`` pairs in file order only: the replays in
+BENCHMARKS.md warm on the first 6,000 and score what follows, so the prior never saw a scored pair.
+What ships is a weight vector (~1.7k numbers), not data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from predictor.cues import cue_features  # noqa: E402
+from predictor.embedder import EMBED_VERSION, MiniLMEmbedder, flatten_prompt  # noqa: E402
+from predictor.evaluate import EvalItem, embed_cached, load_items  # noqa: E402
+from predictor.ranker import N_FEATURES, features, fit_head  # noqa: E402
+from predictor.ranker_prior import PRIOR_PATH, save_prior  # noqa: E402
+
+SHAREGPT = REPO.parent / "shared" / "data" / "sharegpt" / "sharegpt_v3_first_turn_pairs.jsonl.gz"
+
+
+def feature_matrix(items: list[EvalItem], vecs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    phi = np.zeros((len(items), N_FEATURES), dtype=np.float32)
+    for i, it in enumerate(items):
+        phi[i] = features(vecs[i], cue_features(flatten_prompt(it.prompt)), it.prompt_tokens)
+    y = np.log(np.array([max(1, it.output_tokens) for it in items], dtype=np.float64))
+    return phi, y
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pairs", type=Path, default=SHAREGPT)
+    ap.add_argument("--first", type=int, default=6000)
+    ap.add_argument("--lam", type=float, default=300.0)
+    ap.add_argument("--pairwise-steps", type=int, default=60)
+    ap.add_argument("--out", type=Path, default=PRIOR_PATH)
+    args = ap.parse_args()
+    if not args.pairs.exists():
+        sys.exit(f"{args.pairs} not found (the shared data folder)")
+    items = load_items(args.pairs)
+    vecs = embed_cached([flatten_prompt(it.prompt) for it in items], MiniLMEmbedder())
+    phi, y = feature_matrix(items, vecs)
+    n = min(args.first, len(items))
+    model = fit_head(phi[:n], y[:n], None, args.lam, args.pairwise_steps)
+    tail = np.array([model.score(p) for p in phi[n:]])
+    tau = stats.kendalltau(tail, y[n:], variant="b").statistic if tail.size else float("nan")
+    print(
+        f"fitted on {n} pairs; sigma {model.sigma:.3f}; head-alone tau-b on the {tail.size} after: {tau:.3f}"
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    save_prior(model, args.out, EMBED_VERSION, f"ShareGPT V3 first-turn pairs, first {n} in file order")
+    print(f"wrote {args.out} ({args.out.stat().st_size} bytes)")
+
+
+if __name__ == "__main__":
+    main()

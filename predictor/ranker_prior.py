@@ -1,0 +1,79 @@
+"""The ranking head's prior that ships with the project: a weight vector learned offline on public
+prompt–response pairs (``benchmarks/make_ranker_prior.py``; source and licence in
+``predictor/data/RANKER_PRIOR.md``).
+
+Why: from an empty history the neighbours know nothing, yet "write a 1,000-word essay" is longer than
+"answer yes or no" for any served model. The weights score a prompt in log-length units *relative to the
+training set's mean* (the intercept is only a fallback), so what transfers to another model is the
+ranking and the size of the shifts; each model's :class:`predictor.ranker.OnlineHead` re-fits its own
+intercept and moves the weights as its completions arrive. The file is tied to the cue layout and the
+embedder version it was fitted under; a mismatch loads nothing (the head then starts from zero).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from predictor.cues import CUE_NAMES
+from predictor.ranker import N_FEATURES, HeadModel
+
+log = logging.getLogger(__name__)
+
+PRIOR_PATH = Path(__file__).resolve().parent / "data" / "ranker_prior.npz"
+
+
+def layout_digest() -> str:
+    """What the weights are tied to: the cue names in order and the feature count."""
+    return hashlib.sha256(("|".join(CUE_NAMES) + f"|{N_FEATURES}").encode()).hexdigest()[:16]
+
+
+def save_prior(model: HeadModel, path: Path, embed_version: str, source: str) -> None:
+    np.savez_compressed(
+        path,
+        coef_std=model.coef_std.astype(np.float32),
+        intercept=np.float64(model.intercept),
+        mu=model.mu.astype(np.float32),
+        sd=model.sd.astype(np.float32),
+        sigma=np.float64(model.sigma),
+        fitted_on=np.int64(model.fitted_on),
+        layout=np.str_(layout_digest()),
+        embed_version=np.str_(embed_version),
+        source=np.str_(source),
+    )
+
+
+def load_prior(path: Path = PRIOR_PATH, embed_version: str | None = None) -> HeadModel | None:
+    """The prior at ``path``, or None when it is absent or fitted under another layout/embedder."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            if str(f["layout"]) != layout_digest():
+                log.warning("ranker prior %s: fitted under another cue layout; not used", path)
+                return None
+            if (
+                embed_version is not None
+                and str(f["embed_version"]).split("/")[0] != embed_version.split("/")[0]
+            ):
+                log.warning("ranker prior %s: fitted for embedder %s; not used", path, f["embed_version"])
+                return None
+            return HeadModel(
+                f["coef_std"].astype(np.float32),
+                float(f["intercept"]),
+                f["mu"].astype(np.float32),
+                f["sd"].astype(np.float32),
+                float(f["sigma"]),
+                int(f["fitted_on"]),
+            )
+    except (OSError, KeyError, ValueError):
+        log.warning("ranker prior %s could not be read; not used", path)
+        return None
+
+
+@lru_cache(maxsize=1)
+def shipped_prior() -> HeadModel | None:
+    """The shipped prior, loaded once (offline: it is package data)."""
+    return load_prior(PRIOR_PATH)
