@@ -22,6 +22,7 @@ from scipy import stats
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from core.request import prompt_digest  # noqa: E402
 from predictor.cues import cue_features  # noqa: E402
 from predictor.embedder import EMBED_VERSION, MiniLMEmbedder, flatten_prompt  # noqa: E402
 from predictor.evaluate import EvalItem, embed_cached, load_items  # noqa: E402
@@ -43,7 +44,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=Path, default=SHAREGPT)
     ap.add_argument("--first", type=int, default=6000)
-    ap.add_argument("--lam", type=float, default=300.0)
+    ap.add_argument("--lam", type=float, default=1000.0)
     ap.add_argument("--pairwise-steps", type=int, default=60)
     ap.add_argument("--out", type=Path, default=PRIOR_PATH)
     args = ap.parse_args()
@@ -60,7 +61,13 @@ def main() -> None:
         f"fitted on {n} pairs; sigma {model.sigma:.3f}; head-alone tau-b on the {tail.size} after: {tau:.3f}"
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    save_prior(model, args.out, EMBED_VERSION, f"ShareGPT V3 first-turn pairs, first {n} in file order")
+    save_prior(
+        model,
+        args.out,
+        EMBED_VERSION,
+        f"ShareGPT V3 first-turn pairs, first {n} in file order",
+        trained_on=[prompt_digest(flatten_prompt(it.prompt)) for it in items[:n]],
+    )
     print(f"wrote {args.out} ({args.out.stat().st_size} bytes)")
 
 

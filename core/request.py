@@ -77,6 +77,14 @@ class PredictionQuery:
         )
 
 
+def prompt_digest(text: str) -> int:
+    """A 64-bit digest of a prompt's text: how a prompt is named without shipping it (the ranking
+    head's shipped prior lists the prompts it was fitted on, so that replays can leave them out)."""
+    import hashlib
+
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
 def answer_key(requests: Iterable[TraceRequest]) -> dict[int, int]:
     """Each request's true output length by ``rid``: what an oracle predictor is explicitly handed.
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from core.request import TraceRequest
+from core.request import TraceRequest, prompt_digest
 
 BLOCK_TOKENS = 512  # Mooncake: one hash id per 512 prompt tokens
 BUCKET_RATIO = 1.25  # ShareGPT buckets: prompt lengths within a factor 1.25
@@ -151,14 +151,18 @@ def _load_pairs(path: str) -> tuple[tuple[str, int], ...]:
 
 
 @lru_cache(maxsize=2)
-def unique_pairs(path: str) -> tuple[TraceRequest, ...]:
-    """The pairs file's (prompt, response length) pairs, first occurrence of each prompt text only."""
+def unique_pairs(path: str, exclude: frozenset[int] = frozenset()) -> tuple[TraceRequest, ...]:
+    """The pairs file's (prompt, response length) pairs, first occurrence of each prompt text only,
+    leaving out prompts whose :func:`core.request.prompt_digest` is in ``exclude`` (those a shipped
+    prior was fitted on: a replay must not judge a predictor on what it learned from)."""
     from loadgen.readers import read_trace
 
     seen: set[str] = set()
     out = []
     for r in read_trace(path, "sharegpt", rate=1.0):
         text = r.prompt or ""
+        if exclude and prompt_digest(text) in exclude:
+            continue
         if text.strip() and text not in seen:
             seen.add(text)
             out.append(r)
@@ -231,8 +235,10 @@ def attach_prompts(
     *,
     seed: int = 0,
     sharegpt: SharegptPool | str | Path | None = None,
+    exclude_prompts: frozenset[int] = frozenset(),
 ) -> list[TraceRequest]:
     """``requests`` with prompt text (see :data:`PROMPT_MODES`); ``prompt_tokens`` follows the text.
+    ``exclude_prompts``: prompt digests the ``paired`` mode leaves out (:func:`unique_pairs`).
 
     Filler and Mooncake prompts have exactly the trace's prompt length; a ShareGPT prompt brings its
     own length, from the trace's bucket. ``sharegpt`` is a pool or the pairs file (default: the
@@ -246,7 +252,7 @@ def attach_prompts(
         path = Path(sharegpt) if isinstance(sharegpt, str | Path) else default_sharegpt_path()
         if not path.is_file():
             raise FileNotFoundError(f"ShareGPT pairs not found: {path} (pass --sharegpt PATH)")
-        return pairs_on_arrivals(requests, unique_pairs(str(path)), seed)
+        return pairs_on_arrivals(requests, unique_pairs(str(path), exclude_prompts), seed)
     pool: SharegptPool | None = None
     if mode == "sharegpt" and any(r.prompt is None and not r.hash_ids for r in requests):
         if isinstance(sharegpt, SharegptPool):

@@ -57,6 +57,7 @@ def prepare_workload(
     seed: int = 0,
     prompts: str = "none",
     sharegpt: str | Path | None = None,
+    exclude_prompts: frozenset[int] = frozenset(),
     requests: int = SYNTHETIC_REQUESTS,
     reader_opts: Mapping[str, Any] | None = None,
     max_tokens: int | None = None,
@@ -111,7 +112,7 @@ def prepare_workload(
     if prompts != "none":
         from loadgen.prompts import attach_prompts
 
-        work = attach_prompts(work, prompts, seed=seed, sharegpt=sharegpt)
+        work = attach_prompts(work, prompts, seed=seed, sharegpt=sharegpt, exclude_prompts=exclude_prompts)
     if max_tokens is not None:
         cut = sum(r.max_tokens is None and r.output_tokens > max_tokens for r in work)
         work = with_client_cap(work, max_tokens)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
@@ -32,9 +33,13 @@ def layout_digest() -> str:
     return hashlib.sha256(("|".join(CUE_NAMES) + f"|{N_FEATURES}").encode()).hexdigest()[:16]
 
 
-def save_prior(model: HeadModel, path: Path, embed_version: str, source: str) -> None:
+def save_prior(
+    model: HeadModel, path: Path, embed_version: str, source: str, trained_on: Sequence[int] = ()
+) -> None:
+    """``trained_on``: the :func:`core.request.prompt_digest` of every prompt it was fitted on."""
     np.savez_compressed(
         path,
+        trained_on=np.array(sorted(trained_on), dtype=np.uint64),
         coef_std=model.coef_std.astype(np.float32),
         intercept=np.float64(model.intercept),
         mu=model.mu.astype(np.float32),
@@ -71,6 +76,17 @@ def load_prior(path: Path = PRIOR_PATH, embed_version: str | None = None) -> Hea
     except (OSError, KeyError, ValueError):
         log.warning("ranker prior %s could not be read; not used", path)
         return None
+
+
+@lru_cache(maxsize=1)
+def prior_training_prompts(path: Path = PRIOR_PATH) -> frozenset[int]:
+    """Digests of the prompts the shipped prior was fitted on: replays that judge the predictor leave
+    them out (``sagegate.live``), so that no figure scores it on what it learned from."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return frozenset(int(x) for x in f["trained_on"])
+    except (OSError, KeyError, ValueError):
+        return frozenset()
 
 
 @lru_cache(maxsize=1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -194,3 +195,28 @@ class _Unused:
 
 
 _ = replace
+
+
+def test_replays_leave_out_the_prompts_the_shipped_prior_learned_from(tmp_path: Path) -> None:
+    """The demo and bench_value judge the predictor on pairs it never trained on (no leak)."""
+    import gzip
+    import json
+
+    from core.request import prompt_digest
+    from loadgen.prompts import unique_pairs
+    from predictor.ranker_prior import prior_training_prompts
+    from sagegate.live import azure_workload
+
+    trained = prior_training_prompts()
+    assert len(trained) > 1000  # the shipped prior names what it was fitted on
+    work = azure_workload(0.2, 4.0, 0, quiet=True).requests
+    assert work and not any(prompt_digest(r.prompt or "") in trained for r in work)
+
+    rows = [
+        {"prompt": f"question {i}", "prompt_tokens_cl100k": 3, "response_tokens_cl100k": 9} for i in range(4)
+    ]
+    path = tmp_path / "pairs.jsonl.gz"
+    with gzip.open(path, "wt") as fh:
+        fh.write("\n".join(json.dumps(r) for r in rows))
+    kept = unique_pairs(str(path), frozenset({prompt_digest("question 1"), prompt_digest("question 3")}))
+    assert [r.prompt for r in kept] == ["question 0", "question 2"]
