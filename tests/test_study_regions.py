@@ -17,7 +17,7 @@ from study.config import (
     StudyConfig,
     with_utilisation_regions,
 )
-from study.report.lssp import load_ends
+from study.report.reversals import load_ends
 from study.simrun import Entry, run_window
 from study.sweep import plan
 from study.windows import Window, make_windows

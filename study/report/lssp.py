@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -13,7 +13,7 @@ import numpy as np
 from study import analysis
 from study.analysis import Dataset
 from study.config import StudyConfig
-from study.report.reversals import HEAVY
+from study.report.reversals import HEAVY, load_ends
 from study.report.text import fmt, join_words, pct, table
 from study.stats import MICROSCOPIC, STABLE, SUPPORTED
 from study.sweep import VLLM_ALONE
@@ -115,9 +115,10 @@ def lssp_section(
         f"**No supported reversal at light load** (rule: zero at {light}): ours {by_region.get(light, 0)} — "
         + ("holds." if by_region.get(light, 0) == 0 else "does not hold.")
     )
+    heavy_names = "/".join(r for r in HEAVY if r in ds.regions)
     if rev["supported"]:
         verdicts.append(
-            f"**Reversals concentrate under heavy load** (rule: at least half of them at {'/'.join(HEAVY)}): "
+            f"**Reversals concentrate under heavy load** (rule: at least half of them at {heavy_names}): "
             f"{heavy} of {rev['supported']}, peak at {peak} — "
             + ("holds." if heavy * 2 >= rev["supported"] else "does not hold.")
         )
@@ -156,15 +157,6 @@ def lssp_section(
     ]
     lines += _engine_note(ds)
     return lines
-
-
-def load_ends(regions: Sequence[tuple[str, float]], present: Sequence[str]) -> tuple[str, list[str]]:
-    """The lightest region present and the two heaviest: LSSP's LOW and OVERLOAD / HIGH_PRESSURE when a
-    run uses LSSP's regions, their counterparts by load when it does not."""
-    by_load = [name for name, _ in sorted(regions, key=lambda r: r[1]) if name in present]
-    if not by_load:
-        return "LOW", ["OVERLOAD", "HIGH_PRESSURE"]
-    return by_load[0], by_load[-2:]
 
 
 def _engine_note(ds: Dataset) -> list[str]:

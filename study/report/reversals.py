@@ -4,6 +4,7 @@ supported."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,15 @@ from study.stats import MICROSCOPIC, STABLE, SUPPORTED
 from study.sweep import VLLM_ALONE
 
 HEAVY = ("POST_KNEE", "OVERLOAD", "HIGH_PRESSURE", "U110")
+
+
+def load_ends(regions: Sequence[tuple[str, float]], present: Sequence[str]) -> tuple[str, list[str]]:
+    """The lightest region present and the two heaviest: LSSP's LOW and OVERLOAD / HIGH_PRESSURE when a
+    run uses LSSP's regions, their counterparts by load when it does not."""
+    by_load = [name for name, _ in sorted(regions, key=lambda r: r[1]) if name in present]
+    if not by_load:
+        return "LOW", ["OVERLOAD", "HIGH_PRESSURE"]
+    return by_load[0], by_load[-2:]
 
 
 def reversals_section(ds: Dataset, figdir: Path) -> tuple[list[str], dict[str, Any]]:
@@ -66,14 +76,16 @@ def reversals_section(ds: Dataset, figdir: Path) -> tuple[list[str], dict[str, A
             + "."
         )
         lines.append("")
+    light, _ = load_ends(ds.cfg.regions, ds.regions)
+    heavy_here = [r for r in HEAVY if r in ds.regions]
     mrows = []
     for m in METRIC_NAMES:
         rs = [r for r in recs if r.metric == m]
         if not rs:
             continue
         c = Counter(r.cls for r in rs)
-        heavy = sum(1 for r in rs if r.cls == SUPPORTED and r.region in HEAVY)
-        low = sum(1 for r in rs if r.cls == SUPPORTED and r.region == "LOW")
+        heavy = sum(1 for r in rs if r.cls == SUPPORTED and r.region in heavy_here)
+        low = sum(1 for r in rs if r.cls == SUPPORTED and r.region == light)
         mrows.append([m, len(rs), c[MICROSCOPIC], c[SUPPORTED], pct(c[SUPPORTED] / len(rs)), low, heavy])
     lines += ["### Every metric", ""]
     lines += table(
@@ -83,8 +95,8 @@ def reversals_section(ds: Dataset, figdir: Path) -> tuple[list[str], dict[str, A
             "microscopic",
             "supported",
             "supported share",
-            "at LOW",
-            f"at {'/'.join(HEAVY)}",
+            f"at {light}",
+            f"at {'/'.join(heavy_here)}",
         ],
         mrows,
     )
