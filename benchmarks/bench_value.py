@@ -46,14 +46,23 @@ ALONE = "vLLM alone"
 class Setup:
     name: str
     policy: str | None  # None: no gateway, round robin straight to the backends
+    pause: bool = False  # the gateway's pause.enabled (issue 17)
 
 
 ALONE_SETUP = Setup(ALONE, None)
 
 
 def setups(policies: str) -> list[Setup]:
-    """vLLM alone, then the gateway with each of ``policies`` (specs separated by semicolons)."""
-    return [ALONE_SETUP, *(Setup(f"gateway {p}", p) for p in policies.split(";") if p)]
+    """vLLM alone, then the gateway with each of ``policies`` (specs separated by semicolons; a spec
+    ending in ``+pause`` runs with ``pause.enabled``)."""
+    return [
+        ALONE_SETUP,
+        *(
+            Setup(f"gateway {p}", p.removesuffix("+pause"), p.endswith("+pause"))
+            for p in policies.split(";")
+            if p
+        ),
+    ]
 
 
 ROWS = (
@@ -80,6 +89,15 @@ GATEWAY_ENV = {"SAGEGATE_QUEUE__MAX_WAIT_S": "86400"}
 which vLLM alone never sends; the benchmark compares latencies of the same completed requests."""
 
 
+def pause_options(args: argparse.Namespace) -> dict[str, float]:
+    """The pause rule's settings a ``+pause`` set-up runs with (live and simulated alike)."""
+    opts = {
+        "hysteresis": args.pause_hysteresis,
+        "prefill_tokens_per_step": args.pause_prefill_tokens_per_step,
+    }
+    return {k: v for k, v in opts.items() if v is not None}
+
+
 # --- the simulator ----------------------------------------------------------------------------------
 def simulate_setup(work: Sequence[TraceRequest], setup: Setup, args: argparse.Namespace) -> Any:
     """``setup`` in the simulator (``sagegate.simtwin``: the live gateway's settings, no queue timeout
@@ -87,7 +105,14 @@ def simulate_setup(work: Sequence[TraceRequest], setup: Setup, args: argparse.Na
     from sagegate.simtwin import simulate_run
 
     return simulate_run(
-        work, setup.policy, model=args.model, gpu=args.gpu, predictor=args.predictor, seed=args.seed
+        work,
+        setup.policy,
+        model=args.model,
+        gpu=args.gpu,
+        predictor=args.predictor,
+        seed=args.seed,
+        pause=setup.pause,
+        pause_options=pause_options(args),
     )
 
 
@@ -106,6 +131,23 @@ def scrape_backends(urls: Sequence[str]) -> dict[str, float | None]:
     return {"preemptions": counters[PREEMPTIONS], "generation_tokens": counters["vllm:generation_tokens"]}
 
 
+def gateway_pauses(url: str) -> float | None:
+    """Requests the gateway paused (``sagegate_pauses_total{event="paused"}``); None if it did not say."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = httpx.get(url + "/metrics", timeout=10.0, trust_env=False).text
+    except httpx.HTTPError:
+        return None
+    return sum(
+        s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == "sagegate_pauses_total" and s.labels.get("event") == "paused"
+    )
+
+
 def run_live(work: Sequence[TraceRequest], setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
     """One run on fresh backends: the records, the backends' counters, the gateway's queue depth."""
     from loadgen.client import replay
@@ -114,6 +156,7 @@ def run_live(work: Sequence[TraceRequest], setup: Setup, args: argparse.Namespac
     # Per-request wall timeout and connection limit well above what an overloaded run needs.
     timeout_s, conns = 4 * 3600.0, 15000
     queue: list[tuple[float, float]] = []
+    pauses: float | None = None
     load_before = os.getloadavg()
     t0 = time.monotonic()
     with backends(2, args.model, args.gpu, args.time_scale) as urls:
@@ -122,7 +165,11 @@ def run_live(work: Sequence[TraceRequest], setup: Setup, args: argparse.Namespac
                 round_robin(work, urls, args.time_scale, timeout_s=timeout_s, max_connections=conns)
             )
         else:
-            with gateway(urls, setup.policy, args.predictor, env=GATEWAY_ENV) as gw:
+            env = dict(GATEWAY_ENV)
+            if setup.pause:
+                env["SAGEGATE_PAUSE__ENABLED"] = "true"
+                env |= {f"SAGEGATE_PAUSE__{k.upper()}": str(v) for k, v in pause_options(args).items()}
+            with gateway(urls, setup.policy, args.predictor, env=env) as gw:
                 res = replay(
                     work,
                     replay_config(
@@ -130,10 +177,12 @@ def run_live(work: Sequence[TraceRequest], setup: Setup, args: argparse.Namespac
                     ),
                 )
                 records, queue = res.records, res.queue_samples
+                pauses = gateway_pauses(gw)
         counters = scrape_backends(urls)
     return {
         "records": records,
         "counters": counters,
+        "pauses": pauses,
         "queue": queue,
         "wall_s": time.monotonic() - t0,
         "loadavg_before": load_before,
@@ -257,6 +306,7 @@ def run_load(label: str, target: float, args: argparse.Namespace) -> dict[str, A
         queue = [r.queue_s for r in res.records if r.queue_s is not None]
         out["sim"][setup.name] = {
             **figures(res.records),
+            "gateway_pauses": float(res.gateway_pauses),
             "mean_queued": res.mean_queued,
             "queue_mean_s": float(np.mean(queue)) if queue else 0.0,
         }
@@ -277,6 +327,7 @@ def run_load(label: str, target: float, args: argparse.Namespace) -> dict[str, A
         out["live"][setup.name] = {
             **fig,
             "backend_generation_tokens": run["counters"]["generation_tokens"],
+            "gateway_pauses": run["pauses"],
             "wall_s": run["wall_s"],
             "loadavg_before": run["loadavg_before"],
             "loadavg_after": run["loadavg_after"],
@@ -310,6 +361,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--predictor", default="length-bucket", help="the gateway's predictor")
     ap.add_argument(
         "--policies", default="fcfs;sagesched", help="the gateway's policies, specs separated by ;"
+    )
+    ap.add_argument("--pause-hysteresis", type=float, default=None, help="+pause set-ups: pause.hysteresis")
+    ap.add_argument(
+        "--pause-prefill-tokens-per-step",
+        type=float,
+        default=None,
+        help="+pause set-ups: pause.prefill_tokens_per_step (1e6: the resume cost ignored)",
     )
     ap.add_argument("--model", default="qwen3-32b")
     ap.add_argument("--gpu", default="h100")

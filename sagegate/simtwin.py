@@ -6,7 +6,7 @@ its simulated counterpart computed the same way.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from core.request import TraceRequest
@@ -50,12 +50,15 @@ def simulate_run(
     seed: int = 0,
     max_wait_s: float | None = None,
     step_time_scale: float | None = None,
+    pause: bool = False,
+    pause_options: Mapping[str, float] | None = None,
 ) -> SimResult:
     """``policy`` at the gateway (None: vLLM alone, round robin) in the simulator, with the live
     gateway's admission settings, its queue limits (``max_wait_s`` in engine seconds; None: no
     timeout), the starvation bound the live gateway derives from them (``queue.aged_share``) and the
-    front end's cost added as a client sees it."""
-    from gateway.settings import AdmissionSettings, QueueSettings
+    front end's cost added as a client sees it. ``pause``: the live gateway's ``pause.enabled``, the
+    rule's other settings from ``pause_options``."""
+    from gateway.settings import AdmissionSettings, PauseSettings, QueueSettings
     from policies.registry import parse_policy
     from predictor.semantic_sim import SemanticLengthPredictor
     from sim.des import QueueLimits, SimSetup, client_view, simulate
@@ -77,6 +80,7 @@ def simulate_run(
             predictor=pred,
             admission=AdmissionSettings().config(),  # the live gateway's admission, backlog included
             queue_limits=QueueLimits(q.max_requests, q.max_tokens, max_wait_s if max_wait_s else 1e18),
+            pause=PauseSettings.model_validate({"enabled": pause, **(pause_options or {})}).config(),
         )
     result = simulate(work, setup)
     client_view(result, perf.frontend_s)
