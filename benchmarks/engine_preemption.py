@@ -49,13 +49,22 @@ SETUPS = {
 
 
 def load_workload(name: str, n: int) -> list[TraceRequest]:
+    """``mooncake`` (the synthetic trace's first ``n``), ``azure-conv`` (the conversation trace's
+    requests 2000.., as ``policy_experiments.py``) or ``sharegpt`` (ShareGPT pairs on those arrivals)."""
     from loadgen.readers import read_trace
 
     data = data_root()
     if name == "mooncake":
         return rebase(read_trace(data / "mooncake" / "synthetic_trace.jsonl")[:n])
-    conv = read_trace(data / "azure2023" / "AzureLLMInferenceTrace_conv.csv")
-    return rebase(conv[2000 : 2000 + n])
+    conv = rebase(read_trace(data / "azure2023" / "AzureLLMInferenceTrace_conv.csv")[2000 : 2000 + n])
+    if name == "azure-conv":
+        return conv
+    pairs = read_trace(
+        data / "sharegpt" / "sharegpt_v3_first_turn_pairs.jsonl.gz",
+        arrivals_from=[r.arrival_s for r in conv],
+        limit=n,
+    )
+    return rebase(pairs[:n])
 
 
 def run_one(

@@ -25,11 +25,11 @@ import argparse
 import math
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+
+from engine_preemption import Setup, load_workload
 
 from core.request import TraceRequest, answer_key
-from loadgen.data import data_root
-from loadgen.records import rebase, scale_rate
+from loadgen.records import scale_rate
 
 LOADS = (0.5, 0.9, 1.1)
 ERROR = 0.2
@@ -42,35 +42,11 @@ NAMES = {
 }
 
 
-@dataclass(frozen=True)
-class Setup:
-    model: str
-    gpu: str
-    engines: int
-
-
 SETUPS = {
     "sharegpt": Setup("llama-3.1-8b", "h100", 1),
     "azure-conv": Setup("qwen3-32b", "h100", 1),
     "mooncake": Setup("llama-3.1-8b", "h100", 2),
 }
-
-
-def load_workload(name: str, n: int) -> list[TraceRequest]:
-    from loadgen.readers import read_trace
-
-    data = data_root()
-    if name == "mooncake":
-        return rebase(read_trace(data / "mooncake" / "synthetic_trace.jsonl")[:n])
-    conv = rebase(read_trace(data / "azure2023" / "AzureLLMInferenceTrace_conv.csv")[2000 : 2000 + n])
-    if name == "azure-conv":
-        return conv
-    pairs = read_trace(
-        data / "sharegpt" / "sharegpt_v3_first_turn_pairs.jsonl.gz",
-        arrivals_from=[r.arrival_s for r in conv],
-        limit=n,
-    )
-    return rebase(pairs[:n])
 
 
 def run_one(work: list[TraceRequest], setup: Setup, run: str) -> dict[str, float]:

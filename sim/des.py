@@ -263,18 +263,20 @@ class Simulation:
         eng = self.engines[idx]
         if not eng.has_work():
             return
-        horizon = (
-            self.trace[self.next_arrival].arrival_s if self.next_arrival < len(self.trace) else float("inf")
-        )
-        if self.peak_rule and self.queue:
-            # A projected peak falls as requests progress, so the head may fit after any step.
-            horizon = self.now
-        step = eng.schedule(self.now, horizon)
+        step = eng.schedule(self.now, self._fold_horizon())
         if not step.scheduled:
             raise AssertionError(f"{eng.name} has work but scheduled nothing")
         self.steps[idx] = step
         self.seq += 1
         heapq.heappush(self.events, (self.now + step.duration, self.seq, idx))
+
+    def _fold_horizon(self) -> float:
+        """Until when an engine may fold decode steps into one event: the next arrival."""
+        if self.peak_rule and self.queue:
+            # A projected peak falls as requests progress, so the head may fit after any step.
+            return self.now
+        nxt = self.next_arrival
+        return self.trace[nxt].arrival_s if nxt < len(self.trace) else float("inf")
 
     def _step_end(self, idx: int) -> None:
         step = self.steps[idx]

@@ -360,26 +360,10 @@ class ReplicaSimulation(Simulation):
             self.fleet.delivered(req, backend)
             self._send(req, backend)
 
-    def _kick(self, idx: int) -> None:
-        """``Simulation._kick``, with a folded decode run also ending at the next delivery."""
-        if self.steps[idx] is not None:
-            return
-        eng = self.engines[idx]
-        if not eng.has_work():
-            return
-        horizon = (
-            self.trace[self.next_arrival].arrival_s if self.next_arrival < len(self.trace) else float("inf")
-        )
-        if self.pending:
-            horizon = min(horizon, self.pending[0][0])
-        if self.peak_rule and self.queue:
-            horizon = self.now
-        step = eng.schedule(self.now, horizon)
-        if not step.scheduled:
-            raise AssertionError(f"{eng.name} has work but scheduled nothing")
-        self.steps[idx] = step
-        self.seq += 1
-        heapq.heappush(self.events, (self.now + step.duration, self.seq, idx))
+    def _fold_horizon(self) -> float:
+        """``Simulation._fold_horizon``, a folded decode run also ending at the next delivery."""
+        horizon = super()._fold_horizon()
+        return min(horizon, self.pending[0][0]) if self.pending else horizon
 
 
 def simulate_replicas(
