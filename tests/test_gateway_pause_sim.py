@@ -140,7 +140,11 @@ def test_pause_setting_is_off_by_default_and_checked() -> None:
         {"backends": ["http://b0"], "pause": {"enabled": True, "max_pauses": 2}}
     )
     assert on.pause.config() == PauseConfig(enabled=True, max_pauses=2)
-    for bad in ({"max_pauses": -1}, {"hysteresis": -0.5}, {"prefill_tokens_per_step": 0}):
+    mechanism_only = GatewaySettings.model_validate(
+        {"backends": ["http://b0"], "pause": {"enabled": True, "by_policy": False}}
+    )
+    assert mechanism_only.pause.enabled and not mechanism_only.pause.config().enabled
+    for bad in ({"max_pauses": -1}, {"max_pauses": 17}, {"hysteresis": -0.5}, {"prefill_tokens_per_step": 0}):
         with pytest.raises(pydantic.ValidationError):
             GatewaySettings.model_validate({"backends": ["http://b0"], "pause": bad})
     with pytest.raises(ValueError, match="max_pauses"):
