@@ -10,7 +10,7 @@ pairs, utilisation 1.2, two Qwen3-32B/H100 engines, the demo's 30 s queue timeou
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import functools
 import os
 
 METRICS = ("ttlt_mean_s", "ttlt_p50_s", "ttlt_p99_s", "ttft_mean_s", "throughput_tok_s")
@@ -24,8 +24,6 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import sagegate.simtwin as twin
     from core.summary import summarize
-    from gateway.settings import PredictorSettings
-    from predictor.factory import SemanticOptions, make_predictor
     from predictor.semantic import SemanticConfig
     from sagegate.live import azure_workload
 
@@ -42,21 +40,16 @@ def main() -> None:
     print(f"{len(work)} requests at utilisation {twin.utilisation(work, cap):.2f}")
     alone = summarize(twin.simulate_run(work, None, model=model, gpu=gpu).records)
     previous = SemanticConfig(head_weight=0, head_prior_weight=0, shipped_prior=False, calibrate=False)
+    default = twin.sim_predictor
     for label, config in (("default predictor", None), ("previous predictor", previous)):
-
-        def build(name: str, seed: int = 0, config: SemanticConfig | None = config) -> object:
-            opts = PredictorSettings().for_predictor(name)
-            if config is not None and isinstance(opts, SemanticOptions):
-                opts = dataclasses.replace(opts, config=config)
-            return make_predictor(name, opts, seed=seed)
-
-        twin.sim_predictor = build  # type: ignore[assignment]
+        twin.sim_predictor = functools.partial(default, semantic=config)
         gw = summarize(
             twin.simulate_run(
                 work, "sagesched", model=model, gpu=gpu, predictor="semantic", max_wait_s=30.0
             ).records
         )
         print(f"  {label}: " + ", ".join(f"{m} {gw[m] / alone[m]:.3f}" for m in METRICS))
+    twin.sim_predictor = default
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from loadgen.records import scale_rate
 
 if TYPE_CHECKING:
     from core.predictor import LengthPredictor
+    from predictor.semantic import SemanticConfig
     from sim.des import SimResult
 
 
@@ -28,15 +29,25 @@ def perf_and_engine(model: str, gpu: str, step_time_scale: float | None = None) 
     return perf, EngineConfig(model=model, gpu=gpu)
 
 
-def sim_predictor(name: str, seed: int = 0) -> LengthPredictor | None:
+def sim_predictor(name: str, seed: int = 0, semantic: SemanticConfig | None = None) -> LengthPredictor | None:
     """The gateway's predictor ``name`` with the live gateway's default options, on its simulator
-    face (None for ``none``)."""
+    face (None for ``none``); ``semantic`` replaces the semantic predictor's hyperparameters."""
+    from dataclasses import replace
+
     from gateway.settings import PredictorSettings
-    from predictor.factory import make_predictor
+    from predictor.factory import SemanticOptions, make_predictor
 
     if name == "none":
         return None
-    return make_predictor(name, PredictorSettings().for_predictor(name), seed=seed)
+    opts = PredictorSettings().for_predictor(name)
+    if isinstance(opts, SemanticOptions):
+        from predictor.semantic import SemanticConfig
+
+        # The index rebuilds and the ranking head's fits run inline, not on threads: the twin must be
+        # the same run every time.
+        cfg = semantic or opts.config or SemanticConfig()
+        opts = replace(opts, config=replace(cfg, index=replace(cfg.index, background=False)))
+    return make_predictor(name, opts, seed=seed)
 
 
 def simulate_run(

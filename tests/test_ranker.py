@@ -220,3 +220,13 @@ def test_replays_leave_out_the_prompts_the_shipped_prior_learned_from(tmp_path: 
         fh.write("\n".join(json.dumps(r) for r in rows))
     kept = unique_pairs(str(path), frozenset({prompt_digest("question 1"), prompt_digest("question 3")}))
     assert [r.prompt for r in kept] == ["question 0", "question 2"]
+
+
+def test_the_simulated_twin_fits_the_head_inline() -> None:
+    """The demo's and bench_value's simulated twin must be the same run every time: no fit on a thread."""
+    from predictor.semantic_sim import SemanticLengthPredictor
+    from sagegate.simtwin import sim_predictor
+
+    pred = sim_predictor("semantic")
+    assert isinstance(pred, SemanticLengthPredictor)
+    assert pred.core.config.index.background is False
