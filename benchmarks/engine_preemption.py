@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -46,6 +47,8 @@ SETUPS = {
     "mooncake": Setup("llama-3.1-8b", "h100", 2),
     "azure-conv": Setup("qwen3-32b", "h100", 1),
 }
+SETUPS_BY_NAME = {**SETUPS, "sharegpt": Setup("llama-3.1-8b", "h100", 1)}
+"""Every workload ``load_workload`` knows, with the engines it runs on (``sharegpt``: the pause study's)."""
 
 
 def load_workload(name: str, n: int) -> list[TraceRequest]:
@@ -99,7 +102,28 @@ def _job(args: Job) -> tuple[tuple[str, float, str], dict[str, float]]:
     return (wname, load, policy), run_one(work, SETUPS[wname], policy, scale)
 
 
-def _ratio(a: float, b: float) -> float:
+def at_loads(
+    names: Sequence[str], n: int, loads: Sequence[float], step_time_scale: float | None = None
+) -> tuple[list[tuple[str, float, list[TraceRequest]]], dict[str, float]]:
+    """Each workload of ``names`` (``n`` requests) compressed to each of ``loads`` × vLLM alone's
+    measured capacity on it (``sagegate.simtwin.capacity``, on the engine ``step_time_scale``
+    stretches), and those capacities (req/s)."""
+    from sagegate.simtwin import capacity
+
+    out: list[tuple[str, float, list[TraceRequest]]] = []
+    caps: dict[str, float] = {}
+    for wname in names:
+        setup = SETUPS_BY_NAME[wname]
+        work = load_workload(wname, n)
+        caps[wname] = capacity(
+            work, model=setup.model, gpu=setup.gpu, engines=setup.engines, step_time_scale=step_time_scale
+        )["req_s"]
+        rate = len(work) / max(work[-1].arrival_s - work[0].arrival_s, 1e-9)
+        out += [(wname, load, scale_rate(work, load * caps[wname] / rate)) for load in loads]
+    return out, caps
+
+
+def ratio(a: float, b: float) -> float:
     return a / b if b and not math.isnan(a) and not math.isnan(b) else math.nan
 
 
@@ -129,9 +153,9 @@ def render(results: dict[tuple[str, float, str], dict[str, float]], caps: dict[s
                     else ("**sagesched (after)**" if pol == "sagesched" else pol)
                 )
                 lines.append(
-                    f"| {load} | {name} | {_ratio(r['ttlt_mean_s'], base['ttlt_mean_s']):.3f} | "
-                    f"{_ratio(r['ttlt_p99_s'], base['ttlt_p99_s']):.3f} | "
-                    f"{_ratio(r['throughput_tok_s'], base['throughput_tok_s']):.3f} | "
+                    f"| {load} | {name} | {ratio(r['ttlt_mean_s'], base['ttlt_mean_s']):.3f} | "
+                    f"{ratio(r['ttlt_p99_s'], base['ttlt_p99_s']):.3f} | "
+                    f"{ratio(r['throughput_tok_s'], base['throughput_tok_s']):.3f} | "
                     f"{r['preemptions']:.0f} | {r['recomputed_tokens']:.0f} |"
                 )
         lines.append("")
@@ -170,25 +194,11 @@ def main() -> None:
         "the scaled engine's own capacity",
     )
     args = ap.parse_args()
-    from sagegate.simtwin import capacity
-
     t0 = time.perf_counter()
-    jobs: list[Job] = []
-    caps: dict[str, float] = {}
-    for wname, setup in SETUPS.items():
-        work = load_workload(wname, args.requests)
-        cap = capacity(
-            work,
-            model=setup.model,
-            gpu=setup.gpu,
-            engines=setup.engines,
-            step_time_scale=args.step_time_scale,
-        )["req_s"]
-        caps[wname] = cap
-        rate = len(work) / max(work[-1].arrival_s - work[0].arrival_s, 1e-9)
-        for load in LOADS:
-            timed = scale_rate(work, load * cap / rate)
-            jobs += [(wname, load, pol, timed, args.step_time_scale) for pol in POLICIES]
+    loaded, caps = at_loads(list(SETUPS), args.requests, LOADS, args.step_time_scale)
+    jobs: list[Job] = [
+        (wname, load, pol, timed, args.step_time_scale) for wname, load, timed in loaded for pol in POLICIES
+    ]
     results: dict[tuple[str, float, str], dict[str, float]] = {}
     with ProcessPoolExecutor(args.workers) as pool:
         for key, summary in pool.map(_job, jobs):

@@ -22,14 +22,12 @@ defaults otherwise), and a sensitivity row with the resume left unpriced (``hyst
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from engine_preemption import Setup, load_workload
+from engine_preemption import SETUPS_BY_NAME, Setup, at_loads, ratio
 
 from core.request import TraceRequest, answer_key
-from loadgen.records import scale_rate
 
 LOADS = (0.5, 0.9, 1.1)
 ERROR = 0.2
@@ -42,11 +40,7 @@ NAMES = {
 }
 
 
-SETUPS = {
-    "sharegpt": Setup("llama-3.1-8b", "h100", 1),
-    "azure-conv": Setup("qwen3-32b", "h100", 1),
-    "mooncake": Setup("llama-3.1-8b", "h100", 2),
-}
+SETUPS = {name: SETUPS_BY_NAME[name] for name in ("sharegpt", "azure-conv", "mooncake")}
 
 
 def run_one(work: list[TraceRequest], setup: Setup, run: str) -> dict[str, float]:
@@ -86,10 +80,6 @@ def _job(args: tuple[str, float, str, list[TraceRequest]]) -> tuple[tuple[str, f
     return (wname, load, run), run_one(work, SETUPS[wname], run)
 
 
-def _ratio(a: float, b: float) -> float:
-    return a / b if b and not math.isnan(a) and not math.isnan(b) else math.nan
-
-
 def render(results: dict[tuple[str, float, str], dict[str, float]], caps: dict[str, float], cmd: str) -> str:
     lines = [
         f"Command: `{cmd}`",
@@ -108,9 +98,9 @@ def render(results: dict[tuple[str, float, str], dict[str, float]], caps: dict[s
             for run in RUNS:
                 r = results[(wname, load, run)]
                 lines.append(
-                    f"| {wname} | {load} | {NAMES[run]} | {_ratio(r['ttlt_mean_s'], base['ttlt_mean_s']):.3f} | "
-                    f"{_ratio(r['ttlt_p99_s'], base['ttlt_p99_s']):.3f} | "
-                    f"{_ratio(r['throughput_tok_s'], base['throughput_tok_s']):.3f} | "
+                    f"| {wname} | {load} | {NAMES[run]} | {ratio(r['ttlt_mean_s'], base['ttlt_mean_s']):.3f} | "
+                    f"{ratio(r['ttlt_p99_s'], base['ttlt_p99_s']):.3f} | "
+                    f"{ratio(r['throughput_tok_s'], base['throughput_tok_s']):.3f} | "
                     f"{r['pauses']:.0f} | {r['resumed_tokens']:.0f} | {r['preemptions']:.0f} |"
                 )
     lines += ["", "Pause against no pause (gateway sagesched), same run:", ""]
@@ -125,9 +115,9 @@ def render(results: dict[tuple[str, float, str], dict[str, float]], caps: dict[s
             for run in ("gateway+pause", "gateway+pause:unpriced"):
                 a = results[(wname, load, run)]
                 cells += [
-                    f"{_ratio(a['ttlt_mean_s'], b['ttlt_mean_s']):.3f}",
-                    f"{_ratio(a['ttlt_p99_s'], b['ttlt_p99_s']):.3f}",
-                    f"{_ratio(a['throughput_tok_s'], b['throughput_tok_s']):.3f}",
+                    f"{ratio(a['ttlt_mean_s'], b['ttlt_mean_s']):.3f}",
+                    f"{ratio(a['ttlt_p99_s'], b['ttlt_p99_s']):.3f}",
+                    f"{ratio(a['throughput_tok_s'], b['throughput_tok_s']):.3f}",
                 ]
             lines.append(f"| {wname} | {load} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -140,21 +130,9 @@ def main() -> None:
     ap.add_argument("--workloads", default=",".join(SETUPS), help="comma-separated subset")
     ap.add_argument("--md", default=None, help="also write the tables to this file")
     args = ap.parse_args()
-    from sagegate.simtwin import capacity
-
     t0 = time.perf_counter()
-    jobs: list[tuple[str, float, str, list[TraceRequest]]] = []
-    caps: dict[str, float] = {}
-    chosen = args.workloads.split(",")
-    for wname in chosen:
-        setup = SETUPS[wname]
-        work = load_workload(wname, args.requests)
-        cap = capacity(work, model=setup.model, gpu=setup.gpu, engines=setup.engines)["req_s"]
-        caps[wname] = cap
-        rate = len(work) / max(work[-1].arrival_s - work[0].arrival_s, 1e-9)
-        for load in LOADS:
-            timed = scale_rate(work, load * cap / rate)
-            jobs += [(wname, load, run, timed) for run in RUNS]
+    loaded, caps = at_loads(args.workloads.split(","), args.requests, LOADS)
+    jobs = [(wname, load, run, timed) for wname, load, timed in loaded for run in RUNS]
     results: dict[tuple[str, float, str], dict[str, float]] = {}
     with ProcessPoolExecutor(args.workers) as pool:
         for key, summary in pool.map(_job, jobs):

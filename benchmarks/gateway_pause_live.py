@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import bench_value as bv  # noqa: E402
-from gateway_pause import load_workload  # noqa: E402
+from engine_preemption import load_workload  # noqa: E402
 
 from core.summary import summarize  # noqa: E402
 from loadgen.prompts import attach_prompts  # noqa: E402
