@@ -30,6 +30,8 @@ from engine_preemption import SETUPS_BY_NAME, Setup, at_loads, ratio
 from core.request import TraceRequest, answer_key
 
 LOADS = (0.5, 0.9, 1.1)
+UNPRICED = {"hysteresis": 0.0, "prefill_tokens_per_step": 1e6}
+"""The pause rule with the resume left unpriced (the sensitivity run): pause whenever rank and gain say so."""
 ERROR = 0.2
 RUNS = ("vllm", "gateway", "gateway+pause", "gateway+pause:unpriced")
 NAMES = {
@@ -62,7 +64,7 @@ def run_one(work: list[TraceRequest], setup: Setup, run: str) -> dict[str, float
             level="gateway",
             policy=parse_policy("sagesched"),
             predictor=pred,
-            pause=PauseConfig(enabled=True, hysteresis=0.0, prefill_tokens_per_step=1e6)
+            pause=PauseConfig(enabled=True, **UNPRICED)
             if run.endswith("unpriced")
             else PauseConfig(enabled=run == "gateway+pause"),
         )

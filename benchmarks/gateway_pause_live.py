@@ -26,12 +26,12 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import bench_value as bv  # noqa: E402
 from engine_preemption import load_workload  # noqa: E402
+from gateway_pause import UNPRICED  # noqa: E402
 
 from core.summary import summarize  # noqa: E402
 from loadgen.prompts import attach_prompts  # noqa: E402
 from loadgen.records import scale_rate  # noqa: E402
 
-UNPRICED = {"hysteresis": 0.0, "prefill_tokens_per_step": 1e6}
 RUNS: tuple[tuple[str, bv.Setup, dict[str, float]], ...] = (
     ("vLLM alone", bv.ALONE_SETUP, {}),
     ("gateway sagesched", bv.Setup("gateway sagesched", "sagesched"), {}),
