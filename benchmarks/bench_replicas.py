@@ -1,12 +1,16 @@
 """Gateway replicas in front of one fleet at 2x overload: one gateway, N with their own ledgers, N
-sharing the admission ledger in Redis (``ledger.enabled``).
+sharing the admission ledger in Redis (``ledger.enabled``, its default ``order: threshold``).
 
 Two small-KV simulated backends (``sagegate backend``, fresh for every setup), the same requests in
 every setup, split round robin over the replicas; preemptions from the backends' ``/metrics``,
 throughput and latency from the client. Ratios are against the one gateway of the same run.
 
     python benchmarks/bench_replicas.py [--requests 240] [--replicas 2] [--blocks 1024] [--time-scale 4]
-        [--order-threshold] [--policy fcfs]
+        [--order-none] [--policy fcfs] [--repeats 1] [--sync-interval 0.05] [--skip-own]
+        [--predictor global]
+
+``--repeats K`` runs every setup K times, interleaved (setup order rotates), and ends with the median
+of each setup's ratios: one gateway alone ranges widely across runs on these requests.
 
 Starts its own ``redis-server`` (none needs to be running). Figures are printed; nothing is asserted.
 """
@@ -51,8 +55,6 @@ def replicas(urls: list[str], n: int, settings: dict[str, Any]) -> Iterator[list
 
 
 def main() -> None:
-    from core.summary import summarize
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=240)
     ap.add_argument("--replicas", type=int, default=2)
@@ -60,9 +62,15 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=1024, help="KV blocks (of 16) per backend")
     ap.add_argument("--time-scale", type=float, default=4.0)
     ap.add_argument(
-        "--order-threshold", action="store_true", help="also the shared ledger with ledger.order: threshold"
+        "--order-none", action="store_true", help="also the shared ledger with ledger.order: none"
     )
     ap.add_argument("--policy", default="fcfs")
+    ap.add_argument("--predictor", default="global")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument(
+        "--sync-interval", type=float, default=None, help="ledger.sync_interval_s (default its own)"
+    )
+    ap.add_argument("--skip-own", action="store_true", help="leave out the replicas with their own ledgers")
     args = ap.parse_args()
     binary = redis_server_binary()
     if binary is None:
@@ -76,52 +84,76 @@ def main() -> None:
     flags = ["--num-gpu-blocks-override", str(args.blocks)]
     base = {
         "policy": args.policy,
-        "predictor": "global",
+        "predictor": args.predictor,
         "admission": {"pending_s": 0.03 / args.time_scale},
         "redis_url": redis.url,
     }
     n = args.replicas
-    setups: list[tuple[str, int, dict[str, Any]]] = [
-        ("1 gateway", 1, base),
-        (f"{n} replicas, own ledgers", n, base),
-        (f"{n} replicas, shared ledger", n, {**base, "ledger": {"enabled": True}}),
-    ]
-    if args.order_threshold:
-        setups.append((f"{n} replicas, ledger, threshold", n, {**base, "ledger": {"order": "threshold"}}))
+    led: dict[str, Any] = {} if args.sync_interval is None else {"sync_interval_s": args.sync_interval}
+    setups: list[tuple[str, int, dict[str, Any]]] = [("1 gateway", 1, base)]
+    if not args.skip_own:
+        setups.append((f"{n} replicas, own ledgers", n, base))
+    if args.order_none:
+        setups.append((f"{n} replicas, ledger, order none", n, {**base, "ledger": {**led, "order": "none"}}))
+    setups.append((f"{n} replicas, shared ledger", n, {**base, "ledger": led}))
     print(
         f"## {len(work)} requests at {rate:.2f} req/s ({args.overload:g}x the saturated {cap:.2f}, engine time)"
     )
     print(f"   two simulated backends, {args.blocks} KV blocks of 16 each, time scale {args.time_scale:g}")
     print(f"{'setup':>32} {'preemptions':>12} {'req/s':>7} {'mean TTLT':>10} {'p99 TTLT':>9} {'errors':>7}")
-    rows: list[tuple[str, float, float]] = []
+    runs: list[dict[str, tuple[float, float]]] = []
     try:
-        for label, count, settings in setups:
-            if "ledger" in settings:
-                settings = {
-                    **settings,
-                    "ledger": {
-                        **settings["ledger"],
-                        "enabled": True,
-                        "prefix": f"bench:{uuid.uuid4().hex[:6]}",
-                    },
-                }
-            with backend(args.time_scale, *flags) as b1, backend(args.time_scale, *flags) as b2:
-                with replicas([b1, b2], count, settings) as fronts:
-                    records = asyncio.run(_replay_split(work, fronts, args.time_scale))
-                pre = _preemptions([b1, b2])
-            s = summarize(records)
-            rows.append((label, float(pre) if pre != "?" else float("nan"), s["throughput_req_s"]))
-            print(
-                f"{label:>32} {pre:>12} {s['throughput_req_s']:>7.2f} {s['ttlt_mean_s']:>10.2f} "
-                f"{s['ttlt_p99_s']:>9.2f} {s['errors'] + s['rejected']:>7.0f}"
-            )
+        for rep in range(args.repeats):
+            k = rep % len(setups)
+            order = setups[k:] + setups[:k]  # rotate, so no setup always runs first
+            if args.repeats > 1:
+                print(f"-- run {rep + 1} of {args.repeats}")
+            row: dict[str, tuple[float, float]] = {}
+            for label, count, settings in order:
+                row[label] = run_setup(label, count, settings, work, flags, args.time_scale)
+            runs.append(row)
     finally:
         redis.kill()
-    _, pre1, tp1 = rows[0]
+    report(runs, [label for label, _, _ in setups])
+
+
+def run_setup(
+    label: str, count: int, settings: dict[str, Any], work: list[Any], flags: list[str], time_scale: float
+) -> tuple[float, float]:
+    """One setup on fresh backends: prints its row, returns (preemptions, req/s)."""
+    from core.summary import summarize
+
+    if "ledger" in settings:
+        prefix = f"bench:{uuid.uuid4().hex[:6]}"
+        settings = {**settings, "ledger": {**settings["ledger"], "enabled": True, "prefix": prefix}}
+    with backend(time_scale, *flags) as b1, backend(time_scale, *flags) as b2:
+        with replicas([b1, b2], count, settings) as fronts:
+            records = asyncio.run(_replay_split(work, fronts, time_scale))
+        pre = _preemptions([b1, b2])
+    s = summarize(records)
+    print(
+        f"{label:>32} {pre:>12} {s['throughput_req_s']:>7.2f} {s['ttlt_mean_s']:>10.2f} "
+        f"{s['ttlt_p99_s']:>9.2f} {s['errors'] + s['rejected']:>7.0f}",
+        flush=True,
+    )
+    return (float(pre) if pre != "?" else float("nan"), s["throughput_req_s"])
+
+
+def report(runs: list[dict[str, tuple[float, float]]], labels: list[str]) -> None:
+    """Each setup against the one gateway of the same run; with several runs, the medians."""
+    from statistics import median
+
+    first = labels[0]
     print("\nagainst 1 gateway (same run):")
-    for label, pre, tp in rows[1:]:
-        ratio = f"{pre / pre1:.2f}x" if pre1 else f"{pre:.0f} vs 0"
-        print(f"{label:>32}: preemptions {ratio}, throughput {tp / tp1:.3f}x")
+    for label in labels[1:]:
+        pres = [(r[label][0], r[first][0]) for r in runs]
+        tps = [r[label][1] / r[first][1] for r in runs]
+        each = ", ".join(f"{p:.0f}/{p1:.0f} {t:.3f}x" for (p, p1), t in zip(pres, tps, strict=True))
+        total_ratio = sum(p for p, _ in pres) / max(1.0, sum(p1 for _, p1 in pres))
+        print(
+            f"{label:>32}: preemptions {total_ratio:.2f}x (summed over runs), "
+            f"throughput median {median(tps):.3f}x  [{each}]"
+        )
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -25,6 +24,7 @@ from core.outcomes import Reason
 from gateway import errors
 from gateway.admin import MAX_LIMIT, queue_snapshot
 from gateway.backends import BackendPool
+from gateway.clock import fleet_clock
 from gateway.dashboard import FEED_TTL_S, FeedCache, Sampler, build_feed, dashboard_router
 from gateway.director import Director
 from gateway.dispatcher import Dispatcher, PauseVerdict
@@ -57,7 +57,7 @@ class Gateway:
         predictor: GatewayPredictor | None = None,
     ) -> None:
         self.settings = settings
-        self.clock = time.monotonic
+        self.clock = fleet_clock
         self.policy = policy if policy is not None else gateway_policy(settings)
         self.predictor = predictor if predictor is not None else build_predictor(
             settings.predictor, settings.redis_url, settings.predictor_options

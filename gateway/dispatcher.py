@@ -19,10 +19,10 @@ queue (as a retry does). The pass itself never waits on Redis.
 Pausing (``policies.pause``, off by default: the ``pause`` setting) lets the pass pause a running
 request whose rank fell behind a head that fits nowhere; the pass decides, :meth:`Dispatcher.pause`
 acts (cancel upstream, release the charge, queue the continuation).
-=======
-queue (as a retry does). The pass itself never waits on Redis. With ``ledger.order: threshold`` a
-head ranked worse than another replica's published head is held while dispatching it would leave that
-head no room (``policies.rank_threshold``; this replica's own head is published with every sync).
+
+With ``ledger.order: threshold`` a head ranked worse than another replica's published head is held
+while dispatching it would leave that head no room (``policies.rank_threshold``; this replica's own
+head is published with every sync).
 """
 
 from __future__ import annotations
@@ -241,7 +241,8 @@ class Dispatcher:
         req.generated = generated
         b = self.pool.backends[req.backend]
         b.progressed(new)
-        b.load.progress(req.charge, generated)
+        if b.load.progress(req.charge, generated) > 0 and self.ledger is not None:
+            self.ledger.grew(req.charge, req.backend)
         self.policy.on_progress(req, new, self.clock())
 
     def release(self, req: GatewayRequest, *, final: bool = True) -> None:

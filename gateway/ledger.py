@@ -13,13 +13,15 @@ call is in flight ride the next one (batching: one round trip per batch, not per
 Leases: every call renews this replica's lease (``lease_s``); the same call, every
 ``sync_interval_s``, republishes its charges' progress and reads the others'. A release is published
 with the next call (the one carrying the next commit, at the latest the next sync), so a replica's
-own freed room is in Redis before its next commit is checked. A replica that dies
-stops renewing; within ``lease_s`` its charges drop out of every check and, one sync later, out of
-every view. With ``order: threshold`` each sync also publishes this replica's queue head and reads
-the others' (:attr:`SharedLedger.heads`, for ``policies.rank_threshold``). Redis unreachable (a call
-fails or takes longer than ``timeout_s``): the replica keeps a local ledger over ``local_share`` of
-each backend's capacity, accepts its queued commits itself, and retries every sync; when Redis
-answers it republishes all its charges and rejoins.
+own freed room is in Redis before its next commit is checked. A charge that *grew* (its request ran
+past its predicted length) is published within ``publish_growth_s``: until it is, Redis would check
+other replicas' commits against the smaller footprint (room granted twice, a preemption later). A
+replica that dies stops renewing; within ``lease_s`` its charges drop out of every check and, one
+sync later, out of every view. With ``order: threshold`` each sync also publishes this replica's
+queue head and reads the others' (:attr:`SharedLedger.heads`, for ``policies.rank_threshold``).
+Redis unreachable (a call fails or takes longer than ``timeout_s``): the replica keeps a local
+ledger over ``local_share`` of each backend's capacity, accepts its queued commits itself, and
+retries every sync; when Redis answers it republishes all its charges and rejoins.
 """
 
 from __future__ import annotations
@@ -130,6 +132,8 @@ class SharedLedger:
         self._true_capacity = [load.capacity_tokens for load in loads]
         self._set_capacity = list(self._true_capacity)
         self._next_sync = 0.0
+        self._growth_timer: asyncio.TimerHandle | None = None
+        """Set while a publish of grown charges is due (one per ``publish_growth_s``)."""
         self._wake = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
@@ -160,6 +164,9 @@ class SharedLedger:
         """Stop syncing and leave: this replica's charges and lease are deleted at once (best
         effort), so the others need not wait out the lease."""
         self._stopping = True  # (a cancellation that asyncio.wait_for swallows still ends the loop)
+        if self._growth_timer is not None:
+            self._growth_timer.cancel()
+            self._growth_timer = None
         if self._task is not None:
             self._task.cancel()
             await asyncio.wait({self._task}, timeout=2 * self.settings.timeout_s + 1)
@@ -202,6 +209,16 @@ class SharedLedger:
             del own[charge]
             self._dirty.add(backend)
 
+    def grew(self, charge: Charge, backend: int) -> None:
+        """One of this replica's charges on ``backend`` grew: publish it within ``publish_growth_s``
+        (grown charges coalesce into one call)."""
+        if charge not in self._own[backend] or self.mode is LedgerMode.LOCAL:
+            return
+        self._dirty.add(backend)
+        if self._growth_timer is None:
+            loop = asyncio.get_running_loop()
+            self._growth_timer = loop.call_later(self.settings.publish_growth_s, self._wake.set)
+
     # --- the worker ----------------------------------------------------------------------------
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -226,6 +243,9 @@ class SharedLedger:
         commits, self._commits = self._commits, []
         publish = range(len(self.loads)) if sync else sorted(self._dirty)
         self._dirty = set()
+        if self._growth_timer is not None:  # what grew rides this call
+            self._growth_timer.cancel()
+            self._growth_timer = None
         payload = {
             "replica": self.replica,
             "lease_ms": int(self.settings.lease_s * 1000),

@@ -129,6 +129,12 @@ class LedgerSettings(BaseModel):
     sync_interval_s: float = Field(default=0.05, gt=0.0)
     """How often a replica publishes its charges' progress, renews its lease and reads the others'
     charges into its local view. Must be well under ``lease_s``."""
+    publish_growth_s: float = Field(default=0.01, gt=0.0)
+    """How soon a replica publishes a charge that grew (its request ran past its predicted length).
+    Redis checks every commit against the charges as their replicas last published them, so a grown
+    charge left unpublished until the next sync is room that another replica may be granted twice
+    (measured: 1.41x one gateway's preemptions with growth published only every 50 ms sync). At
+    most one extra call per this interval; at most ``sync_interval_s``."""
     local_share: float = Field(default=0.5, gt=0.0, le=1.0)
     """With Redis unreachable, the share of every backend's KV capacity this replica admits into on
     its own (set it to 1 / the number of replicas so that together they never exceed a backend)."""
@@ -136,15 +142,21 @@ class LedgerSettings(BaseModel):
     """A Redis call slower than this counts as Redis down (local ledgers until it answers again)."""
     prefix: str = "sagegate:ledger"
     """Key prefix in Redis: replicas in front of one fleet share it."""
-    order: Literal["none", "threshold"] = "none"
-    """``threshold``: each sync also publishes this replica's queue head and reads the others'; a
-    head ranked worse than another replica's is held while dispatching it would leave that better
-    head no room (``policies.rank_threshold``). ``none``: each replica orders only its own queue."""
+    order: Literal["none", "threshold"] = "threshold"
+    """``threshold`` (default): each sync also publishes this replica's queue head and reads the
+    others'; a head ranked worse than another replica's is held while dispatching it would leave that
+    better head no room (``policies.rank_threshold``). ``none``: each replica orders only its own
+    queue, and room freed by a replica's request goes to that replica's head first (it sees the
+    release at once, the others one sync later): measured live, a replica whose own requests had all
+    ended was locked out while the others refilled the room (3 replicas at 2x overload: 0.90x one
+    gateway's throughput with ``none``, 1.005x with ``threshold``; BENCHMARKS.md)."""
 
     @model_validator(mode="after")
     def _sync_within_lease(self) -> LedgerSettings:
         if self.sync_interval_s * 2 > self.lease_s:
             raise ValueError("ledger.sync_interval_s must be at most half of ledger.lease_s")
+        if self.publish_growth_s > self.sync_interval_s:
+            raise ValueError("ledger.publish_growth_s must be at most ledger.sync_interval_s")
         return self
 
 

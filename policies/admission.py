@@ -254,10 +254,13 @@ class BackendLoad:
         self.charged_tokens += charge.value
         self.holdings.add(charge)
 
-    def progress(self, charge: Charge, generated: int) -> None:
-        """One of its requests has generated ``generated`` tokens so far."""
-        self.charged_tokens += charge.update(generated)
+    def progress(self, charge: Charge, generated: int) -> float:
+        """One of its requests has generated ``generated`` tokens so far; returns how much its charge
+        moved (positive: it ran past what was predicted and its footprint grew)."""
+        moved = charge.update(generated)
+        self.charged_tokens += moved
         self.holdings.changed()
+        return moved
 
     def release(self, charge: Charge) -> None:
         """One of its requests left."""

@@ -10,7 +10,10 @@ the one that answers that prompt.
 The pairs are deduplicated by prompt text and split by a seeded permutation into two disjoint parts:
 ``reserve`` held-out pairs that only ever warm the semantic predictor's history, and the rest, which
 the trace's requests draw from. No window can therefore hold a prompt (or a response) the predictor
-has seen.
+has seen. That includes what it learned before it ever ran: the pairs the shipped ranking prior was
+fitted on (``predictor.ranker_prior.prior_training_prompts``) are never drawn by a window; they fill
+the held-out part first (they are fair history: completed requests), and whatever of them does not
+fit there is left out.
 """
 
 from __future__ import annotations
@@ -32,17 +35,29 @@ DEFAULT_RESERVE = 3000
 
 
 def split_pairs(
-    path: str | Path, reserve: int, seed: int, name: str
+    path: str | Path, reserve: int, seed: int, name: str, learned: frozenset[int] | None = None
 ) -> tuple[list[TraceRequest], list[TraceRequest]]:
-    """(history pairs, pairing pool): a seeded, disjoint split of the file's unique pairs."""
+    """(history pairs, pairing pool): a seeded, disjoint split of the file's unique pairs. Pairs whose
+    prompt digest is in ``learned`` (default: the shipped prior's training prompts) go to the history
+    first and never to the pool."""
+    from core.request import prompt_digest
     from loadgen.prompts import unique_pairs
 
+    if learned is None:
+        from predictor.ranker_prior import prior_training_prompts
+
+        learned = prior_training_prompts()
     pairs = unique_pairs(str(path))
-    if not 0 <= reserve < len(pairs):
-        raise ValueError(f"reserve must be in [0, {len(pairs)}), got {reserve}")
-    order = np.random.default_rng([seed, zlib.crc32(name.encode()), 0x7E47]).permutation(len(pairs))
-    held = [pairs[int(i)] for i in order[:reserve]]
-    pool = [pairs[int(i)] for i in order[reserve:]]
+    known = [p for p in pairs if prompt_digest(p.prompt or "") in learned]
+    fresh = [p for p in pairs if prompt_digest(p.prompt or "") not in learned]
+    take = max(0, reserve - len(known))  # fresh pairs the history still needs
+    if reserve < 0 or take >= len(fresh):
+        raise ValueError(f"reserve must be in [0, {len(known) + len(fresh)}), got {reserve}")
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode()), 0x7E47])
+    order = rng.permutation(len(fresh))  # with nothing learned: the same split as ever
+    known_order = rng.permutation(len(known))
+    held = [known[int(i)] for i in known_order[:reserve]] + [fresh[int(i)] for i in order[:take]]
+    pool = [fresh[int(i)] for i in order[take:]]
     return held, pool
 
 

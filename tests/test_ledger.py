@@ -23,7 +23,9 @@ BACKENDS = ["http://a:1", "http://b:1"]
 
 
 def ledger(url: str, prefix: str, **kw: float) -> SharedLedger:
-    settings = LedgerSettings(enabled=True, prefix=prefix, lease_s=0.6, sync_interval_s=0.05, **kw)
+    settings = LedgerSettings(
+        **{"enabled": True, "prefix": prefix, "lease_s": 0.6, "sync_interval_s": 0.05, **kw}
+    )
     loads = [BackendLoad(CAPACITY) for _ in BACKENDS]
     return SharedLedger(settings, url, loads, BACKENDS, CFG)
 
@@ -105,6 +107,32 @@ def test_progress_and_release_reach_the_other_replicas(redis_url: str, redis_pre
             a.released(charge, 0)
             await until(lambda: b.stats.remote_tokens[0] == 0, "b sees the release")
             assert b.loads[0].charged_tokens == 0
+        finally:
+            await a.stop()
+            await b.stop()
+
+    run(main)
+
+
+def test_a_grown_charge_is_checked_before_the_next_sync(redis_url: str, redis_prefix: str) -> None:
+    """A request that runs past its prediction grows its charge; Redis must check the others' commits
+    against the grown footprint within ``publish_growth_s``, not at the next (slow) sync."""
+
+    async def main() -> None:
+        slow = {"lease_s": 4.0, "sync_interval_s": 1.5, "publish_growth_s": 0.02}
+        a, b = ledger(redis_url, redis_prefix, **slow), ledger(redis_url, redis_prefix, **slow)
+        await a.start()
+        await b.start()
+        try:
+            grown, ok = await commit(a, backend=0)
+            silent, ok2 = await commit(a, backend=1)
+            assert ok and ok2
+            for backend, charge in ((0, grown), (1, silent)):  # both run to 900: held 950, remaining 1
+                assert a.loads[backend].progress(charge, 900) > 0
+            a.grew(grown, 0)  # only backend 0's growth is announced, as the dispatcher does
+            await asyncio.sleep(0.2)  # well past publish_growth_s, well before the next sync
+            assert not (await commit(b, backend=0))[1]  # 950 + 1 with 50 + 300: peak 1002 > 1000
+            assert (await commit(b, backend=1))[1]  # Redis still holds the footprint of 350 there
         finally:
             await a.stop()
             await b.stop()

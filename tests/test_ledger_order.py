@@ -102,7 +102,7 @@ def test_the_mask_holds_only_when_the_better_head_would_lose_its_room() -> None:
 def test_ledger_order_is_validated() -> None:
     with pytest.raises(ValidationError):
         LedgerSettings(order="global")  # type: ignore[arg-type]
-    assert LedgerSettings().order == "none"
+    assert LedgerSettings().order == "threshold"  # the default (BENCHMARKS.md, *Several replicas*)
 
 
 ADMIN = {"authorization": "Bearer admin-secret"}
@@ -155,3 +155,20 @@ def test_replica_processes_hold_a_later_request_for_an_earlier_one_elsewhere(
             assert later.result(timeout=30).status_code == 200  # then b's: held, not starved
             assert blocker.result(timeout=5).status_code == 200
             assert earlier.result().status_code == 200
+
+
+def test_replicas_stamp_arrivals_on_one_scale() -> None:
+    """Rank keys carry the gateway clock's arrival times and replicas compare published keys: two
+    processes' clocks must agree (``time.monotonic`` starts at each host's boot)."""
+    import subprocess
+    import sys
+    import time
+
+    from gateway.clock import fleet_clock
+
+    code = "import time; from gateway.clock import fleet_clock; print(fleet_clock() - time.time())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert abs(float(out.stdout)) < 0.5  # another process, the same scale as the wall clock
+    assert abs(fleet_clock() - time.time()) < 0.5
+    stamps = [fleet_clock() for _ in range(1000)]
+    assert stamps == sorted(stamps)  # never steps back within a process

@@ -121,6 +121,21 @@ def test_split_is_disjoint_seeded_and_deduplicated(tmp_path: Path) -> None:
     assert [p.prompt for p in other] != [p.prompt for p in held]
 
 
+def test_pairs_the_prior_learned_are_history_never_window_rows(tmp_path: Path) -> None:
+    from core.request import prompt_digest
+
+    pairs = write_pairs(tmp_path / "pairs.jsonl.gz", 120)
+    _, everything = split_pairs(pairs, 0, seed=1, name="src", learned=frozenset())
+    learned = frozenset(prompt_digest(p.prompt or "") for p in everything[:30])
+    held, pool = split_pairs(pairs, 40, seed=1, name="src", learned=learned)
+    assert len(held) == 40 and len(pool) == 80
+    assert {prompt_digest(p.prompt or "") for p in held[:30]} == learned  # the learned ones come first
+    assert not {prompt_digest(p.prompt or "") for p in pool} & learned
+    few, rest = split_pairs(pairs, 10, seed=1, name="src", learned=learned)
+    assert len(few) == 10 and len(rest) == 90  # the learned pairs beyond the reserve are left out
+    assert not {prompt_digest(p.prompt or "") for p in rest} & learned
+
+
 def test_pairing_keeps_arrivals_and_carries_the_pairs_response(tmp_path: Path) -> None:
     _, pool = split_pairs(write_pairs(tmp_path / "pairs.jsonl.gz", 120), 40, seed=1, name="src")
     by_text = {p.prompt: p for p in pool}
