@@ -33,7 +33,7 @@ from predictor.baselines import GlobalPredictor, LengthBucketPredictor
 from predictor.embedder import EMBED_VERSION, PromptLike, TextEmbedder, flatten_prompt
 from predictor.history import WindowBounds
 from predictor.memory_store import MemoryStore
-from predictor.semantic import SemanticConfig, SemanticPredictor
+from predictor.semantic import SemanticConfig, SemanticPredictor, inline_config
 
 QUANTILES = (0.1, 0.5, 0.9)
 
@@ -143,11 +143,8 @@ def replay_semantic(
     items: Sequence[EvalItem], vecs: np.ndarray, history: int, config: SemanticConfig | None = None
 ) -> ReplayResult:
     """Replay through a fresh in-process :class:`SemanticPredictor` on a simulated clock."""
-    cfg = config or SemanticConfig()
     cfg = replace(
-        cfg,
-        bounds=WindowBounds(max_entries=max(len(items), 1), max_age_s=math.inf),
-        index=replace(cfg.index, background=False),
+        inline_config(config), bounds=WindowBounds(max_entries=max(len(items), 1), max_age_s=math.inf)
     )
     now = [0.0]
     pred = SemanticPredictor(

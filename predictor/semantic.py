@@ -81,6 +81,14 @@ class SemanticConfig:
     index: IndexConfig = field(default_factory=IndexConfig)
 
 
+def inline_config(cfg: SemanticConfig | None = None) -> SemanticConfig:
+    """``cfg`` (default: the default) with every refit inline: the index rebuilds, the probe's and
+    the ranking head's fits, all of which otherwise run on threads. A replay (evaluation, the
+    simulated twin, the study) must be the same run every time."""
+    cfg = cfg or SemanticConfig()
+    return replace(cfg, index=replace(cfg.index, background=False))
+
+
 @dataclass(frozen=True, slots=True)
 class PromptFeatures:
     """What the predictor keeps of a prompt: its embedding, hashed lexical terms and length cues."""

@@ -41,12 +41,9 @@ def sim_predictor(name: str, seed: int = 0, semantic: SemanticConfig | None = No
         return None
     opts = PredictorSettings().for_predictor(name)
     if isinstance(opts, SemanticOptions):
-        from predictor.semantic import SemanticConfig
+        from predictor.semantic import inline_config
 
-        # The index rebuilds and the ranking head's fits run inline, not on threads: the twin must be
-        # the same run every time.
-        cfg = semantic or opts.config or SemanticConfig()
-        opts = replace(opts, config=replace(cfg, index=replace(cfg.index, background=False)))
+        opts = replace(opts, config=inline_config(semantic or opts.config))  # the same run every time
     return make_predictor(name, opts, seed=seed)
 
 

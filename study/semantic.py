@@ -78,11 +78,12 @@ def semantic_distributions(
     if not todo:
         return {}
     try:
-        from predictor.semantic import SemanticPredictor
+        from predictor.semantic import SemanticPredictor, inline_config
     except ImportError as exc:  # pragma: no cover - depends on the optional predictor
         raise RuntimeError(f"the semantic predictor is not available: {exc}") from exc
 
-    pred = SemanticPredictor(embedder=embedder, clock=lambda: 0.0)
+    # Refits inline: every run of the study predicts the same distributions.
+    pred = SemanticPredictor(embedder=embedder, config=inline_config(), clock=lambda: 0.0)
     try:
         past = [r for r in history if r.prompt]
         feats = _features(pred, [r.prompt or "" for r in past])

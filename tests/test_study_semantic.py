@@ -10,6 +10,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -74,6 +75,12 @@ def test_semantic_cells_use_precomputed_distributions() -> None:
     wins = make_windows(rows, "txt", cfg, max_tokens=None)
     dists = semantic_distributions(history_rows(rows, wins, 150), wins, embedder=HashEmbedder())
     assert set(dists) == {w.id for w in wins}
+    again = semantic_distributions(history_rows(rows, wins, 150), wins, embedder=HashEmbedder())
+
+    def shapes(d: dict[str, dict[int, Any]]) -> dict[str, dict[int, tuple[Any, Any]]]:
+        return {w: {rid: (x.support, x.probs) for rid, x in by.items()} for w, by in d.items()}
+
+    assert shapes(again) == shapes(dists)  # every refit inline: the same predictions on every run
     for w in wins:
         for r in w.requests:
             mean = dists[w.id][r.rid].mean
