@@ -32,10 +32,10 @@ from predictor.evaluate import QUANTILES, EvalItem, _NoEmbedder, embed_cached, l
 from predictor.evaluate import score as score_replay  # noqa: E402
 from predictor.history import WindowBounds  # noqa: E402
 from predictor.memory_store import MemoryStore  # noqa: E402
-from predictor.semantic import SemanticConfig, SemanticPredictor  # noqa: E402
+from predictor.semantic import KNN_ONLY, SemanticConfig, SemanticPredictor  # noqa: E402
 
 SHAREGPT = REPO.parent / "shared" / "data" / "sharegpt" / "sharegpt_v3_first_turn_pairs.jsonl.gz"
-OLD = SemanticConfig(head_weight=0.0, head_prior_weight=0.0, shipped_prior=False, calibrate=False)
+OLD = KNN_ONLY
 NEW = SemanticConfig()
 VARIANTS = {
     "previous default (kNN + probe)": OLD,

@@ -24,7 +24,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import sagegate.simtwin as twin
     from core.summary import summarize
-    from predictor.semantic import SemanticConfig
+    from predictor.semantic import KNN_ONLY
     from sagegate.live import azure_workload
 
     model, gpu = "qwen3-32b", "h100"
@@ -39,7 +39,7 @@ def main() -> None:
     work = azure_workload(args.minutes, scale, 0, quiet=True).requests
     print(f"{len(work)} requests at utilisation {twin.utilisation(work, cap):.2f}")
     alone = summarize(twin.simulate_run(work, None, model=model, gpu=gpu).records)
-    previous = SemanticConfig(head_weight=0, head_prior_weight=0, shipped_prior=False, calibrate=False)
+    previous = KNN_ONLY
     default = twin.sim_predictor
     for label, config in (("default predictor", None), ("previous predictor", previous)):
         twin.sim_predictor = functools.partial(default, semantic=config)

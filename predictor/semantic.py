@@ -81,6 +81,14 @@ class SemanticConfig:
     index: IndexConfig = field(default_factory=IndexConfig)
 
 
+KNN_ONLY = SemanticConfig(head_weight=0.0, head_prior_weight=0.0, shipped_prior=False, calibrate=False)
+"""The predictor before issue 19 (neighbours and the ridge probe; no ranking head, no shipped prior,
+no spread correction): what the benchmarks compare the default against."""
+
+NAMED_CONFIGS: dict[str, SemanticConfig] = {"default": SemanticConfig(), "knn-only": KNN_ONLY}
+"""The configurations a command line can name (``sagegate study --semantic-config``)."""
+
+
 def inline_config(cfg: SemanticConfig | None = None) -> SemanticConfig:
     """``cfg`` (default: the default) with every refit inline: the index rebuilds, the probe's and
     the ranking head's fits, all of which otherwise run on threads. A replay (evaluation, the

@@ -47,6 +47,13 @@ def study(
         int | None,
         typer.Option(help="Requests warming the semantic predictor, per text source (default 3000)."),
     ] = None,
+    semantic_config: Annotated[
+        str | None,
+        typer.Option(
+            help="The semantic predictor: default, or knn-only (without the ranking head, shipped prior "
+            "and spread correction) to measure what they change."
+        ),
+    ] = None,
     only_sources: Annotated[
         str | None, typer.Option(help="Comma-separated source names to keep (after adding --source ones).")
     ] = None,
@@ -111,6 +118,11 @@ def study(
             cfg = with_overrides(cfg, sources=tuple(s for s in cfg.sources if s.name in keep))
         if not cfg.sources:
             raise ValueError("no sources: pass --source or keep the default sources")
+        if semantic_config is not None:
+            from predictor.semantic import NAMED_CONFIGS
+
+            if semantic_config not in NAMED_CONFIGS:
+                raise ValueError(f"--semantic-config must be one of {', '.join(NAMED_CONFIGS)}")
         pol = tuple(_names(policies)) if policies else None
         errs = tuple(float(x) for x in _names(errors)) if errors else None
         others = tuple(float(x) for x in _names(deadline_sensitivity)) if deadline_sensitivity else ()
@@ -124,6 +136,7 @@ def study(
             seed=seed,
             semantic=semantic or None,
             semantic_history=semantic_history,
+            semantic_config=semantic_config,
             errors=errs,
             robustness=robust,
             deadline_multiplier=deadline_multiplier,

@@ -231,6 +231,9 @@ class StudyConfig:
     """Entries (``policy@level``) re-run at ``errors[1:]``; those not in the panel are skipped."""
     semantic: bool = False
     """Also run the ``semantic`` predictor on sources whose requests carry prompt text."""
+    semantic_config: str = "default"
+    """Which semantic predictor (``predictor.semantic.NAMED_CONFIGS``): ``default``, or ``knn-only``
+    (before issue 19's ranking head, shipped prior and spread correction) to measure what they buy."""
     semantic_history: int = 3000
     """Completed requests that warm the semantic predictor before any window is predicted: a paired
     source's held-out pairs, else the source's rows outside every window (``study.semantic``)."""

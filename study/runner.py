@@ -122,7 +122,7 @@ def _semantic(
             f"({n} prompts)"
         )
         t0 = time.perf_counter()
-        got = semantic_distributions(hist, todo)
+        got = semantic_distributions(hist, todo, config=cfg.semantic_config)
         say(f"semantic: {spec.name}: {n} prompts embedded in {time.perf_counter() - t0:.0f} s")
         log.append(todo, got, cfg.main_error)
         dists.update(got)

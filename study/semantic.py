@@ -70,20 +70,22 @@ def semantic_distributions(
     windows: Sequence[Window],
     *,
     embedder: Any = None,
+    config: str = "default",
 ) -> dict[str, dict[int, LengthDistribution]]:
     """Window id → (rid → predicted distribution) for the windows with prompt text, the predictor warmed
     with ``history`` (completed requests with text). ``embedder`` (a ``TextEmbedder``) defaults to the
-    predictor's MiniLM model (loaded here, offline)."""
+    predictor's MiniLM model (loaded here, offline); ``config`` names its hyperparameters
+    (``predictor.semantic.NAMED_CONFIGS``)."""
     todo = [w for w in windows if w.has_text]
     if not todo:
         return {}
     try:
-        from predictor.semantic import SemanticPredictor, inline_config
+        from predictor.semantic import NAMED_CONFIGS, SemanticPredictor, inline_config
     except ImportError as exc:  # pragma: no cover - depends on the optional predictor
         raise RuntimeError(f"the semantic predictor is not available: {exc}") from exc
 
-    # Refits inline: every run of the study predicts the same distributions.
-    pred = SemanticPredictor(embedder=embedder, config=inline_config(), clock=lambda: 0.0)
+    cfg = inline_config(NAMED_CONFIGS[config])  # refits inline: every run predicts the same
+    pred = SemanticPredictor(embedder=embedder, config=cfg, clock=lambda: 0.0)
     try:
         past = [r for r in history if r.prompt]
         feats = _features(pred, [r.prompt or "" for r in past])

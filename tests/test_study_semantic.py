@@ -81,6 +81,10 @@ def test_semantic_cells_use_precomputed_distributions() -> None:
         return {w: {rid: (x.support, x.probs) for rid, x in by.items()} for w, by in d.items()}
 
     assert shapes(again) == shapes(dists)  # every refit inline: the same predictions on every run
+    knn = semantic_distributions(
+        history_rows(rows, wins, 150), wins, embedder=HashEmbedder(), config="knn-only"
+    )
+    assert shapes(knn) != shapes(dists)  # the configuration the study names is the one it runs
     for w in wins:
         for r in w.requests:
             mean = dists[w.id][r.rid].mean
