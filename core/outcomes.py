@@ -87,9 +87,22 @@ class PredictionPath(StrEnum):
     ERROR = "error"
     """The predictor raised: the request goes on without a prediction."""
     LATE = "late"
-    """The embedding missed its budget: ranked from the prompt-length prior."""
+    """The embedding missed its budget: ranked from the prompt-length prior until the prediction
+    comes (:class:`LateOutcome`)."""
     SEMANTIC = "semantic"
     BUCKET = "bucket"
     GLOBAL = "global"
     COLD = "cold"
     LENGTH_BUCKET = "length-bucket"
+
+
+class LateOutcome(StrEnum):
+    """What became of a prediction that missed its budget (path ``late``) when it came:
+    ``sagegate_late_predictions_total{outcome}``."""
+
+    RERANKED = "reranked"
+    """The request still waited in the gateway's queue: it was ranked again by the prediction."""
+    DISPATCHED = "dispatched"
+    """The request had left the queue (dispatched, or ended): it ran on the prior's rank."""
+    FAILED = "failed"
+    """The embedding failed: the prior's rank stood."""

@@ -19,13 +19,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from core.distribution import LengthDistribution
-from core.outcomes import CancelStage, Outcome, PredictionPath, Reason
+from core.outcomes import CancelStage, LateOutcome, Outcome, PredictionPath, Reason
 from gateway import errors
 from gateway.backends import BackendPool
 from gateway.disconnect import DisconnectGuard
 from gateway.dispatcher import Dispatcher, QueueFull
 from gateway.intake import ClientRequest, Intake
-from gateway.lifecycle import Lifecycle
+from gateway.lifecycle import Lifecycle, RequestState
 from gateway.metrics import GatewayMetrics
 from gateway.openai_schema import Route
 from gateway.predict import GatewayPredictor, PredictInput, cap
@@ -89,6 +89,7 @@ class Director:
             inp = await self.count_tokens(client, who)
             prediction, path = await self.predict(inp)
             lc = self.enqueue(self.describe(client, who, inp, prediction, path, arrival))
+            self.follow_late_prediction(lc, inp)
             return await self.serve(lc, inp)
         return self.client_gone(route)
 
@@ -184,6 +185,28 @@ class Director:
             self.metrics.rejected(exc.reason)
             raise errors.busy(exc.reason, "the gateway's queue is full", retry) from exc
         return lc
+
+    def follow_late_prediction(self, lc: Lifecycle, inp: PredictInput) -> None:
+        """A prediction that missed its budget still comes; if the request is still queued then, it
+        is ranked by it (the budget bounds what a request waits for, not what the queue may learn)."""
+        later = inp.later
+        if later is None:
+            return
+
+        def arrived(fut: asyncio.Future[LengthDistribution | None]) -> None:
+            if fut.cancelled() or fut.exception() is not None:
+                outcome = LateOutcome.FAILED
+            elif lc.state is not RequestState.QUEUED:
+                outcome = LateOutcome.DISPATCHED
+            else:
+                req, dist = lc.req, fut.result()
+                if self.settings.cap_at_max_tokens:
+                    dist = cap(dist, req.max_tokens)
+                moved = dist is not None and self.dispatcher.repredict(req, dist)
+                outcome = LateOutcome.RERANKED if moved else LateOutcome.DISPATCHED
+            self.metrics.late_predictions.labels(outcome).inc()
+
+        later.add_done_callback(arrived)
 
     # --- from the queue to the client -----------------------------------------------------------
     async def serve(self, lc: Lifecycle, inp: PredictInput) -> Response:

@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Protocol
 
+from core.distribution import LengthDistribution
 from gateway.backends import BackendPool
 from gateway.ledger import QueueHead, SharedLedger
 from gateway.metrics import GatewayMetrics
@@ -149,6 +150,22 @@ class Dispatcher:
         self.queue.push(req, self.clock())
         self.kick()
         return req.future
+
+    def repredict(self, req: GatewayRequest, prediction: LengthDistribution) -> bool:
+        """A prediction that missed its budget came while ``req`` still waits: rank and charge it by
+        that (out of the queue and back in; its arrival and time queued kept). False if it no longer
+        waits, or the policy reads no prediction."""
+        if Capability.USES_PREDICTION not in self.policy.capabilities or not self.queue.remove(req):
+            return False
+        now = self.clock()
+        req.prediction = prediction
+        req.prediction_path = f"{req.prediction_path}+reranked"
+        req.charge = None  # charged again from the new prediction
+        self._charge(req)
+        self.policy.on_repredict(req, now)
+        self.queue.push(req, now)
+        self.kick()
+        return True
 
     def withdraw(self, req: GatewayRequest) -> bool:
         """Take a still-queued request out (client gone, waited too long). Returns if it was queued."""

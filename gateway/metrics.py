@@ -74,6 +74,12 @@ class GatewayMetrics:
         self.predictor_paths = Counter(
             "sagegate_predictor_path", "Predictions by the path the predictor took.", ["path"], registry=r
         )
+        self.late_predictions = Counter(
+            "sagegate_late_predictions",
+            "Predictions that missed their budget, by what became of them when they came.",
+            ["outcome"],
+            registry=r,
+        )
         self.telemetry = Telemetry(r)
         """The recent history the dashboard shows (fed by :meth:`first_token` and :meth:`outcome`)."""
 

@@ -40,6 +40,9 @@ class PredictInput:
     features: PromptFeatures | asyncio.Future[PromptFeatures] | None = None
     """What the predictor computed from the prompt (the embedding; still being computed when the
     prediction ran late), kept to record the outcome without computing it again."""
+    later: asyncio.Future[LengthDistribution | None] | None = None
+    """The prediction that missed its budget (path ``late``), still coming: the director ranks the
+    request again by it if it still waits then."""
 
 
 class GatewayPredictor(Protocol):
@@ -125,6 +128,7 @@ class SemanticAdapter:
             feats = await asyncio.wait_for(asyncio.shield(task), self.budget_s)
         except TimeoutError:
             inp.features = task  # resolved in record()
+            inp.later = asyncio.ensure_future(self._when_embedded(task, inp))
             pred = self.face.core.fallback(inp.prompt_tokens, inp.model)
             return pred.distribution, "late"
         except Exception:  # the embedder failed: the predictor's own fallback answers
@@ -133,6 +137,13 @@ class SemanticAdapter:
         pred = self.face.core.predict_features(feats, inp.prompt_tokens, inp.model)
         inp.features = feats
         return pred.distribution, str(pred.path)
+
+    async def _when_embedded(
+        self, task: asyncio.Future[PromptFeatures], inp: PredictInput
+    ) -> LengthDistribution | None:
+        """The prediction the budget did not wait for, once its embedding is done."""
+        feats = await task
+        return self.face.core.predict_features(feats, inp.prompt_tokens, inp.model).distribution
 
     async def record(self, inp: PredictInput, output_tokens: int) -> None:
         given: PromptLike | PromptFeatures = inp.prompt  # one embedding per request

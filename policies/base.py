@@ -249,6 +249,12 @@ class Policy:
     def on_finish(self, req: SchedRequest, now: float) -> None:
         """It completed, failed or was cancelled; forget it."""
 
+    def on_repredict(self, req: SchedRequest, now: float) -> None:
+        """Gateway level, ``USES_PREDICTION`` only. While ``req`` waited out of the queue, its
+        ``prediction`` was replaced (a prediction that missed its budget arrived late): drop what was
+        derived from the old one. The queue places it again right after; what the policy keeps that
+        does not depend on the prediction (arrival, time entered, counters) must stay as it was."""
+
 
 def _tiebreak(rid: Any) -> Any:
     return rid if isinstance(rid, int | float) else str(rid)

@@ -148,6 +148,9 @@ class LearningToRank(Policy):
     def on_arrival(self, req: SchedRequest, now: float) -> None:
         req.pstate = _LtrState(predicted_output(req), self.rounds)
 
+    def on_repredict(self, req: SchedRequest, now: float) -> None:
+        self._state(req).score = predicted_output(req)  # the round it entered stays
+
     def on_preempt(self, req: SchedRequest, now: float) -> None:
         self._state(req).since_round = self.rounds
 
@@ -259,6 +262,10 @@ class Trail(Policy):
         return max(allowed or running, key=lambda r: self.key(r, now))
 
     def on_arrival(self, req: SchedRequest, now: float) -> None:
+        self._state(req)
+
+    def on_repredict(self, req: SchedRequest, now: float) -> None:
+        req.pstate = None  # the refined remainder (and the preemption limit) were the old prediction's
         self._state(req)
 
     def on_progress(self, req: SchedRequest, new_tokens: int, now: float) -> None:

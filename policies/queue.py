@@ -1,7 +1,8 @@
 """A queue ordered by a policy's key: a heap when keys are static, a lane index or a scan when they move.
 
 Used by the simulator's gateway queue, the simulator's engine waiting list and the live gateway, so
-ordering is the same code everywhere. Removal is lazy (an entry is marked gone and skipped).
+ordering is the same code everywhere. Removal is lazy (an entry is marked gone and skipped); a
+request removed and pushed again (re-ranked) has only its newest heap entry live.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ class PolicyQueue(Generic[R]):
         self._dynamic = Capability.DYNAMIC_KEY in policy.capabilities
         self._heap: list[tuple[Any, int, R]] = []
         self._members: dict[int, R] = {}
+        self._live: dict[int, int] = {}
+        """Static policies: each member's live heap entry (its sequence number); older entries of a
+        request pushed again are skipped like removed ones."""
         self._counter = itertools.count()
         self._index: LaneIndex[R] | None = (
             LaneIndex(policy)
@@ -58,12 +62,14 @@ class PolicyQueue(Generic[R]):
         elif not self._dynamic:
             key = self.policy.key(req, now)
             req.key_cache = key
-            heapq.heappush(self._heap, (key, next(self._counter), req))
+            seq = self._live[id(req)] = next(self._counter)
+            heapq.heappush(self._heap, (key, seq, req))
 
     def remove(self, req: R) -> bool:
         """Take ``req`` out wherever it is (cancellation). Returns whether it was queued."""
         if self._members.pop(id(req), None) is None:
             return False
+        self._live.pop(id(req), None)
         if self._index is not None:
             self._index.discard(req)
         return True
@@ -79,8 +85,8 @@ class PolicyQueue(Generic[R]):
             return req
         if self._dynamic:
             return min(self._members.values(), key=lambda r: self._rekey(r, now))
-        heap = self._heap
-        while heap and id(heap[0][2]) not in self._members:
+        heap, live = self._heap, self._live
+        while heap and live.get(id(heap[0][2])) != heap[0][1]:
             heapq.heappop(heap)
         return heap[0][2] if heap else None
 
@@ -97,7 +103,7 @@ class PolicyQueue(Generic[R]):
             members, key = self._members.values(), lambda r: self._rekey(r, now)
             items = heapq.nsmallest(limit, members, key=key) if limit else sorted(members, key=key)
         else:
-            live = [e for e in self._heap if id(e[2]) in self._members]
+            live = [e for e in self._heap if self._live.get(id(e[2])) == e[1]]
             items = [e[2] for e in (heapq.nsmallest(limit, live) if limit else sorted(live))]
         return items[:limit] if limit is not None else items
 
@@ -109,7 +115,8 @@ class PolicyQueue(Generic[R]):
         for req in self._members.values():
             key = self.policy.key(req, now)
             req.key_cache = key
-            self._heap.append((key, next(self._counter), req))
+            seq = self._live[id(req)] = next(self._counter)
+            self._heap.append((key, seq, req))
         heapq.heapify(self._heap)
 
     def _rekey(self, req: R, now: float) -> Any:

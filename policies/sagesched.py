@@ -87,6 +87,10 @@ class _GittinsPolicy(Policy):
     def on_arrival(self, req: SchedRequest, now: float) -> None:
         self.tracker(req)
 
+    def on_repredict(self, req: SchedRequest, now: float) -> None:
+        req.pstate = None  # the rank table was built from the old prediction
+        self.tracker(req)
+
     def on_progress(self, req: SchedRequest, new_tokens: int, now: float) -> None:
         self.tracker(req).update(req.generated)
 
@@ -265,6 +269,10 @@ class MeanCost(Policy):
         return (self._state(req).rank, *fcfs_tiebreak(req))
 
     def on_arrival(self, req: SchedRequest, now: float) -> None:
+        self._state(req)
+
+    def on_repredict(self, req: SchedRequest, now: float) -> None:
+        req.pstate = None  # the mean cost was the old prediction's
         self._state(req)
 
     def on_progress(self, req: SchedRequest, new_tokens: int, now: float) -> None:

@@ -175,3 +175,36 @@ def test_bounds_without_the_check_are_refused_at_registration() -> None:
     with pytest.raises(RuntimeError, match="@checked"):
         registry_module._params_of(_Unchecked)
     assert [p.name for p in registry_module._params_of(_Bounded)] == ["rate", "share", "slo"]
+
+
+GATEWAY_PREDICTING = [
+    s
+    for s in SPECS
+    if Capability.USES_PREDICTION in parse_policy(s).capabilities and GATEWAY in parse_policy(s).levels
+]
+
+
+@pytest.mark.parametrize("spec", GATEWAY_PREDICTING)
+def test_a_late_prediction_ranks_as_if_it_had_come_on_time(spec: str) -> None:
+    """A request re-predicted while it waits (``on_repredict``, then placed again) gets the key a
+    request predicted that way from the start would have: nothing of the old prediction lingers."""
+    from core.distribution import LengthDistribution
+    from policies.base import SchedRequest
+
+    early = LengthDistribution((20, 40), (0.5, 0.5))
+    late = LengthDistribution((900, 1800), (0.5, 0.5))
+
+    def waiting(pred: LengthDistribution) -> tuple[Policy, SchedRequest]:
+        policy = parse_policy(spec)
+        req = SchedRequest(7, 1.0, 300, prediction=pred, deadline_s=60.0)
+        policy.on_arrival(req, 1.0)
+        policy.key(req, 1.0)  # whatever the policy derives, it has derived it
+        return policy, req
+
+    policy, req = waiting(early)
+    before = policy.key(req, 2.0)
+    req.prediction = late
+    policy.on_repredict(req, 2.0)
+    fresh_policy, fresh = waiting(late)
+    assert policy.key(req, 2.0) == fresh_policy.key(fresh, 2.0)
+    assert policy.key(req, 2.0) != before  # and it did re-rank
