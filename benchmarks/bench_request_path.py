@@ -199,6 +199,15 @@ async def added_ttft(
     return out
 
 
+def _late_outcomes(url: str) -> dict[str, float]:
+    """``sagegate_late_predictions_total`` by outcome (reranked, dispatched, failed)."""
+    out: dict[str, float] = {}
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("sagegate_late_predictions_total{"):
+            out[line.split('outcome="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def _late(url: str) -> tuple[float, float]:
     late = total = 0.0
     for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
@@ -273,13 +282,18 @@ def time_load(src: PromptSource, rate: float, n: int, roots: dict[str, Path]) ->
         before = {name: _late(u) for name, u in gws.items()}
         cpu0 = {name: cpu_seconds(PIDS[u]) for name, u in gws.items()}
         ok = asyncio.run(_open_loop(list(gws.values()), texts, rate, 7))
+        time.sleep(1.0)  # the last late predictions come and are counted
         for (name, u), done in zip(gws.items(), ok, strict=True):
             (l0, t0), (l1, t1) = before[name], _late(u)
             late, tot = l1 - l0, t1 - t0
             cpu = (cpu_seconds(PIDS[u]) - cpu0[name]) / max(1, done) * 1000
+            outcomes = _late_outcomes(u)  # (a baseline checkout before the re-rank has none)
+            then = ", ".join(f"{k} {v:.0f}" for k, v in sorted(outcomes.items())) or "not counted"
+            ran_on_prior = outcomes.get("dispatched", late) + outcomes.get("failed", 0.0)
             print(
                 f"{name}: completed {done}/{n}; late {late:.0f} of {tot:.0f} predictions "
-                f"({100 * late / max(1, tot):.1f}%); gateway CPU {cpu:.1f} ms per request"
+                f"({100 * late / max(1, tot):.1f}%; when they came: {then}; ran on the prior's rank "
+                f"{100 * ran_on_prior / max(1, tot):.1f}%); gateway CPU {cpu:.1f} ms per request"
             )
     print(f"(load average at the end {os.getloadavg()[0]:.1f})")
 
