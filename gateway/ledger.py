@@ -129,6 +129,9 @@ class SharedLedger:
         self._commits: list[_Commit] = []
         self._dirty: set[int] = set()
         """Backends where one of ours left since the last publish."""
+        self._freed = False
+        """One of ours left since the last call: the next call announces it (``{prefix}:freed``)."""
+        self._listener: asyncio.Task[None] | None = None
         self._true_capacity = [load.capacity_tokens for load in loads]
         self._set_capacity = list(self._true_capacity)
         self._next_sync = 0.0
@@ -159,6 +162,7 @@ class SharedLedger:
         self._script = self._redis.register_script(LEDGER_LUA)
         await self._round()
         self._task = asyncio.create_task(self._run(), name="ledger-sync")
+        self._listener = asyncio.create_task(self._listen(), name="ledger-freed")
 
     async def stop(self) -> None:
         """Stop syncing and leave: this replica's charges and lease are deleted at once (best
@@ -167,10 +171,11 @@ class SharedLedger:
         if self._growth_timer is not None:
             self._growth_timer.cancel()
             self._growth_timer = None
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait({self._task}, timeout=2 * self.settings.timeout_s + 1)
-            self._task = None
+        for task in (self._task, self._listener):
+            if task is not None:
+                task.cancel()
+                await asyncio.wait({task}, timeout=2 * self.settings.timeout_s + 1)
+        self._task = self._listener = None
         if self._redis is None:
             return
         p = self.settings.prefix
@@ -208,6 +213,9 @@ class SharedLedger:
         if charge in own:
             del own[charge]
             self._dirty.add(backend)
+            if self.mode is LedgerMode.SHARED:  # published now, announced to the others
+                self._freed = True
+                self._wake.set()
 
     def grew(self, charge: Charge, backend: int) -> None:
         """One of this replica's charges on ``backend`` grew: publish it within ``publish_growth_s``
@@ -254,7 +262,9 @@ class SharedLedger:
             "publish": {self.backend_ids[b]: self._packed(b) for b in publish},
             "commit": [self._commit_args(c) for c in commits],
             "read": sync,
+            "freed": self._freed,
         }
+        self._freed = False
         if sync and self.threshold:
             head = self.head_of()
             payload["head"] = (
@@ -300,6 +310,30 @@ class SharedLedger:
             ]
         if sync or denied:
             self._view(answer.get("others") or {})
+
+    async def _listen(self) -> None:
+        """Another replica released a charge (``{prefix}:freed``): read the ledger now, not at the
+        next sync, so room freed on another replica is seen within a round trip. Best effort: while
+        the channel is down, the syncs still bring the news."""
+        while not self._stopping:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(f"{self.settings.prefix}:freed")
+                while not self._stopping:
+                    msg = await pubsub.get_message(timeout=1.0)
+                    if msg is None:
+                        continue
+                    sender = msg.get("data")
+                    if (sender.decode() if isinstance(sender, bytes) else sender) != self.replica:
+                        self._next_sync = 0.0
+                        self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # Redis away: the next attempt after a sync's wait
+                await asyncio.sleep(self.settings.sync_interval_s)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
 
     def _commit_args(self, c: _Commit) -> list[str | int | float]:
         """``[backend, cid, held, remaining, limit, rule]``: the rule's limit on the true capacity."""

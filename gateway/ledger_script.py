@@ -17,15 +17,17 @@ backend admits anything; rule ``sum`` admits while the footprints stay within ``
 first, the peak is ``max_k S_k + k·r_k``) stays within it. The keys are computed in the script, so
 it suits one Redis server (or a cluster with every ledger key in one slot), not a sharded cluster.
 
+* ``{prefix}:freed`` — a pub/sub channel: a call that publishes a release announces it there (the
+  replica's id), and every other replica reads the ledger at once.
 * ``{prefix}:h:{replica}`` — that replica's published queue head (``ledger.order: threshold``), JSON
   ``[key, held, remaining, prompt]``, with the lease as its TTL.
 
 ARGV[1] is JSON: ``{"replica", "lease_ms", "prefix", "backends": [names], "publish": {backend:
 packed}, "commit": [[backend, held, remaining, limit, rule]], "read": bool, "head": [...] | []
-(optional: publish this head, or none)}``. Returns JSON: ``{"ok": [1 | 0 per commit], "others":
-{backend: packed}, "heads": [every other live replica's head]}``; ``others`` (every other live
-replica's charges, concatenated) is filled when ``read`` or when a commit was denied, ``heads`` when
-``read`` and a head was given.
+(optional: publish this head, or none), "freed": bool (a release is among the published)}``. Returns
+JSON: ``{"ok": [1 | 0 per commit], "others": {backend: packed}, "heads": [every other live replica's
+head]}``; ``others`` (every other live replica's charges, concatenated) is filled when ``read`` or
+when a commit was denied, ``heads`` when ``read`` and a head was given.
 """
 
 from __future__ import annotations
@@ -119,6 +121,10 @@ if a.head ~= nil then
       end
     end
   end
+end
+
+if a.freed then  -- a release in this call: the others read at once instead of at their next sync
+  redis.call('PUBLISH', a.prefix .. ':freed', a.replica)
 end
 
 local others = {}

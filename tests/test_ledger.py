@@ -140,6 +140,33 @@ def test_a_grown_charge_is_checked_before_the_next_sync(redis_url: str, redis_pr
     run(main)
 
 
+def test_a_release_reaches_the_other_replicas_before_their_next_sync(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """A release is announced (``{prefix}:freed``): the others read at once, so room freed on one
+    replica is not left idle for a sync interval while another's queue waits for it."""
+
+    async def main() -> None:
+        slow = {"lease_s": 8.0, "sync_interval_s": 3.0, "publish_growth_s": 0.02}
+        a, b = ledger(redis_url, redis_prefix, **slow), ledger(redis_url, redis_prefix, **slow)
+        await a.start()
+        await b.start()
+        try:
+            first, _ = await commit(a)
+            assert (await commit(a))[1]
+            assert not (await commit(b))[1]  # full: b's view now holds a's two charges (700)
+            assert b.stats.remote_tokens[0] == 700
+            a.loads[0].release(first)
+            a.released(first, 0)
+            await until(lambda: b.stats.remote_tokens[0] == 350, "b reads a's release", timeout=1.0)
+            assert (await commit(b))[1]
+        finally:
+            await a.stop()
+            await b.stop()
+
+    run(main)
+
+
 def _remote(led: SharedLedger) -> list[tuple[int, int]]:
     return [(c.held, c.remaining) for c in led._remote[0]]
 
