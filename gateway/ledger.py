@@ -14,7 +14,7 @@ Leases: every call renews this replica's lease (``lease_s``); the same call, eve
 ``sync_interval_s``, republishes its charges' progress and reads the others'. A release is published
 with the next call (the one carrying the next commit, at the latest the next sync), so a replica's
 own freed room is in Redis before its next commit is checked. A charge that *grew* (its request ran
-past its predicted length) is published within ``publish_growth_s``: until it is, Redis would check
+past its predicted length) is published within ``publish_s``: until it is, Redis would check
 other replicas' commits against the smaller footprint (room granted twice, a preemption later). A
 replica that dies stops renewing; within ``lease_s`` its charges drop out of every check and, one
 sync later, out of every view. With ``order: threshold`` each sync also publishes this replica's
@@ -135,8 +135,9 @@ class SharedLedger:
         self._true_capacity = [load.capacity_tokens for load in loads]
         self._set_capacity = list(self._true_capacity)
         self._next_sync = 0.0
-        self._growth_timer: asyncio.TimerHandle | None = None
-        """Set while a publish of grown charges is due (one per ``publish_growth_s``)."""
+        self._soon: asyncio.TimerHandle | None = None
+        """Set while a call is due within ``publish_s`` (a growth, a release, another's release)."""
+        self._last_read = 0.0
         self._wake = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
@@ -168,9 +169,9 @@ class SharedLedger:
         """Stop syncing and leave: this replica's charges and lease are deleted at once (best
         effort), so the others need not wait out the lease."""
         self._stopping = True  # (a cancellation that asyncio.wait_for swallows still ends the loop)
-        if self._growth_timer is not None:
-            self._growth_timer.cancel()
-            self._growth_timer = None
+        if self._soon is not None:
+            self._soon.cancel()
+            self._soon = None
         for task in (self._task, self._listener):
             if task is not None:
                 task.cancel()
@@ -213,19 +214,22 @@ class SharedLedger:
         if charge in own:
             del own[charge]
             self._dirty.add(backend)
-            if self.mode is LedgerMode.SHARED:  # published now, announced to the others
-                self._freed = True
-                self._wake.set()
+            if self.mode is LedgerMode.SHARED and self.heads:  # another replica waits for room:
+                self._freed = True  # publish soon, and announce it
+                self._call_soon(self.settings.publish_s)
 
     def grew(self, charge: Charge, backend: int) -> None:
-        """One of this replica's charges on ``backend`` grew: publish it within ``publish_growth_s``
+        """One of this replica's charges on ``backend`` grew: publish it within ``publish_s``
         (grown charges coalesce into one call)."""
         if charge not in self._own[backend] or self.mode is LedgerMode.LOCAL:
             return
         self._dirty.add(backend)
-        if self._growth_timer is None:
-            loop = asyncio.get_running_loop()
-            self._growth_timer = loop.call_later(self.settings.publish_growth_s, self._wake.set)
+        self._call_soon(self.settings.publish_s)
+
+    def _call_soon(self, delay: float) -> None:
+        """A round within ``delay`` seconds (coalesced: one pending at a time, the earliest kept)."""
+        if self._soon is None:
+            self._soon = asyncio.get_running_loop().call_later(max(0.0, delay), self._wake.set)
 
     # --- the worker ----------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -251,9 +255,9 @@ class SharedLedger:
         commits, self._commits = self._commits, []
         publish = range(len(self.loads)) if sync else sorted(self._dirty)
         self._dirty = set()
-        if self._growth_timer is not None:  # what grew rides this call
-            self._growth_timer.cancel()
-            self._growth_timer = None
+        if self._soon is not None:  # what was due rides this call
+            self._soon.cancel()
+            self._soon = None
         payload = {
             "replica": self.replica,
             "lease_ms": int(self.settings.lease_s * 1000),
@@ -301,6 +305,7 @@ class SharedLedger:
             c.verdict(bool(ok))
         if sync:
             self._next_sync = now + self.settings.sync_interval_s
+            self._last_read = now
         if denied:  # the next call republishes our progress first, so Redis and our view agree
             self._next_sync = 0.0
         if sync and self.threshold:
@@ -312,9 +317,11 @@ class SharedLedger:
             self._view(answer.get("others") or {})
 
     async def _listen(self) -> None:
-        """Another replica released a charge (``{prefix}:freed``): read the ledger now, not at the
-        next sync, so room freed on another replica is seen within a round trip. Best effort: while
-        the channel is down, the syncs still bring the news."""
+        """Another replica released a charge (``{prefix}:freed``): if this one has a queued head,
+        read the ledger now, not at the next sync, so room freed elsewhere is seen within a round
+        trip. A release is announced only while another replica's queue head is known (``order:
+        threshold``): where no replica waits, nobody pays for the news. Best effort: while the
+        channel is down, the syncs still bring it."""
         while not self._stopping:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
@@ -324,9 +331,10 @@ class SharedLedger:
                     if msg is None:
                         continue
                     sender = msg.get("data")
-                    if (sender.decode() if isinstance(sender, bytes) else sender) != self.replica:
-                        self._next_sync = 0.0
-                        self._wake.set()
+                    mine = (sender.decode() if isinstance(sender, bytes) else sender) == self.replica
+                    if not mine and self.head_of() is not None:  # only a replica that waits reads
+                        self._next_sync = 0.0  # the next round reads, at most one per publish_s
+                        self._call_soon(self._last_read + self.settings.publish_s - self.clock())
             except asyncio.CancelledError:
                 raise
             except Exception:  # Redis away: the next attempt after a sync's wait

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from gateway.ledger import LedgerMode, SharedLedger
+from gateway.ledger import LedgerMode, QueueHead, SharedLedger
 from gateway.settings import GatewaySettings, LedgerSettings
 from policies.admission import AdmissionConfig, BackendLoad, Charge
 from sagegate.procs import RedisServer
@@ -116,10 +116,10 @@ def test_progress_and_release_reach_the_other_replicas(redis_url: str, redis_pre
 
 def test_a_grown_charge_is_checked_before_the_next_sync(redis_url: str, redis_prefix: str) -> None:
     """A request that runs past its prediction grows its charge; Redis must check the others' commits
-    against the grown footprint within ``publish_growth_s``, not at the next (slow) sync."""
+    against the grown footprint within ``publish_s``, not at the next (slow) sync."""
 
     async def main() -> None:
-        slow = {"lease_s": 4.0, "sync_interval_s": 1.5, "publish_growth_s": 0.02}
+        slow = {"lease_s": 4.0, "sync_interval_s": 1.5, "publish_s": 0.02}
         a, b = ledger(redis_url, redis_prefix, **slow), ledger(redis_url, redis_prefix, **slow)
         await a.start()
         await b.start()
@@ -130,7 +130,7 @@ def test_a_grown_charge_is_checked_before_the_next_sync(redis_url: str, redis_pr
             for backend, charge in ((0, grown), (1, silent)):  # both run to 900: held 950, remaining 1
                 assert a.loads[backend].progress(charge, 900) > 0
             a.grew(grown, 0)  # only backend 0's growth is announced, as the dispatcher does
-            await asyncio.sleep(0.2)  # well past publish_growth_s, well before the next sync
+            await asyncio.sleep(0.2)  # well past publish_s, well before the next sync
             assert not (await commit(b, backend=0))[1]  # 950 + 1 with 50 + 300: peak 1002 > 1000
             assert (await commit(b, backend=1))[1]  # Redis still holds the footprint of 350 there
         finally:
@@ -147,11 +147,13 @@ def test_a_release_reaches_the_other_replicas_before_their_next_sync(
     replica is not left idle for a sync interval while another's queue waits for it."""
 
     async def main() -> None:
-        slow = {"lease_s": 8.0, "sync_interval_s": 3.0, "publish_growth_s": 0.02}
+        slow = {"lease_s": 8.0, "sync_interval_s": 3.0, "publish_s": 0.02}
         a, b = ledger(redis_url, redis_prefix, **slow), ledger(redis_url, redis_prefix, **slow)
-        await a.start()
-        await b.start()
+        b.head_of = lambda: QueueHead((1.0, 0), Charge(50, None, CFG), 50)  # b has a request waiting
+        await b.start()  # publishes its head,
+        await a.start()  # which a reads when it joins: a knows someone waits for room
         try:
+            assert len(a.heads) == 1
             first, _ = await commit(a)
             assert (await commit(a))[1]
             assert not (await commit(b))[1]  # full: b's view now holds a's two charges (700)
@@ -160,6 +162,31 @@ def test_a_release_reaches_the_other_replicas_before_their_next_sync(
             a.released(first, 0)
             await until(lambda: b.stats.remote_tokens[0] == 350, "b reads a's release", timeout=1.0)
             assert (await commit(b))[1]
+        finally:
+            await a.stop()
+            await b.stop()
+
+    run(main)
+
+
+def test_where_nobody_waits_a_release_waits_for_the_sync(redis_url: str, redis_prefix: str) -> None:
+    """No replica has a queued head: a release is not announced (nobody pays for the news)."""
+
+    async def main() -> None:
+        slow = {"lease_s": 8.0, "sync_interval_s": 3.0, "publish_s": 0.02}
+        a, b = ledger(redis_url, redis_prefix, **slow), ledger(redis_url, redis_prefix, **slow)
+        await b.start()
+        await a.start()
+        try:
+            first, _ = await commit(a)
+            assert (await commit(a))[1]
+            assert not (await commit(b))[1]  # the denial shows b a's two charges
+            await asyncio.sleep(0.2)  # (and b's resync after it)
+            calls = b.stats.calls
+            a.loads[0].release(first)
+            a.released(first, 0)
+            await asyncio.sleep(0.5)
+            assert b.stats.calls == calls and b.stats.remote_tokens[0] == 700  # b did not read
         finally:
             await a.stop()
             await b.stop()
