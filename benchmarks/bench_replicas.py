@@ -7,7 +7,7 @@ throughput and latency from the client. Ratios are against the one gateway of th
 
     python benchmarks/bench_replicas.py [--requests 240] [--replicas 2] [--blocks 1024] [--time-scale 4]
         [--order-none] [--policy fcfs] [--repeats 1] [--sync-interval 0.05] [--skip-own]
-        [--predictor global]
+        [--predictor global] [--max-waiting-tokens N]
 
 ``--repeats K`` runs every setup K times, interleaved (setup order rotates), and ends with the median
 of each setup's ratios: one gateway alone ranges widely across runs on these requests.
@@ -66,6 +66,9 @@ def main() -> None:
     )
     ap.add_argument("--policy", default="fcfs")
     ap.add_argument("--predictor", default="global")
+    ap.add_argument(
+        "--max-waiting-tokens", type=int, default=None, help="admission.max_waiting_tokens (default its own)"
+    )
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument(
         "--sync-interval", type=float, default=None, help="ledger.sync_interval_s (default its own)"
@@ -85,7 +88,8 @@ def main() -> None:
     base = {
         "policy": args.policy,
         "predictor": args.predictor,
-        "admission": {"pending_s": 0.03 / args.time_scale},
+        "admission": {"pending_s": 0.03 / args.time_scale}
+        | ({} if args.max_waiting_tokens is None else {"max_waiting_tokens": args.max_waiting_tokens}),
         "redis_url": redis.url,
     }
     n = args.replicas
