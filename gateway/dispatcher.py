@@ -123,6 +123,7 @@ class Dispatcher:
         """Head decisions held for a better-ranked head on another replica (``ledger.order: threshold``)."""
         if ledger is not None:
             ledger.head_of = self.queue_head
+            ledger.pending_of = self.pending_on
 
     # --- entry points -------------------------------------------------------------------------
     def submit(self, req: GatewayRequest) -> asyncio.Future[int]:
@@ -213,6 +214,12 @@ class Dispatcher:
         result = self.dispatch_loop.run(self.clock())
         self.last_stop = result.stop
         return result.dispatched
+
+    def pending_on(self, backend: int) -> tuple[int, int]:
+        """Requests sent to ``backend`` since its last scrape began, and their prompt tokens: what the
+        shared ledger publishes for the other replicas' backlog estimates."""
+        b = self.pool.backends[backend]
+        return len(b.pending), b.pending_tokens
 
     def queue_head(self) -> QueueHead | None:
         """The best-ranked queued request, as the shared ledger publishes it."""

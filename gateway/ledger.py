@@ -143,6 +143,9 @@ class SharedLedger:
         self._task: asyncio.Task[None] | None = None
         self._redis: Any = None
         self._script: Any = None
+        self.pending_of: Callable[[int], tuple[int, int]] = lambda backend: (0, 0)
+        """This replica's requests sent to a backend since its last scrape (count, prompt tokens):
+        published with every call, so the other replicas count them as waiting there."""
         self.head_of: Callable[[], QueueHead | None] = lambda: None
         """This replica's queue head now (the dispatcher sets it; published every sync)."""
         self.heads: list[ForeignHead] = []
@@ -267,6 +270,7 @@ class SharedLedger:
             "commit": [self._commit_args(c) for c in commits],
             "read": sync,
             "freed": self._freed,
+            "pending": {name: "{}:{}".format(*self.pending_of(b)) for b, name in enumerate(self.backend_ids)},
         }
         self._freed = False
         if sync and self.threshold:
@@ -314,6 +318,10 @@ class SharedLedger:
                 for k, h, r, p in (answer.get("heads") or [])
             ]
         if sync or denied:
+            pending = answer.get("pending") or {}
+            for i, load in enumerate(self.loads):
+                n, _, t = str(pending.get(self.backend_ids[i], "0:0")).partition(":")
+                load.foreign_waiting, load.foreign_waiting_tokens = int(n), int(t or 0)
             self._view(answer.get("others") or {})
 
     async def _listen(self) -> None:
@@ -381,6 +389,8 @@ class SharedLedger:
             )
             self.mode = LedgerMode.LOCAL
             self.heads = []
+            for load in self.loads:  # alone: only what this replica's own scrapes see
+                load.foreign_waiting = load.foreign_waiting_tokens = 0
             self._view({})
         for c in commits:
             self._own[c.backend][c.charge] = None

@@ -17,6 +17,9 @@ backend admits anything; rule ``sum`` admits while the footprints stay within ``
 first, the peak is ``max_k S_k + k·r_k``) stays within it. The keys are computed in the script, so
 it suits one Redis server (or a cluster with every ledger key in one slot), not a sharded cluster.
 
+* ``{prefix}:p:{replica}:{backend}`` — ``"n:tokens"``: the requests that replica sent to that
+  backend since its last scrape began (its ``pending``), with the lease as TTL; a read returns the
+  other replicas' sums per backend (``pending``), which they count as waiting there.
 * ``{prefix}:freed`` — a pub/sub channel: a call that publishes a release announces it there (the
   replica's id), and every other replica reads the ledger at once.
 * ``{prefix}:h:{replica}`` — that replica's published queue head (``ledger.order: threshold``), JSON
@@ -127,12 +130,31 @@ if a.freed then  -- a release in this call: the others read at once instead of a
   redis.call('PUBLISH', a.prefix .. ':freed', a.replica)
 end
 
-local others = {}
+-- what this replica has sent since its last scrape, per backend ("n:tokens"): the others count it
+-- as waiting there until their own scrapes can see it
+if a.pending ~= nil then
+  for backend, np in pairs(a.pending) do
+    redis.call('SET', a.prefix .. ':p:' .. a.replica .. ':' .. backend, np, 'PX', a.lease_ms)
+  end
+end
+
+local others, pending = {}, {}
 if a.read or denied then
   for _, backend in ipairs(a.backends) do
     local packed = packed_on(backend, true)
     if packed ~= '' then others[backend] = packed end
+    local n, t = 0, 0
+    for _, m in ipairs(live) do
+      if m ~= a.replica then
+        local v = redis.call('GET', a.prefix .. ':p:' .. m .. ':' .. backend)
+        if v then
+          local pn, pt = string.match(v, '(%d+):(%d+)')
+          n, t = n + tonumber(pn), t + tonumber(pt)
+        end
+      end
+    end
+    if n > 0 then pending[backend] = n .. ':' .. t end
   end
 end
-return cjson.encode({ok = ok, others = others, heads = heads})
+return cjson.encode({ok = ok, others = others, heads = heads, pending = pending})
 """

@@ -244,6 +244,11 @@ class BackendLoad:
     healthy: bool = True
     waiting_tokens: int = 0
     """Prompt tokens of the waiting requests (the backlog the next step can take)."""
+    foreign_waiting: int = 0
+    """Other gateway replicas' requests sent here since their last scrape (as the shared ledger last
+    read them): waiting requests this replica's own estimate cannot see yet. Zero alone."""
+    foreign_waiting_tokens: int = 0
+    """Their prompt tokens."""
     holdings: Holdings = field(default_factory=Holdings)
 
     def room(self, target: float) -> float:
@@ -295,9 +300,10 @@ def choose_backend(
     best: int | None = None
     best_room = float("-inf")
     for i, b in enumerate(backends):
-        if not b.healthy or b.waiting >= cfg.max_waiting or (allowed is not None and not allowed[i]):
+        waiting = b.waiting + b.foreign_waiting
+        if not b.healthy or waiting >= cfg.max_waiting or (allowed is not None and not allowed[i]):
             continue
-        if b.waiting and b.waiting_tokens + prompt_tokens > cfg.max_waiting_tokens:
+        if waiting and b.waiting_tokens + b.foreign_waiting_tokens + prompt_tokens > cfg.max_waiting_tokens:
             continue
         room = b.room(cfg.target)
         if room > best_room and b.admits(charge, cfg):

@@ -194,6 +194,31 @@ def test_where_nobody_waits_a_release_waits_for_the_sync(redis_url: str, redis_p
     run(main)
 
 
+def test_another_replicas_unscraped_sends_count_as_waiting_here(redis_url: str, redis_prefix: str) -> None:
+    """What replica A sent to a backend since its last scrape, B's scrapes cannot see yet: B reads it
+    from the ledger and holds it against the backlog bound (``max_waiting_tokens``), as A does."""
+    from policies.admission import choose_backend
+
+    async def main() -> None:
+        a, b = ledger(redis_url, redis_prefix), ledger(redis_url, redis_prefix)
+        a.pending_of = lambda backend: (2, 1800) if backend == 0 else (0, 0)
+        await a.start()
+        await b.start()
+        try:
+            await until(lambda: b.loads[0].foreign_waiting == 2, "b reads a's pending sends")
+            assert (b.loads[0].foreign_waiting_tokens, b.loads[1].foreign_waiting) == (1800, 0)
+            cfg = AdmissionConfig(unknown_output=300, max_waiting_tokens=2048)
+            probe = Charge(400, None, cfg)  # fits either backend's KV
+            assert choose_backend(probe, b.loads, cfg, prompt_tokens=400) == 1  # 1800 + 400 > 2048 on 0
+            a.pending_of = lambda backend: (0, 0)  # a's next scrape saw them start
+            await until(lambda: b.loads[0].foreign_waiting == 0, "b reads that they started")
+        finally:
+            await a.stop()
+            await b.stop()
+
+    run(main)
+
+
 def _remote(led: SharedLedger) -> list[tuple[int, int]]:
     return [(c.held, c.remaining) for c in led._remote[0]]
 
