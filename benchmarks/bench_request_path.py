@@ -201,21 +201,18 @@ async def added_ttft(
 
 def _late_outcomes(url: str) -> dict[str, float]:
     """``sagegate_late_predictions_total`` by outcome (reranked, dispatched, failed)."""
-    out: dict[str, float] = {}
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("sagegate_late_predictions_total{"):
-            out[line.split('outcome="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
-    return out
+    from loadgen.scrape import counter_by_label
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return counter_by_label(text, "sagegate_late_predictions", "outcome")
 
 
 def _late(url: str) -> tuple[float, float]:
-    late = total = 0.0
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("sagegate_predictor_path_total{"):
-            v = float(line.rsplit(" ", 1)[1])
-            total += v
-            late += v if 'path="late"' in line else 0.0
-    return late, total
+    """Predictions that took the ``late`` path, and all predictions."""
+    from loadgen.scrape import counter_by_label
+
+    paths = counter_by_label(httpx.get(url + "/metrics", timeout=10).text, "sagegate_predictor_path", "path")
+    return paths.get("late", 0.0), sum(paths.values())
 
 
 Cell = tuple[float, float, str]

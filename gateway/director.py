@@ -162,12 +162,17 @@ class Director:
             tenant=who.tenant,
             priority=who.priority,
             deadline_s=who.deadline_s,
-            prediction=cap(prediction, max_tokens) if self.settings.cap_at_max_tokens else prediction,
+            prediction=self.capped(prediction, max_tokens),
             prediction_path=path,
             stream=client.stream,
             want_usage=client.want_usage,
             max_tokens=max_tokens,
         )
+
+    def capped(self, dist: LengthDistribution | None, max_tokens: int | None) -> LengthDistribution | None:
+        """The prediction as the request carries it: capped at its ``max_tokens`` unless
+        ``cap_at_max_tokens`` is off."""
+        return cap(dist, max_tokens) if self.settings.cap_at_max_tokens else dist
 
     def enqueue(self, req: GatewayRequest) -> Lifecycle:
         """Into the dispatcher's queue, unless the gateway is closing, no backend is healthy or the
@@ -199,9 +204,8 @@ class Director:
             elif lc.state is not RequestState.QUEUED:
                 outcome = LateOutcome.DISPATCHED
             else:
-                req, dist = lc.req, fut.result()
-                if self.settings.cap_at_max_tokens:
-                    dist = cap(dist, req.max_tokens)
+                req = lc.req
+                dist = self.capped(fut.result(), req.max_tokens)
                 moved = dist is not None and self.dispatcher.repredict(req, dist)
                 outcome = LateOutcome.RERANKED if moved else LateOutcome.DISPATCHED
             self.metrics.late_predictions.labels(outcome).inc()

@@ -318,11 +318,7 @@ class SharedLedger:
                 for k, h, r, p in (answer.get("heads") or [])
             ]
         if sync or denied:
-            pending = answer.get("pending") or {}
-            for i, load in enumerate(self.loads):
-                n, _, t = str(pending.get(self.backend_ids[i], "0:0")).partition(":")
-                load.foreign_waiting, load.foreign_waiting_tokens = int(n), int(t or 0)
-            self._view(answer.get("others") or {})
+            self._view(answer.get("others") or {}, answer.get("pending") or {})
 
     async def _listen(self) -> None:
         """Another replica released a charge (``{prefix}:freed``): if this one has a queued head,
@@ -362,9 +358,12 @@ class SharedLedger:
         Redis holds for us there."""
         return "".join([f"{c.held}:{c.remaining}," for c in self._own[backend]])
 
-    def _view(self, others: dict[str, str]) -> None:
-        """Replace the other replicas' charges in the local view with what Redis just said."""
+    def _view(self, others: dict[str, str], pending: dict[str, str]) -> None:
+        """Replace the other replicas' charges and unscraped sends (``"n:tokens"`` per backend) in
+        the local view with what Redis just said."""
         for i, load in enumerate(self.loads):
+            n, _, t = pending.get(self.backend_ids[i], "0:0").partition(":")
+            load.foreign_waiting, load.foreign_waiting_tokens = int(n), int(t or 0)
             for old in self._remote[i]:
                 load.release(old)
             fresh = [
@@ -389,9 +388,7 @@ class SharedLedger:
             )
             self.mode = LedgerMode.LOCAL
             self.heads = []
-            for load in self.loads:  # alone: only what this replica's own scrapes see
-                load.foreign_waiting = load.foreign_waiting_tokens = 0
-            self._view({})
+            self._view({}, {})  # alone: only what this replica's own scrapes see
         for c in commits:
             self._own[c.backend][c.charge] = None
             c.verdict(True)

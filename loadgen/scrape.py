@@ -78,6 +78,19 @@ def counter_totals(text: str, names: Sequence[str]) -> dict[str, float | None]:
     return {name: float(sum(v)) if v else None for name, v in values.items()}
 
 
+def counter_by_label(text: str, name: str, label: str) -> dict[str, float]:
+    """Counter ``name``'s ``_total`` by the value of ``label`` (label sets sharing it summed)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name == name:
+            for s in fam.samples:
+                if s.name == name + "_total" and label in s.labels:
+                    out[s.labels[label]] = out.get(s.labels[label], 0.0) + float(s.value)
+    return out
+
+
 async def read_counters(
     client: httpx.AsyncClient, urls: Sequence[str], names: Sequence[str]
 ) -> dict[str, float | None]:

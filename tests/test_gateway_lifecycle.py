@@ -52,12 +52,9 @@ class ColdEmbedder:
 
 
 def _paths(url: str) -> dict[str, float]:
-    out = {}
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith("sagegate_predictor_path_total{"):
-            label = line.split('path="', 1)[1].split('"', 1)[0]
-            out[label] = float(line.rsplit(" ", 1)[1])
-    return out
+    from loadgen.scrape import counter_by_label
+
+    return counter_by_label(httpx.get(url + "/metrics").text, "sagegate_predictor_path", "path")
 
 
 def test_first_request_after_start_is_not_late_for_a_cold_model() -> None:

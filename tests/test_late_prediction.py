@@ -130,11 +130,9 @@ class _Face(_SlowFace):
 
 
 def _late_outcomes(url: str) -> dict[str, float]:
-    out = {}
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith("sagegate_late_predictions_total{"):
-            out[line.split('outcome="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
-    return out
+    from loadgen.scrape import counter_by_label
+
+    return counter_by_label(httpx.get(url + "/metrics").text, "sagegate_late_predictions", "outcome")
 
 
 def test_through_the_gateway_a_waiting_request_learns_its_late_prediction() -> None:
