@@ -2,12 +2,14 @@
 sharing the admission ledger in Redis (``ledger.enabled``, its default ``order: threshold``).
 
 Two small-KV simulated backends (``sagegate backend``, fresh for every setup), the same requests in
-every setup, split round robin over the replicas; preemptions from the backends' ``/metrics``,
+every setup, split round robin over the replicas, each setup's replicas sharing a prediction history
+of their own that starts empty (``redis_url``; ``--local-history``: each replica learns alone, as
+before the baselines shared theirs); preemptions from the backends' ``/metrics``,
 throughput and latency from the client. Ratios are against the one gateway of the same run.
 
     python benchmarks/bench_replicas.py [--requests 240] [--replicas 2] [--blocks 1024] [--time-scale 4]
         [--order-none] [--policy fcfs] [--repeats 1] [--sync-interval 0.05] [--skip-own]
-        [--predictor global] [--max-waiting-tokens N]
+        [--predictor global] [--max-waiting-tokens N] [--local-history]
 
 ``--repeats K`` runs every setup K times, interleaved (setup order rotates), and ends with the median
 of each setup's ratios: one gateway alone ranges widely across runs on these requests.
@@ -48,10 +50,23 @@ def workload(n: int, rate: float, blocks: int) -> list[Any]:
     return with_client_cap(kept, DEFAULT_CLIENT_MAX_TOKENS)
 
 
+LOCAL = "_local_history"
+"""A setup flag (not a gateway setting): each replica's predictor learns from its own completions."""
+
+
 @contextlib.contextmanager
-def replicas(urls: list[str], n: int, settings: dict[str, Any]) -> Iterator[list[str]]:
+def replicas(urls: list[str], n: int, settings: dict[str, Any], history: str) -> Iterator[list[str]]:
+    """``n`` gateways sharing the prediction history under ``history`` (with ``LOCAL``: one each)."""
+    local = settings.get(LOCAL, False)
+    settings = {k: v for k, v in settings.items() if k != LOCAL}
     with contextlib.ExitStack() as stack:
-        yield [stack.enter_context(gateway(urls, **settings)) for _ in range(n)]
+        fronts = []
+        for i in range(n):
+            options = {"redis_prefix": f"{history}:{i}" if local else history}
+            if settings.get("predictor") == "none":
+                options = {}
+            fronts.append(stack.enter_context(gateway(urls, **settings, predictor_options=options)))
+        yield fronts
 
 
 def main() -> None:
@@ -74,6 +89,11 @@ def main() -> None:
         "--sync-interval", type=float, default=None, help="ledger.sync_interval_s (default its own)"
     )
     ap.add_argument("--skip-own", action="store_true", help="leave out the replicas with their own ledgers")
+    ap.add_argument(
+        "--local-history",
+        action="store_true",
+        help="also the shared ledger with each replica's predictor learning alone (its own completions)",
+    )
     args = ap.parse_args()
     binary = redis_server_binary()
     if binary is None:
@@ -99,6 +119,8 @@ def main() -> None:
         setups.append((f"{n} replicas, own ledgers", n, base))
     if args.order_none:
         setups.append((f"{n} replicas, ledger, order none", n, {**base, "ledger": {**led, "order": "none"}}))
+    if args.local_history:
+        setups.append((f"{n} replicas, ledger, own history", n, {**base, "ledger": led, LOCAL: True}))
     setups.append((f"{n} replicas, shared ledger", n, {**base, "ledger": led}))
     print(
         f"## {len(work)} requests at {rate:.2f} req/s ({args.overload:g}x the saturated {cap:.2f}, engine time)"
@@ -127,11 +149,11 @@ def run_setup(
     """One setup on fresh backends: prints its row, returns (preemptions, req/s)."""
     from core.summary import summarize
 
+    prefix = f"bench:{uuid.uuid4().hex[:6]}"  # every setup run learns from an empty history
     if "ledger" in settings:
-        prefix = f"bench:{uuid.uuid4().hex[:6]}"
         settings = {**settings, "ledger": {**settings["ledger"], "enabled": True, "prefix": prefix}}
     with backend(time_scale, *flags) as b1, backend(time_scale, *flags) as b2:
-        with replicas([b1, b2], count, settings) as fronts:
+        with replicas([b1, b2], count, settings, f"{prefix}:history") as fronts:
             records = asyncio.run(_replay_split(work, fronts, time_scale))
         pre = _preemptions([b1, b2])
     s = summarize(records)

@@ -1,10 +1,12 @@
 """The gateway's output-length predictor, behind one small async interface.
 
 ``none``: no prediction (the policy sees prompt length only). ``global`` / ``length-bucket``: the
-history baselines of ``predictor.baselines`` (cheap, run inline). ``semantic``: the product's predictor
-(similar past prompts), whose embedding runs off the event loop; its history is in-process, or in
-Redis when ``redis_url`` is set so several gateway replicas learn from each other. Each is built by
-the one factory (:func:`predictor.factory.make_predictor`) and wrapped here in a :class:`GatewayPredictor`.
+history baselines of ``predictor.baselines`` (cheap, run inline; with ``redis_url`` every replica
+learns from every replica's completions, :mod:`predictor.shared_history`). ``semantic``: the
+product's predictor (similar past prompts), whose embedding runs off the event loop; its history is
+in-process, or in Redis when ``redis_url`` is set so several gateway replicas learn from each other.
+Each is built by the one factory (:func:`predictor.factory.make_predictor`) and wrapped here in a
+:class:`GatewayPredictor`.
 """
 
 from __future__ import annotations
@@ -20,11 +22,18 @@ from core.request import PredictionQuery
 from gateway.settings import DEFAULT_BUDGET_S, PredictorSettings
 from predictor.embedder import PromptLike
 from predictor.factory import make_predictor
+from predictor.history import WindowBounds
+from predictor.redis_store import RedisStore
 from predictor.semantic import PromptFeatures, SemanticPredictor
 from predictor.semantic_async import AsyncSemantic
 from predictor.semantic_sim import SemanticLengthPredictor
+from predictor.shared_history import SharedHistory
 
 log = logging.getLogger("sagegate.gateway")
+
+BASELINE_BOUNDS = WindowBounds(max_entries=20_000)
+"""A shared baseline history's stream: the baselines' windows hold 2,000 outcomes by default (500 per
+prompt-length bucket), and a starting replica loads what the stream keeps (24 h at most)."""
 
 DRAIN_S = 1.0
 """At shutdown, how long outcomes still being recorded (an embedding in flight) may hold the exit."""
@@ -80,11 +89,13 @@ class NoPredictor:
 
 
 class BaselinePredictor:
-    """A ``predictor.baselines`` history predictor (sync, microseconds), fed prompt lengths only."""
+    """A ``predictor.baselines`` history predictor (sync, microseconds), fed prompt lengths only;
+    ``shared``: the same predictor learning from every replica's completions too."""
 
-    def __init__(self, inner: LengthPredictor, name: str) -> None:
-        self.inner = inner
+    def __init__(self, inner: LengthPredictor, name: str, shared: SharedHistory | None = None) -> None:
+        self.inner: LengthPredictor = inner if shared is None else shared
         self.name = name
+        self.shared = shared
 
     @staticmethod
     def _trace(inp: PredictInput) -> PredictionQuery:
@@ -97,10 +108,13 @@ class BaselinePredictor:
         self.inner.observe(self._trace(inp), output_tokens)
 
     async def astart(self) -> None:
-        return None
+        if self.shared is not None:
+            loaded = await asyncio.to_thread(self.shared.start)
+            log.info("%s predictor: %d completions from the shared history", self.name, loaded)
 
     async def aclose(self) -> None:
-        return None
+        if self.shared is not None:
+            await asyncio.to_thread(self.shared.close)
 
 
 class SemanticAdapter:
@@ -174,7 +188,10 @@ def build_predictor(
     built = make_predictor(name, opts.for_predictor(name, redis_url))
     if isinstance(built, SemanticLengthPredictor):
         return SemanticAdapter(AsyncSemantic(built.core), opts.predict_budget_s)
-    return BaselinePredictor(built, name)
+    if redis_url is None:
+        return BaselinePredictor(built, name)
+    store = RedisStore(redis_url, f"{opts.redis_prefix}:{name}", BASELINE_BOUNDS, embedded=False)
+    return BaselinePredictor(built, name, SharedHistory(built, store))
 
 
 def cap(dist: LengthDistribution | None, max_tokens: int | None) -> LengthDistribution | None:

@@ -27,9 +27,17 @@ _SEMANTIC = SemanticOptions()
 
 _OPTIONS_OF: dict[str, frozenset[str]] = {
     "none": frozenset(),
-    "global": frozenset({"window", "max_points", "min_samples", "refresh_every"}),
+    "global": frozenset({"window", "max_points", "min_samples", "refresh_every", "redis_prefix"}),
     "length-bucket": frozenset(
-        {"window_per_bucket", "buckets", "min_samples", "max_points", "global_window", "refresh_every"}
+        {
+            "window_per_bucket",
+            "buckets",
+            "min_samples",
+            "max_points",
+            "global_window",
+            "refresh_every",
+            "redis_prefix",
+        }
     ),
     "semantic": frozenset(
         {
@@ -85,7 +93,8 @@ class PredictorSettings(BaseModel):
     """How long the embedder waits for more prompts to batch with a first one."""
     max_batch: int = Field(default=_SEMANTIC.max_batch, ge=1)
     redis_prefix: str = _SEMANTIC.redis_prefix
-    """Key prefix of the shared history in Redis (``redis_url``)."""
+    """Key prefix of the shared history in Redis (``redis_url``): the semantic predictor's stream is
+    ``{prefix}:{embedding version}``, a history baseline's ``{prefix}:{predictor}``."""
     # --- global and length-bucket (unset: the predictor's own default)
     window: int | None = Field(default=None, ge=1)
     """``global``: outputs remembered."""
@@ -132,7 +141,9 @@ class PredictorSettings(BaseModel):
                 redis_prefix=self.redis_prefix,
             )
         given = {
-            k: v for k, v in self.model_dump(include=set(self.model_fields_set)).items() if v is not None
+            k: v
+            for k, v in self.model_dump(include=set(self.model_fields_set) - {"redis_prefix"}).items()
+            if v is not None
         }
         if predictor == "global":
             return GlobalOptions(**given)

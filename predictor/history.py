@@ -58,12 +58,15 @@ class Completion:
         }
 
     @staticmethod
-    def from_fields(fields: Mapping[bytes, bytes]) -> Completion:
-        """Inverse of :meth:`to_fields` (keys and values as bytes, the way redis-py returns them)."""
+    def from_fields(fields: Mapping[bytes, bytes], *, embedded: bool = True) -> Completion:
+        """Inverse of :meth:`to_fields` (keys and values as bytes, the way redis-py returns them).
+        ``embedded``: the record must carry an embedding (a semantic history); else it must not
+        (a history baseline's: :mod:`predictor.shared_history`)."""
         f = {k.decode() if isinstance(k, bytes) else k: v for k, v in fields.items()}
         emb = np.frombuffer(f["emb"], dtype="<f4").astype(np.float32)
-        if emb.shape != (DIM,):
-            raise ValueError(f"embedding of {emb.size} values, expected {DIM}")
+        want = (DIM,) if embedded else (0,)
+        if emb.shape != want:
+            raise ValueError(f"embedding of {emb.size} values, expected {want[0]}")
         return Completion(
             id=_text(f["id"]),
             model=_text(f["model"]),

@@ -59,8 +59,11 @@ class RedisStore:
         socket_timeout: float = 1.0,
         clock: Callable[[], float] = wall_clock,
         replica_id: str | None = None,
+        embedded: bool = True,
     ) -> None:
         self.url = url
+        self.embedded = embedded
+        """Whether the records carry embeddings (a semantic history) or not (a history baseline's)."""
         self.prefix = prefix
         self.bounds = bounds or WindowBounds()
         self.stream_key = f"{prefix}:stream"
@@ -274,10 +277,9 @@ class RedisStore:
         r.xtrim(self.stream_key, minid=f"{max(0, min_ms)}-0", approximate=True)
         r.zremrangebyscore(self.ids_key, "-inf", f"({horizon!r}")
 
-    @staticmethod
-    def _parse(fields: Any) -> Completion | None:
+    def _parse(self, fields: Any) -> Completion | None:
         try:
-            return Completion.from_fields(fields)
+            return Completion.from_fields(fields, embedded=self.embedded)
         except Exception:
             log.warning("skipping a malformed history entry")
             return None
