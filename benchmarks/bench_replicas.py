@@ -9,7 +9,7 @@ throughput and latency from the client. Ratios are against the one gateway of th
 
     python benchmarks/bench_replicas.py [--requests 240] [--replicas 2] [--blocks 1024] [--time-scale 4]
         [--order-none] [--policy fcfs] [--repeats 1] [--sync-interval 0.05] [--skip-own]
-        [--predictor global] [--max-waiting-tokens N] [--local-history]
+        [--predictor global] [--max-waiting-tokens N] [--local-history] [--one-ledger]
 
 ``--repeats K`` runs every setup K times, interleaved (setup order rotates), and ends with the median
 of each setup's ratios: one gateway alone ranges widely across runs on these requests.
@@ -90,6 +90,11 @@ def main() -> None:
     )
     ap.add_argument("--skip-own", action="store_true", help="leave out the replicas with their own ledgers")
     ap.add_argument(
+        "--one-ledger",
+        action="store_true",
+        help="also one gateway with the shared ledger on (its cost with no other replica)",
+    )
+    ap.add_argument(
         "--local-history",
         action="store_true",
         help="also the shared ledger with each replica's predictor learning alone (its own completions)",
@@ -119,6 +124,8 @@ def main() -> None:
         setups.append((f"{n} replicas, own ledgers", n, base))
     if args.order_none:
         setups.append((f"{n} replicas, ledger, order none", n, {**base, "ledger": {**led, "order": "none"}}))
+    if args.one_ledger:
+        setups.append(("1 gateway, shared ledger", 1, {**base, "ledger": led}))
     if args.local_history:
         setups.append((f"{n} replicas, ledger, own history", n, {**base, "ledger": led, LOCAL: True}))
     setups.append((f"{n} replicas, shared ledger", n, {**base, "ledger": led}))

@@ -258,7 +258,8 @@ class GatewaySettings(BaseSettings):
     predictor: str = "semantic"
     """``none`` (prompt length only), ``global``, ``length-bucket`` or ``semantic``."""
     redis_url: str | None = None
-    """Shared prediction history for the semantic predictor (in-process when unset)."""
+    """Shared prediction history (every predictor but ``none``; in-process when unset), and the
+    shared admission ledger's Redis (``ledger.enabled``)."""
     predictor_options: PredictorSettings = Field(default_factory=PredictorSettings)
     """The predictor's options (``SAGEGATE_PREDICTOR_OPTIONS='{"predict_budget_s": 0.1}'`` or
     ``SAGEGATE_PREDICTOR_OPTIONS__PREDICT_BUDGET_S=0.1``)."""
