@@ -235,7 +235,9 @@ def create_app(
             raise GatewayError(
                 403, "admin key required", type="authentication_error", reason=Reason.FORBIDDEN
             )
-        return JSONResponse(gw.ledger.snapshot() if gw.ledger is not None else {"mode": "off"})
+        if gw.ledger is None:
+            return JSONResponse({"mode": "off"})
+        return JSONResponse(gw.ledger.snapshot() | {"held_for_others": gw.dispatcher.held_for_others})
 
     @app.post("/admin/requests/{rid}/pause")
     async def admin_pause(request: Request, rid: str) -> Response:

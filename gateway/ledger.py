@@ -209,6 +209,10 @@ class SharedLedger:
             verdict(True)
             return
         self._commits.append(_Commit(backend, charge, verdict))
+        # Our charges there as they stand ride the same call: Redis checks the commit against our
+        # progress since the last sync, not against what it was then (a stale remaining overstates
+        # the projected peak, so the local view's yes met Redis's no).
+        self._dirty.add(backend)
         self._wake.set()
 
     def released(self, charge: Charge, backend: int) -> None:
@@ -218,8 +222,8 @@ class SharedLedger:
             del own[charge]
             self._dirty.add(backend)
             if self.mode is LedgerMode.SHARED and self.heads:  # another replica waits for room:
-                self._freed = True  # publish soon, and announce it
-                self._call_soon(self.settings.publish_s)
+                self._freed = True  # publish now, and announce it: the room idles until they hear
+                self._wake.set()  # (calls never overlap, so releases still coalesce under load)
 
     def grew(self, charge: Charge, backend: int) -> None:
         """One of this replica's charges on ``backend`` grew: publish it within ``publish_s``
