@@ -222,8 +222,8 @@ class SharedLedger:
             del own[charge]
             self._dirty.add(backend)
             if self.mode is LedgerMode.SHARED and self.heads:  # another replica waits for room:
-                self._freed = True  # publish now, and announce it: the room idles until they hear
-                self._wake.set()  # (calls never overlap, so releases still coalesce under load)
+                self._freed = True  # publish soon, and announce it
+                self._call_soon(self.settings.publish_s)
 
     def grew(self, charge: Charge, backend: int) -> None:
         """One of this replica's charges on ``backend`` grew: publish it within ``publish_s``

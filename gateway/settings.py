@@ -133,11 +133,10 @@ class LedgerSettings(BaseModel):
     """How soon, between syncs, a replica publishes what the others must not wait a sync for, and
     reads what they announced: a charge that grew (its request ran past its predicted length: Redis
     checks every commit against the charges as last published, so an unpublished growth is room
-    granted twice; 1.41x one gateway's preemptions when growth waited for the 50 ms sync), and
-    another replica's release (announced on ``{prefix}:freed``: room that a better head here may
-    take; 0.98x one gateway's throughput when it waited for the sync, 1.009x read at once). At most
-    one such call per interval; at most ``sync_interval_s``. A release of this replica's, while
-    another replica's head waits, is published and announced at once (the next call)."""
+    granted twice; 1.41x one gateway's preemptions when growth waited for the 50 ms sync), a release
+    (announced on ``{prefix}:freed``), and another replica's release (room that a better head here
+    may take; 0.98x one gateway's throughput when it waited for the sync, 1.009x read at once). At
+    most one such call per interval; at most ``sync_interval_s``."""
     local_share: float = Field(default=0.5, gt=0.0, le=1.0)
     """With Redis unreachable, the share of every backend's KV capacity this replica admits into on
     its own (set it to 1 / the number of replicas so that together they never exceed a backend)."""
