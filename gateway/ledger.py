@@ -209,9 +209,8 @@ class SharedLedger:
             verdict(True)
             return
         self._commits.append(_Commit(backend, charge, verdict))
-        # Our charges there as they stand ride the same call: Redis checks the commit against our
-        # progress since the last sync, not against what it was then (a stale remaining overstates
-        # the projected peak, so the local view's yes met Redis's no).
+        # Our charges there as they stand ride the same call: Redis checks the commit against the
+        # charges the local decision weighed, not against the last sync's.
         self._dirty.add(backend)
         self._wake.set()
 

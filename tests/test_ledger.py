@@ -140,6 +140,32 @@ def test_a_grown_charge_is_checked_before_the_next_sync(redis_url: str, redis_pr
     run(main)
 
 
+def test_a_commit_is_checked_against_this_replicas_charges_as_they_stand(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """Progress between syncs rides the next commit on that backend, so Redis weighs the commit
+    against the charges the local decision weighed, not against the last sync's."""
+    import redis
+
+    async def main() -> None:
+        slow = {"lease_s": 4.0, "sync_interval_s": 1.5, "publish_s": 0.02}
+        a = ledger(redis_url, redis_prefix, **slow)
+        await a.start()
+        client = redis.Redis.from_url(redis_url)
+        key = f"{redis_prefix}:c:{a.replica}:{a.backend_ids[0]}"
+        try:
+            first, ok = await commit(a)
+            assert ok and client.get(key) == b"50:300,"
+            assert a.loads[0].progress(first, 100) == 0  # held 150, remaining 200: no growth to publish
+            assert (await commit(a))[1]
+            assert client.get(key) == b"150:200,50:300,"  # well before the next sync
+        finally:
+            client.close()
+            await a.stop()
+
+    run(main)
+
+
 def test_a_release_reaches_the_other_replicas_before_their_next_sync(
     redis_url: str, redis_prefix: str
 ) -> None:
