@@ -62,9 +62,8 @@ def replicas(urls: list[str], n: int, settings: dict[str, Any], history: str) ->
     with contextlib.ExitStack() as stack:
         fronts = []
         for i in range(n):
-            options = {"redis_prefix": f"{history}:{i}" if local else history}
-            if settings.get("predictor") == "none":
-                options = {}
+            none = settings.get("predictor") == "none"
+            options = {} if none else {"redis_prefix": f"{history}:{i}" if local else history}
             fronts.append(stack.enter_context(gateway(urls, **settings, predictor_options=options)))
         yield fronts
 

@@ -12,11 +12,12 @@ import importlib.util
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sagegate.procs import free_port
 
-__all__ = ["NO_REDIS", "free_port", "redis_available", "redis_server_binary", "wait_for_redis"]
+__all__ = ["NO_REDIS", "free_port", "redis_available", "redis_server_binary", "wait_for", "wait_for_redis"]
 
 NO_REDIS = "REDIS UNAVAILABLE"
 """Start of the skip reason of every test that needed a Redis server and had none (the terminal
@@ -58,3 +59,14 @@ def wait_for_redis(port: int, timeout: float) -> bool:
             return True
         time.sleep(0.02)
     return redis_available(port=port)
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Poll ``cond`` until it holds or ``timeout`` passes (what another replica's thread delivers
+    through Redis arrives in its own time); returns whether it held."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()

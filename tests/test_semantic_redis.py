@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -20,17 +19,8 @@ from predictor.index import IndexConfig
 from predictor.redis_store import RedisStore
 from predictor.semantic import PromptFeatures, SemanticConfig, SemanticPredictor
 from sagegate.procs import RedisServer, free_port
-from tests.redis_support import NO_REDIS, redis_server_binary
+from tests.redis_support import NO_REDIS, redis_server_binary, wait_for
 from tests.semantic_support import LONG_TASKS, SHORT_TASKS, TOPICS, family, real_embedder
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -15,16 +14,7 @@ from gateway.predict import BaselinePredictor, PredictInput, build_predictor
 from gateway.settings import PredictorSettings
 from predictor.history import Completion
 from sagegate.procs import RedisServer, free_port
-from tests.redis_support import NO_REDIS, redis_server_binary
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
+from tests.redis_support import NO_REDIS, redis_server_binary, wait_for
 
 
 def inp(prompt_tokens: int = 100) -> PredictInput:
