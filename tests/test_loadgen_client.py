@@ -47,7 +47,9 @@ def _requests(n: int, gap_s: float, output: int = 8, prompt: str | None = None) 
 
 def test_open_loop_sends_leave_on_schedule_against_a_stalling_backend(stalling: FakeServer) -> None:
     work = prepare_workload("synthetic", limit=60, rate=60.0, seed=2, prompts="filler")
-    cfg = ReplayConfig(url=stalling.url, model="m", timeout_s=0.4, queue_metric=None, prime=False)
+    # 2 s before the client gives up: long enough that a send a loaded machine slows still reaches
+    # the server (with 0.4 s one of 60 did not, once, on a fresh clone)
+    cfg = ReplayConfig(url=stalling.url, model="m", timeout_s=2.0, queue_metric=None, prime=False)
     result = replay(work.requests, cfg)
     late_ms = [1000 * (r.lateness or 0.0) for r in result.records]
     # the server's receipt of each request, on the same monotonic clock, against its schedule
