@@ -6,7 +6,8 @@ Prints two Markdown tables:
    ``predictor: global``, then ``semantic`` on each runtime. Start-up is spawn to the first answer
    (the lifespan loads the model and embeds once before it serves); RSS is the gateway's after
    ``--requests`` chat requests have gone through it.
-2. In one process, each embedder called in turn on the same prompt (so a noisy, shared machine
+2. In one process, each embedder (with the shipped length tune, and the default ONNX int8 one also
+   with the stock weights) called in turn on the same prompt (so a noisy, shared machine
    weighs on each alike): latency p50/p99 of one embedding for short prompts (under 20 word pieces)
    and long ones (~13k tokens, of which the window is read), and batch throughput (``--batch``
    prompts in one call).
@@ -124,6 +125,9 @@ def embedders(static_table: Path | None) -> dict[str, TextEmbedder]:
     out: dict[str, TextEmbedder] = {
         "torch int8": MiniLMEmbedder(quantize=True),
         "onnx int8": make_embedder(EmbedderOptions(runtime="onnx", quantize=True)),
+        "onnx int8, stock weights": make_embedder(
+            EmbedderOptions(runtime="onnx", quantize=True, tuned=False)
+        ),
         "torch fp32": MiniLMEmbedder(quantize=False),
         "onnx fp32": make_embedder(EmbedderOptions(runtime="onnx", quantize=False)),
     }

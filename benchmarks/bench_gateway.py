@@ -88,6 +88,7 @@ def backend(time_scale: float, *extra: str) -> Iterator[str]:
     cmd += ["--time-scale", str(time_scale), *extra]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
+    PIDS[url] = proc.pid
     try:
         _wait(url, "/health", proc)
         yield url

@@ -11,6 +11,8 @@ predictor after the first N ∈ {0, 100, 500, 2,000} completions of that source,
 scores the same last ``--test`` items (frozen: no recording while scoring); and online from an empty
 history (each item predicted, then recorded), the 500 predictions after the first N. Kendall tau-b
 (``scipy.stats.kendalltau``) of the predicted mean against the true length, and 10–90% coverage.
+``--encoder stock tuned`` (the default) runs each row over the stock all-MiniLM-L6-v2 and over the
+encoder with the shipped length tune merged (``predictor.encoder_tune``), side by side in one run.
 """
 
 from __future__ import annotations
@@ -46,8 +48,18 @@ CURVE = (0, 100, 500, 2000)
 ONLINE_SPAN = 500
 
 
+ENCODERS = {"stock": False, "tuned": True}
+
+
+def encoder_vectors(items: list[EvalItem], encoder: str) -> tuple[np.ndarray, str]:
+    """Every item's vector from the named encoder (torch int8, window 64: the evaluations' usual),
+    and that encoder's embedding version."""
+    emb = MiniLMEmbedder(tuned=ENCODERS[encoder])
+    return embed_cached([flatten_prompt(it.prompt) for it in items], emb), emb.version
+
+
 def frozen_after(
-    items: list[EvalItem], vecs: np.ndarray, n: int, test: int, cfg: SemanticConfig
+    items: list[EvalItem], vecs: np.ndarray, n: int, test: int, cfg: SemanticConfig, version: str
 ) -> dict[str, float]:
     """Record the first ``n`` items, then score the last ``test`` without recording them."""
     cfg = replace(
@@ -56,7 +68,8 @@ def frozen_after(
         index=replace(cfg.index, background=False),
     )
     now = [0.0]
-    pred = SemanticPredictor(_NoEmbedder(), MemoryStore(cfg.bounds, retain=False), cfg, clock=lambda: now[0])
+    store = MemoryStore(cfg.bounds, retain=False)
+    pred = SemanticPredictor(_NoEmbedder(version), store, cfg, clock=lambda: now[0])
     texts = [flatten_prompt(it.prompt) for it in items]
     for i in range(n):
         now[0] = items[i].arrival_s
@@ -79,35 +92,42 @@ def frozen_after(
     }
 
 
-def sharegpt(path: Path, histories: list[float], variants: list[str]) -> None:
+def sharegpt(path: Path, histories: list[float], variants: list[str], encoders: list[str]) -> None:
     items = load_items(path)
-    vecs = embed_cached([flatten_prompt(it.prompt) for it in items], MiniLMEmbedder())
-    for h in histories:
-        history = int(h * len(items)) if h < 1 else int(h)
-        truth = np.array([it.output_tokens for it in items[history:]], dtype=float)
-        for label, cfg in VARIANTS.items():
-            if variants and not any(v in label for v in variants):
-                continue
-            res = replay_semantic(items, vecs, history, cfg)
-            r = score_replay(res.means, res.quants, truth)
-            print(
-                f"sharegpt warm {history:>5} scored {truth.size:>5} | {label:<36} tau-b {r['kendall_tau']:.3f}  "
-                f"coverage {r['coverage_10_90']:.3f}  mae_log {r['mae_log']:.3f}",
-                flush=True,
-            )
+    for encoder in encoders:
+        vecs, version = encoder_vectors(items, encoder)
+        for h in histories:
+            history = int(h * len(items)) if h < 1 else int(h)
+            truth = np.array([it.output_tokens for it in items[history:]], dtype=float)
+            for label, cfg in VARIANTS.items():
+                if variants and not any(v in label for v in variants):
+                    continue
+                res = replay_semantic(items, vecs, history, cfg, embed_version=version)
+                r = score_replay(res.means, res.quants, truth)
+                print(
+                    f"sharegpt {encoder:<5} warm {history:>5} scored {truth.size:>5} | {label:<36} "
+                    f"tau-b {r['kendall_tau']:.3f}  coverage {r['coverage_10_90']:.3f}  mae_log {r['mae_log']:.3f}",
+                    flush=True,
+                )
 
 
-def unseen(path: Path, test: int, variants: list[str]) -> None:
+def unseen(path: Path, test: int, variants: list[str], encoders: list[str]) -> None:
     if not path.exists():
         print(f"unseen source {path}: absent, skipped")
         return
     items = load_items(path)
-    vecs = embed_cached([flatten_prompt(it.prompt) for it in items], MiniLMEmbedder())
+    for encoder in encoders:
+        unseen_rows(items, *encoder_vectors(items, encoder), f"{path} ({encoder} encoder)", test, variants)
+
+
+def unseen_rows(
+    items: list[EvalItem], vecs: np.ndarray, version: str, name: str, test: int, variants: list[str]
+) -> None:
     test = min(test, len(items) - max(CURVE))
-    print(f"unseen source {path}: {len(items)} items, scoring the last {test}")
+    print(f"unseen source {name}: {len(items)} items, scoring the last {test}")
     chosen = {k: v for k, v in VARIANTS.items() if not variants or any(x in k for x in variants)}
     for label, cfg in chosen.items():
-        cells = [frozen_after(items, vecs, n, test, cfg) for n in CURVE]
+        cells = [frozen_after(items, vecs, n, test, cfg, version) for n in CURVE]
         row = "  ".join(
             f"{n:>5}: {c['tau']:.3f} ({c['coverage']:.2f})" for n, c in zip(CURVE, cells, strict=True)
         )
@@ -115,7 +135,7 @@ def unseen(path: Path, test: int, variants: list[str]) -> None:
     print(f"  online from an empty history, tau-b (coverage) of the {ONLINE_SPAN} predictions after N:")
     truth = np.array([it.output_tokens for it in items], dtype=float)
     for label, cfg in chosen.items():
-        res = replay_semantic(items, vecs, 0, cfg)
+        res = replay_semantic(items, vecs, 0, cfg, embed_version=version)
         cells = []
         for n in CURVE:
             sl = slice(n, n + ONLINE_SPAN)
@@ -138,12 +158,13 @@ def main() -> None:
     ap.add_argument("--skip-unseen", action="store_true")
     ap.add_argument("--history", type=float, nargs="*", default=[6000, 0.9], help="counts, or shares below 1")
     ap.add_argument("--variants", nargs="*", default=[], help="substrings of the variants to run (all)")
+    ap.add_argument("--encoder", nargs="*", choices=sorted(ENCODERS), default=["stock", "tuned"])
     args = ap.parse_args()
     for p in [] if args.skip_unseen else args.unseen:
-        unseen(p, args.test, args.variants)
+        unseen(p, args.test, args.variants, args.encoder)
     if not args.skip_sharegpt:
         if args.sharegpt.exists():
-            sharegpt(args.sharegpt, args.history, args.variants)
+            sharegpt(args.sharegpt, args.history, args.variants, args.encoder)
         else:
             print(f"{args.sharegpt} absent: ShareGPT skipped")
 

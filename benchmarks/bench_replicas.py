@@ -14,6 +14,10 @@ throughput and latency from the client. Ratios are against the one gateway of th
 ``--repeats K`` runs every setup K times, interleaved (setup order rotates), and ends with the median
 of each setup's ratios: one gateway alone ranges widely across runs on these requests.
 
+Each row also gives the CPU seconds the setup's processes used during the replay (the gateways, the
+two backends, Redis and this client) against its wall time: on a 2-core machine, whether the rig
+itself is short of CPU.
+
 Starts its own ``redis-server`` (none needs to be running). Figures are printed; nothing is asserted.
 """
 
@@ -27,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-from bench_gateway import _capacity_rps, _preemptions, _replay_split, backend, gateway
+from bench_gateway import PIDS, _capacity_rps, _preemptions, _replay_split, backend, cpu_seconds, gateway
 
 from sagegate.procs import RedisServer, free_port
 from tests.redis_support import redis_server_binary
@@ -132,7 +136,10 @@ def main() -> None:
         f"## {len(work)} requests at {rate:.2f} req/s ({args.overload:g}x the saturated {cap:.2f}, engine time)"
     )
     print(f"   two simulated backends, {args.blocks} KV blocks of 16 each, time scale {args.time_scale:g}")
-    print(f"{'setup':>32} {'preemptions':>12} {'req/s':>7} {'mean TTLT':>10} {'p99 TTLT':>9} {'errors':>7}")
+    print(
+        f"{'setup':>32} {'preemptions':>12} {'req/s':>7} {'mean TTLT':>10} {'p99 TTLT':>9} {'errors':>7}"
+        "   CPU s during the replay: gateways / backends / redis / client, of wall s"
+    )
     runs: list[dict[str, tuple[float, float]]] = []
     try:
         for rep in range(args.repeats):
@@ -142,7 +149,7 @@ def main() -> None:
                 print(f"-- run {rep + 1} of {args.repeats}")
             row: dict[str, tuple[float, float]] = {}
             for label, count, settings in order:
-                row[label] = run_setup(label, count, settings, work, flags, args.time_scale)
+                row[label] = run_setup(label, count, settings, work, flags, args.time_scale, redis)
             runs.append(row)
     finally:
         redis.kill()
@@ -150,9 +157,18 @@ def main() -> None:
 
 
 def run_setup(
-    label: str, count: int, settings: dict[str, Any], work: list[Any], flags: list[str], time_scale: float
+    label: str,
+    count: int,
+    settings: dict[str, Any],
+    work: list[Any],
+    flags: list[str],
+    time_scale: float,
+    redis: RedisServer,
 ) -> tuple[float, float]:
     """One setup on fresh backends: prints its row, returns (preemptions, req/s)."""
+    import os
+    import time
+
     from core.summary import summarize
 
     prefix = f"bench:{uuid.uuid4().hex[:6]}"  # every setup run learns from an empty history
@@ -160,12 +176,22 @@ def run_setup(
         settings = {**settings, "ledger": {**settings["ledger"], "enabled": True, "prefix": prefix}}
     with backend(time_scale, *flags) as b1, backend(time_scale, *flags) as b2:
         with replicas([b1, b2], count, settings, f"{prefix}:history") as fronts:
+            groups = {"gateways": [PIDS[u] for u in fronts], "backends": [PIDS[b1], PIDS[b2]]}
+            if redis.proc is not None:
+                groups["redis"] = [redis.proc.pid]
+            before = {g: sum(cpu_seconds(p) for p in pids) for g, pids in groups.items()}
+            me, t0 = os.times(), time.perf_counter()
             records = asyncio.run(_replay_split(work, fronts, time_scale))
+            wall = time.perf_counter() - t0
+            used = {g: sum(cpu_seconds(p) for p in pids) - before[g] for g, pids in groups.items()}
+            mine = os.times()
+            used["client"] = mine.user + mine.system - me.user - me.system
         pre = _preemptions([b1, b2])
     s = summarize(records)
+    cpu = " / ".join(f"{used.get(g, float('nan')):.1f}" for g in ("gateways", "backends", "redis", "client"))
     print(
         f"{label:>32} {pre:>12} {s['throughput_req_s']:>7.2f} {s['ttlt_mean_s']:>10.2f} "
-        f"{s['ttlt_p99_s']:>9.2f} {s['errors'] + s['rejected']:>7.0f}",
+        f"{s['ttlt_p99_s']:>9.2f} {s['errors'] + s['rejected']:>7.0f}   {cpu} of {wall:.1f}",
         flush=True,
     )
     return (float(pre) if pre != "?" else float("nan"), s["throughput_req_s"])

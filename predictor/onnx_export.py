@@ -6,7 +6,11 @@ exporting on first use never imports torch itself. Every file is checked against
 vectors before it replaces anything, and written atomically (a temporary name, then a rename), so two
 processes exporting at once leave one good file.
 
-    python -m predictor.onnx_export --out PATH [--fp32]
+    python -m predictor.onnx_export --out PATH [--fp32] [--stock]
+
+The shipped length tune (:mod:`predictor.encoder_tune`) is merged into the weights first unless
+``tuned=False`` (``--stock``); the file's metadata names the tune, and the gateway refuses a file whose
+tune differs from the one its settings ask for.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from predictor.embedder import model_dir
+from predictor.encoder_tune import DEFAULT_TUNED, merge_into, tune_id
 
 OPSET = 17
 PROBES = (
@@ -38,8 +43,9 @@ class ExportFailed(RuntimeError):
     """The export could not run here (torch or onnx missing) or made a file that disagrees."""
 
 
-def export(out: str | Path, quantize: bool = True) -> Path:
-    """Write the model to ``out`` (int8 per-channel weights when ``quantize``) and return its path."""
+def export(out: str | Path, quantize: bool = True, tuned: bool = DEFAULT_TUNED) -> Path:
+    """Write the model to ``out`` (int8 per-channel weights when ``quantize``; the length tune merged
+    when ``tuned``) and return its path."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     try:
@@ -54,6 +60,8 @@ def export(out: str | Path, quantize: bool = True) -> Path:
     path = model_dir()
     # Eager attention: the exported graph is plain MatMul/Softmax, with no shape-dependent branch.
     model = transformers.AutoModel.from_pretrained(path, local_files_only=True, attn_implementation="eager")
+    if tuned:
+        merge_into(model)
     model = model.eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
     reference = _torch_vectors(model, tokenizer)  # before the export: tracing leaves the model changed
@@ -79,7 +87,8 @@ def export(out: str | Path, quantize: bool = True) -> Path:
         if quantize:
             made = Path(tmp) / "model-int8.onnx"
             _quantize(fp32, made)
-        _check(made, quantize, reference)
+        _name_tune(made, tune_id() if tuned else "none")
+        _check(made, quantize, tuned, reference)
         made.replace(out)
     return out
 
@@ -113,6 +122,21 @@ def _quantize(src: Path, dst: Path) -> None:
     quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True)
 
 
+def _name_tune(path: Path, tune: str) -> None:
+    """Write the tune into the file's metadata (what :class:`OnnxMiniLMEmbedder` checks at load)."""
+    import onnx
+
+    from predictor.embedder_onnx import TUNE_KEY
+
+    model = onnx.load(str(path))
+    for prop in list(model.metadata_props):
+        if prop.key == TUNE_KEY:
+            model.metadata_props.remove(prop)
+    entry = model.metadata_props.add()
+    entry.key, entry.value = TUNE_KEY, tune
+    onnx.save(model, str(path))
+
+
 def _torch_vectors(model: Any, tokenizer: Any) -> np.ndarray:
     """Unit mean-pooled float32 vectors of :data:`PROBES` from the eager torch model."""
     import torch
@@ -125,22 +149,27 @@ def _torch_vectors(model: Any, tokenizer: Any) -> np.ndarray:
     return ref / np.linalg.norm(ref, axis=1, keepdims=True)
 
 
-def _check(made: Path, quantize: bool, reference: np.ndarray) -> None:
+def _check(made: Path, quantize: bool, tuned: bool, reference: np.ndarray) -> None:
     """Refuse a file whose vectors stray from torch float32 on :data:`PROBES`."""
     from predictor.embedder_onnx import OnnxMiniLMEmbedder
 
-    cosines = (OnnxMiniLMEmbedder(made, quantize=quantize, window=256).embed(list(PROBES)) * reference).sum(1)
+    made_emb = OnnxMiniLMEmbedder(made, quantize=quantize, window=256, tuned=tuned)
+    cosines = (made_emb.embed(list(PROBES)) * reference).sum(1)
     worst = float(cosines.min())
     if worst < MIN_COSINE[quantize]:
         raise ExportFailed(f"the exported model disagrees with torch (cosine {worst:.4f})")
 
 
-def export_in_subprocess(out: str | Path, quantize: bool = True, timeout_s: float = 600.0) -> Path:
+def export_in_subprocess(
+    out: str | Path, quantize: bool = True, timeout_s: float = 600.0, tuned: bool = DEFAULT_TUNED
+) -> Path:
     """:func:`export` in a child process (torch loads there, never here); raises :class:`ExportFailed`
     with the child's last words when it fails."""
     cmd = [sys.executable, "-m", "predictor.onnx_export", "--out", str(out)]
     if not quantize:
         cmd.append("--fp32")
+    if not tuned:
+        cmd.append("--stock")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
@@ -156,9 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--fp32", action="store_true", help="float32 weights (default: int8)")
+    parser.add_argument("--stock", action="store_true", help="the stock weights, without the length tune")
     args = parser.parse_args(argv)
     try:
-        print(export(args.out, quantize=not args.fp32))
+        print(export(args.out, quantize=not args.fp32, tuned=not args.stock))
     except ExportFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -7,7 +7,9 @@ Why: from an empty history the neighbours know nothing, yet "write a 1,000-word 
 training set's mean* (the intercept is only a fallback), so what transfers to another model is the
 ranking and the size of the shifts; each model's :class:`predictor.ranker.OnlineHead` re-fits its own
 intercept and moves the weights as its completions arrive. The file is tied to the cue layout and the
-embedder version it was fitted under; a mismatch loads nothing (the head then starts from zero).
+embedder family it was fitted under (the model, and the length tune merged into it, if any; window and
+precision may differ); a mismatch loads nothing (the head then starts from zero). One file ships per
+encoder: ``ranker_prior.npz`` for the stock weights, ``ranker_prior_tuned.npz`` for the tuned ones.
 """
 
 from __future__ import annotations
@@ -26,6 +28,20 @@ from predictor.ranker import N_FEATURES, HeadModel
 log = logging.getLogger(__name__)
 
 PRIOR_PATH = Path(__file__).resolve().parent / "data" / "ranker_prior.npz"
+TUNED_PRIOR_PATH = PRIOR_PATH.with_name("ranker_prior_tuned.npz")
+
+
+def encoder_family(embed_version: str) -> str:
+    """The part of an embedding version a prior depends on: the model and its tune, not the window
+    or the precision (``minilm-l6-v2/head32-tail27/v1/int8/tune-ab12cd34`` gives
+    ``minilm-l6-v2/tune-ab12cd34``)."""
+    parts = embed_version.split("/")
+    return "/".join([parts[0], *(p for p in parts[1:] if p.startswith("tune-"))])
+
+
+def prior_path(embed_version: str) -> Path:
+    """The shipped prior for vectors of ``embed_version``'s encoder."""
+    return TUNED_PRIOR_PATH if "/tune-" in encoder_family(embed_version) else PRIOR_PATH
 
 
 def layout_digest() -> str:
@@ -59,9 +75,8 @@ def load_prior(path: Path = PRIOR_PATH, embed_version: str | None = None) -> Hea
             if str(f["layout"]) != layout_digest():
                 log.warning("ranker prior %s: fitted under another cue layout; not used", path)
                 return None
-            if (
-                embed_version is not None
-                and str(f["embed_version"]).split("/")[0] != embed_version.split("/")[0]
+            if embed_version is not None and encoder_family(str(f["embed_version"])) != encoder_family(
+                embed_version
             ):
                 log.warning("ranker prior %s: fitted for embedder %s; not used", path, f["embed_version"])
                 return None
@@ -80,8 +95,7 @@ def load_prior(path: Path = PRIOR_PATH, embed_version: str | None = None) -> Hea
 
 @lru_cache(maxsize=1)
 def prior_training_prompts(path: Path = PRIOR_PATH) -> frozenset[int]:
-    """Digests of the prompts the shipped prior was fitted on: replays that judge the predictor leave
-    them out (``sagegate.live``), so that no figure scores it on what it learned from."""
+    """Digests of the prompts the prior at ``path`` was fitted on."""
     try:
         with np.load(path, allow_pickle=False) as f:
             return frozenset(int(x) for x in f["trained_on"])
@@ -90,6 +104,20 @@ def prior_training_prompts(path: Path = PRIOR_PATH) -> frozenset[int]:
 
 
 @lru_cache(maxsize=1)
-def shipped_prior() -> HeadModel | None:
-    """The shipped prior, loaded once (offline: it is package data)."""
-    return load_prior(PRIOR_PATH)
+def learned_prompts() -> frozenset[int]:
+    """Digests of every prompt a shipped part of the predictor learned from (both priors and the
+    encoder's length tune): replays that judge the predictor leave them out (``sagegate.live``, the
+    study's text source), so that no figure scores it on what it learned from."""
+    from predictor.encoder_tune import tune_training_prompts
+
+    return (
+        prior_training_prompts(PRIOR_PATH)
+        | prior_training_prompts(TUNED_PRIOR_PATH)
+        | tune_training_prompts()
+    )
+
+
+@lru_cache(maxsize=4)
+def shipped_prior(embed_version: str) -> HeadModel | None:
+    """The shipped prior for vectors of ``embed_version``, loaded once (offline: it is package data)."""
+    return load_prior(prior_path(embed_version), embed_version)

@@ -292,7 +292,7 @@ class SemanticPredictor:
 
     def _cold(self, feats: PromptFeatures | None, prompt_tokens: int) -> LengthDistribution:
         """No history for this model: the shipped prior's log-normal, else the default point."""
-        model = shipped_prior() if self.config.shipped_prior else None
+        model = shipped_prior(self.embedder.version) if self.config.shipped_prior else None
         if feats is None or model is None or self.config.head_prior_weight <= 0:
             return DEFAULT_PRIOR
         h = model.score(head_features(feats.embedding, feats.cues, prompt_tokens))
@@ -404,7 +404,7 @@ class SemanticPredictor:
         shard = self._shards.get(model)
         if shard is None:
             with self._shards_lock:
-                prior = shipped_prior() if self.config.shipped_prior else None
+                prior = shipped_prior(self.embedder.version) if self.config.shipped_prior else None
                 shard = self._shards.setdefault(model, ModelShard(self.config, prior))
         return shard
 

@@ -130,9 +130,9 @@ def eval_embedder(runtime: str, quantize: bool, window: int) -> TextEmbedder:
 
     table = default_table_path()
     if not table.is_file():
-        make_embedder(EmbedderOptions(quantize=False, runtime="onnx"))  # exports it if missing
+        make_embedder(EmbedderOptions(quantize=False, tuned=False, runtime="onnx"))  # exports it if missing
         typer.echo(f"distilling the static table into {table}", err=True)
-        distill(default_onnx_path(False), table)
+        distill(default_onnx_path(False, tuned=False), table)
     return StaticEmbedder(table)
 
 
@@ -147,6 +147,9 @@ def export_onnx_cmd(
     precision: Annotated[
         str, typer.Option("--precision", help="int8 (the gateway's default), fp32, or both.")
     ] = "int8",
+    stock: Annotated[
+        bool, typer.Option("--stock", help="The stock weights, without the shipped length tune.")
+    ] = False,
 ) -> None:
     """Export the shipped all-MiniLM-L6-v2 to ONNX (offline; needs torch once, here, not in the gateway)."""
     from predictor.embedder_onnx import default_onnx_path
@@ -158,9 +161,9 @@ def export_onnx_cmd(
     if out is not None and precision == "both":
         raise typer.BadParameter("--out names one file: pick int8 or fp32", param_hint="--precision")
     for quantize in choices[precision]:
-        target = out if out is not None else default_onnx_path(quantize)
+        target = out if out is not None else default_onnx_path(quantize, tuned=not stock)
         try:
-            typer.echo(export(target, quantize=quantize))
+            typer.echo(export(target, quantize=quantize, tuned=not stock))
         except ExportFailed as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from exc

@@ -47,7 +47,7 @@ def azure_workload(
     the trace's lengths with filler prompts, said to be so (unless ``quiet``)."""
     from loadgen.data import AZURE_CONV, SHAREGPT, find_data
     from loadgen.schedule import prepare_workload
-    from predictor.ranker_prior import prior_training_prompts
+    from predictor.ranker_prior import learned_prompts
 
     found_trace, found_pairs = find_data(*AZURE_CONV), find_data(*SHAREGPT)
     if found_trace is not None and found_pairs is not None:
@@ -62,7 +62,7 @@ def azure_workload(
             sharegpt=pairs,
             seed=seed,
             max_tokens=max_tokens,
-            exclude_prompts=prior_training_prompts(),  # the predictor's shipped prior learned from them
+            exclude_prompts=learned_prompts(),  # the shipped prior and encoder tune learned from them
         )
         what = (
             f"Azure 2023 conversation arrivals ({minutes:g} min), each request a real ShareGPT prompt "

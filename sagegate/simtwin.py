@@ -14,6 +14,7 @@ from loadgen.records import scale_rate
 
 if TYPE_CHECKING:
     from core.predictor import LengthPredictor
+    from gateway.settings import PredictorSettings
     from predictor.semantic import SemanticConfig
     from sim.des import SimResult
 
@@ -29,9 +30,15 @@ def perf_and_engine(model: str, gpu: str, step_time_scale: float | None = None) 
     return perf, EngineConfig(model=model, gpu=gpu)
 
 
-def sim_predictor(name: str, seed: int = 0, semantic: SemanticConfig | None = None) -> LengthPredictor | None:
-    """The gateway's predictor ``name`` with the live gateway's default options, on its simulator
-    face (None for ``none``); ``semantic`` replaces the semantic predictor's hyperparameters."""
+def sim_predictor(
+    name: str,
+    seed: int = 0,
+    semantic: SemanticConfig | None = None,
+    options: PredictorSettings | None = None,
+) -> LengthPredictor | None:
+    """The gateway's predictor ``name`` with the live gateway's options (``options``, default its
+    defaults), on its simulator face (None for ``none``); ``semantic`` replaces the semantic
+    predictor's hyperparameters."""
     from dataclasses import replace
 
     from gateway.settings import PredictorSettings
@@ -39,7 +46,7 @@ def sim_predictor(name: str, seed: int = 0, semantic: SemanticConfig | None = No
 
     if name == "none":
         return None
-    opts = PredictorSettings().for_predictor(name)
+    opts = (options or PredictorSettings()).for_predictor(name)
     if isinstance(opts, SemanticOptions):
         from predictor.semantic import inline_config
 
@@ -60,12 +67,14 @@ def simulate_run(
     step_time_scale: float | None = None,
     pause: bool = False,
     pause_options: Mapping[str, float] | None = None,
+    predictor_options: PredictorSettings | None = None,
 ) -> SimResult:
     """``policy`` at the gateway (None: vLLM alone, round robin) in the simulator, with the live
     gateway's admission settings, its queue limits (``max_wait_s`` in engine seconds; None: no
     timeout), the starvation bound the live gateway derives from them (``queue.aged_share``) and the
     front end's cost added as a client sees it. ``pause``: the live gateway's ``pause.enabled``, the
-    rule's other settings from ``pause_options``."""
+    rule's other settings from ``pause_options``. ``predictor_options``: the gateway's
+    ``predictor_options`` (default its defaults)."""
     from gateway.settings import AdmissionSettings, PauseSettings, QueueSettings
     from policies.registry import parse_policy
     from predictor.semantic_sim import SemanticLengthPredictor
@@ -75,7 +84,7 @@ def simulate_run(
     if policy is None:
         setup = SimSetup(perf, engine, engines=engines, level="engine", policy=parse_policy("fcfs"))
     else:
-        pred = sim_predictor(predictor, seed)
+        pred = sim_predictor(predictor, seed, options=predictor_options)
         if isinstance(pred, SemanticLengthPredictor):
             pred.prime(work)  # embed the prompts in batches, ahead
         q = QueueSettings()

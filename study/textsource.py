@@ -38,15 +38,15 @@ def split_pairs(
     path: str | Path, reserve: int, seed: int, name: str, learned: frozenset[int] | None = None
 ) -> tuple[list[TraceRequest], list[TraceRequest]]:
     """(history pairs, pairing pool): a seeded, disjoint split of the file's unique pairs. Pairs whose
-    prompt digest is in ``learned`` (default: the shipped prior's training prompts) go to the history
-    first and never to the pool."""
+    prompt digest is in ``learned`` (default: what the shipped prior and encoder tune learned from) go
+    to the history first and never to the pool."""
     from core.request import prompt_digest
     from loadgen.prompts import unique_pairs
 
     if learned is None:
-        from predictor.ranker_prior import prior_training_prompts
+        from predictor.ranker_prior import learned_prompts
 
-        learned = prior_training_prompts()
+        learned = learned_prompts()
     pairs = unique_pairs(str(path))
     known = [p for p in pairs if prompt_digest(p.prompt or "") in learned]
     fresh = [p for p in pairs if prompt_digest(p.prompt or "") not in learned]

@@ -21,6 +21,7 @@ from predictor.embedder import (
     MiniLMEmbedder,
     embed_version,
 )
+from predictor.encoder_tune import tune_id
 from predictor.factory import SemanticOptions, semantic_core
 from predictor.history import WindowBounds
 from predictor.semantic import SemanticConfig, SemanticPredictor
@@ -33,13 +34,14 @@ TEXTS = ["Translate into French: cat", "Write an essay on the history of the rai
 
 @functools.lru_cache(maxsize=1)
 def legacy() -> MiniLMEmbedder:
-    return MiniLMEmbedder(window=256, quantize=False).load()
+    return MiniLMEmbedder(window=256, quantize=False, tuned=False).load()
 
 
 def test_default_is_a_new_version_and_the_first_stays_reachable() -> None:
     assert real_embedder().version == EMBED_VERSION == embed_version(DEFAULT_WINDOW, DEFAULT_QUANTIZE)
     assert EMBED_VERSION != FIRST_VERSION
-    assert MiniLMEmbedder(window=256, quantize=False).version == FIRST_VERSION
+    assert MiniLMEmbedder(window=256, quantize=False, tuned=False).version == FIRST_VERSION
+    assert MiniLMEmbedder(window=256, quantize=False).version == FIRST_VERSION + f"/tune-{tune_id()}"
     versions = {embed_version(w, q) for w in WINDOWS for q in (False, True)}
     assert len(versions) == 2 * len(WINDOWS)
     with pytest.raises(ValueError):
@@ -79,15 +81,16 @@ def test_int8_vectors_do_not_depend_on_batch_companions() -> None:
 
 
 def test_fast_default_stays_close_to_the_first_configuration() -> None:
-    short = TEXTS[:2]  # both fit every window: only int8 separates the two
-    cos = np.sum(real_embedder().embed(short) * legacy().embed(short), axis=1)
+    short = TEXTS[:2]  # both fit every window: only int8 separates the two (the same tune)
+    first_tuned = MiniLMEmbedder(window=256, quantize=False).load()
+    cos = np.sum(real_embedder().embed(short) * first_tuned.embed(short), axis=1)
     assert np.all(cos > 0.9) and np.all(cos < 1.0 - 1e-6)
 
 
 def test_gateway_options_choose_the_embedder() -> None:
     fast = build_predictor("semantic", options=PredictorSettings(embed_runtime="torch"))
     options = PredictorSettings.model_validate(
-        {"embed_window": "256", "embed_quantize": "false", "embed_runtime": "torch"}
+        {"embed_window": "256", "embed_quantize": "false", "embed_tuned": "false", "embed_runtime": "torch"}
     )
     first = build_predictor("semantic", options=options)
     assert isinstance(fast, SemanticAdapter) and isinstance(first, SemanticAdapter)

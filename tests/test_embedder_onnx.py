@@ -70,6 +70,14 @@ def test_int8_onnx_stays_close_to_float32_and_has_its_own_version(files: dict[st
     assert len({onnx_version(w, q) for w in WINDOWS for q in (False, True)}) == 2 * len(WINDOWS)
 
 
+def test_a_file_made_with_another_tune_is_refused(files: dict[str, Path]) -> None:
+    """The file's metadata names the tune merged into it; vectors of another encoder never load
+    under this one's version (they would poison a shared history)."""
+    assert OnnxMiniLMEmbedder(files["int8"], tuned=True).embed(["hello"]).shape == (1, 384)
+    with pytest.raises(OnnxModelMissing, match="tune"):
+        OnnxMiniLMEmbedder(files["int8"], tuned=False).embed(["hello"])
+
+
 def test_onnx_path_never_imports_torch(files: dict[str, Path]) -> None:
     """The gateway's predictor, built from its settings, warmed and asked once, in a fresh process."""
     code = f"""

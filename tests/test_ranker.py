@@ -17,10 +17,18 @@ from core.distribution import LengthDistribution
 from predictor import ranker
 from predictor.calibration import SpreadCalibrator
 from predictor.cues import CUE_NAMES, N_CUES, cue_features
+from predictor.embedder import EMBED_VERSION, embed_version
 from predictor.history import Completion, WindowBounds
 from predictor.index import IndexConfig
 from predictor.ranker import N_FEATURES, OnlineHead, features, lognormal_points
-from predictor.ranker_prior import PRIOR_PATH, layout_digest, load_prior, save_prior, shipped_prior
+from predictor.ranker_prior import (
+    TUNED_PRIOR_PATH,
+    layout_digest,
+    load_prior,
+    prior_path,
+    save_prior,
+    shipped_prior,
+)
 from predictor.semantic import SemanticConfig, SemanticPredictor
 
 RNG = np.random.default_rng(7)
@@ -113,27 +121,37 @@ def test_training_never_runs_in_the_request_path(monkeypatch: pytest.MonkeyPatch
     pred.close()
 
 
-def test_the_shipped_prior_loads_offline_and_reads_length_cues() -> None:
-    model = shipped_prior()
-    assert model is not None, f"{PRIOR_PATH} missing or stale: run benchmarks/make_ranker_prior.py"
+@pytest.mark.parametrize("tuned", [False, True], ids=["stock", "tuned"])
+def test_the_shipped_prior_loads_offline_and_tells_an_essay_from_one_sentence(tuned: bool) -> None:
+    """Each encoder's prior, over that encoder's real vectors (the tuned one reads length from the
+    embedding itself more than from the cues, so a random vector would not do)."""
+    from predictor.embedder import MiniLMEmbedder
+
+    version = embed_version(tuned=tuned)
+    model = shipped_prior(version)
+    assert model is not None, f"{prior_path(version)} missing or stale: run benchmarks/make_ranker_prior.py"
     assert model.coef.shape == (N_FEATURES,) and np.isfinite(model.coef).all()
-    emb = unit(RNG.normal(size=384))
-    short = model.score(features(emb, cue_features("Answer in one sentence: what is rust?"), 12))
-    essay = model.score(features(emb, cue_features("Write a detailed 1500 words essay about rust."), 12))
+    texts = ["Answer in one sentence: what is rust?", "Write a detailed 1500 words essay about rust."]
+    vecs = MiniLMEmbedder(tuned=tuned).embed(texts)
+    short, essay = (model.score(features(v, cue_features(t), 12)) for v, t in zip(vecs, texts, strict=True))
     assert essay > short + 0.5, (essay, short)
-    cold = SemanticPredictor(embedder=_Unused(), config=SemanticConfig(index=IndexConfig(background=False)))
-    a = cold.predict_features(cold.features_from(emb, "Answer in one sentence: what is rust?"), 12)
-    b = cold.predict_features(cold.features_from(emb, "Write a detailed 1500 words essay about rust."), 12)
+    cold = SemanticPredictor(
+        embedder=_Unused(version), config=SemanticConfig(index=IndexConfig(background=False))
+    )
+    a, b = (cold.predict_features(cold.features_from(v, t), 12) for v, t in zip(vecs, texts, strict=True))
     assert a.path == b.path == "cold" and b.mean > 2 * a.mean
 
 
-def test_a_prior_of_another_layout_is_not_used(tmp_path: object) -> None:
-    model = shipped_prior()
+def test_a_prior_of_another_layout_or_encoder_is_not_used(tmp_path: object) -> None:
+    model = shipped_prior(EMBED_VERSION)
     assert model is not None
     path = tmp_path / "p.npz"  # type: ignore[operator]
     save_prior(model, path, "minilm-l6-v2/head48-tail16/v1", "test")
     assert load_prior(path) is not None
+    assert load_prior(path, embed_version="minilm-l6-v2/head32-tail27/v1/int8") is not None  # other window
     assert load_prior(path, embed_version="other-model/v1") is None
+    assert load_prior(path, embed_version="minilm-l6-v2/head32-tail27/v1/int8/tune-0a1b2c3d") is None
+    assert prior_path(embed_version(tuned=True)) == TUNED_PRIOR_PATH != prior_path(embed_version(tuned=False))
     with np.load(path) as f:
         data = dict(f)
     data["layout"] = np.str_("0" * 16)
@@ -188,7 +206,9 @@ def _b(v: object) -> bytes:
 
 class _Unused:
     dim = 384
-    version = "test"
+
+    def __init__(self, version: str = EMBED_VERSION) -> None:
+        self.version = version
 
     def embed(self, texts: object) -> np.ndarray:
         raise RuntimeError("features are given")
@@ -197,18 +217,21 @@ class _Unused:
 _ = replace
 
 
-def test_replays_leave_out_the_prompts_the_shipped_prior_learned_from(tmp_path: Path) -> None:
-    """The demo and bench_value judge the predictor on pairs it never trained on (no leak)."""
+def test_replays_leave_out_the_prompts_the_shipped_parts_learned_from(tmp_path: Path) -> None:
+    """The demo and bench_value judge the predictor on pairs neither shipped prior nor the encoder's
+    length tune trained on (no leak)."""
     import gzip
     import json
 
     from core.request import prompt_digest
     from loadgen.prompts import unique_pairs
-    from predictor.ranker_prior import prior_training_prompts
+    from predictor.encoder_tune import tune_training_prompts
+    from predictor.ranker_prior import TUNED_PRIOR_PATH, learned_prompts, prior_training_prompts
     from sagegate.live import azure_workload
 
-    trained = prior_training_prompts()
-    assert len(trained) > 1000  # the shipped prior names what it was fitted on
+    trained = learned_prompts()
+    for part in (prior_training_prompts(), prior_training_prompts(TUNED_PRIOR_PATH), tune_training_prompts()):
+        assert len(part) > 1000 and part <= trained  # each shipped part names what it was fitted on
     work = azure_workload(0.2, 4.0, 0, quiet=True).requests
     assert work and not any(prompt_digest(r.prompt or "") in trained for r in work)
 
