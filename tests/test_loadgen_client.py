@@ -62,7 +62,9 @@ def test_open_loop_sends_leave_on_schedule_against_a_stalling_backend(stalling: 
     assert len(posts) == 60  # every request reached the server although none was ever answered
     assert all(r.error_kind == "timeout" for r in result.records)
     assert result.delayed_sends == 0
-    assert statistics.median(late_ms) < 5.0
+    # No send waited behind a stalled response (that would be late by the 2 s stall). The bound is
+    # that behaviour, not a timing figure: how late sends leave is measured by bench_loadgen.py.
+    assert statistics.median(late_ms) < 500.0
 
 
 def test_the_connection_limit_delays_and_reports_sends(stalling: FakeServer) -> None:
