@@ -12,6 +12,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 COPY pyproject.toml README.md ./
+COPY core ./core
 COPY sagegate ./sagegate
 COPY gateway ./gateway
 COPY predictor ./predictor

@@ -42,6 +42,7 @@ NEW = SemanticConfig()
 VARIANTS = {
     "previous default (kNN + probe)": OLD,
     "head, no shipped prior": replace(NEW, shipped_prior=False),
+    "head + shipped prior, no repeat pull": replace(NEW, repeat_weight=0.0),
     "head + shipped prior (new default)": NEW,
 }
 CURVE = (0, 100, 500, 2000)

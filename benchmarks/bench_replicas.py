@@ -26,6 +26,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -166,9 +168,6 @@ def run_setup(
     redis: RedisServer,
 ) -> tuple[float, float]:
     """One setup on fresh backends: prints its row, returns (preemptions, req/s)."""
-    import os
-    import time
-
     from core.summary import summarize
 
     prefix = f"bench:{uuid.uuid4().hex[:6]}"  # every setup run learns from an empty history

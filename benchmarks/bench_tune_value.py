@@ -34,7 +34,7 @@ ENCODERS = {"stock": False, "tuned": True}
 
 
 def tau_of(records: list) -> float:
-    pairs = [(r.predicted_mean, r.output_tokens) for r in records if getattr(r, "predicted_mean", None)]
+    pairs = [(r.predicted_mean, r.output_tokens) for r in records if r.predicted_mean is not None]
     if len(pairs) < 3:
         return float("nan")
     pred, truth = zip(*pairs, strict=True)

@@ -111,6 +111,18 @@ class PredictorSettings(BaseModel):
     max_points: int | None = Field(default=None, ge=1)
     refresh_every: int | None = Field(default=None, ge=1)
 
+    @field_validator("embed_tuned")
+    @classmethod
+    def _tune_present(cls, v: bool) -> bool:
+        from predictor import encoder_tune
+
+        if v and not encoder_tune.TUNE_PATH.is_file():
+            raise ValueError(
+                f"embed_tuned: the length tune {encoder_tune.TUNE_PATH} is missing from this install;"
+                " reinstall sagegate, or set predictor_options.embed_tuned: false"
+            )
+        return v
+
     @field_validator("embed_window")
     @classmethod
     def _known_window(cls, v: int) -> int:

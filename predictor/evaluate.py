@@ -198,9 +198,11 @@ def evaluate(
     t0 = time.perf_counter()
     vecs = embed_cached([flatten_prompt(it.prompt) for it in items], embedder, use_cache)
     t1 = time.perf_counter()
-    sem = replay_semantic(items, vecs, history, config)
+    version = getattr(embedder, "version", EMBED_VERSION)
+    sem = replay_semantic(items, vecs, history, config, embed_version=version)
     t2 = time.perf_counter()
     report: dict[str, Any] = {"n": int(truth.size), "history": history}
+    report["scored_learned"] = learned_among(items[history:])
     report.update(score(sem.means, sem.quants, truth))
     n = max(1, sum(sem.paths.values()))
     report["paths"] = {p: sem.paths.get(p, 0) / n for p in ("semantic", "bucket", "global", "cold")}
@@ -211,6 +213,16 @@ def evaluate(
     report["embed_seconds"] = round(t1 - t0, 2)
     report["replay_ms_per_item"] = round(1000 * (t2 - t1) / len(items), 3)
     return report
+
+
+def learned_among(items: Sequence[EvalItem]) -> int:
+    """How many of ``items`` a shipped part of the predictor learned from (a score over them is
+    in-sample; the ShareGPT file's first 6,000 pairs are)."""
+    from core.request import prompt_digest
+    from predictor.learned import learned_prompts
+
+    learned = learned_prompts()
+    return sum(prompt_digest(flatten_prompt(it.prompt)) in learned for it in items)
 
 
 class _NoEmbedder:
@@ -241,4 +253,9 @@ def format_report(r: dict[str, Any]) -> str:
             vals.append(f"{r[key]:>16.4f}")
         lines.append(f"{label:<14}" + "".join(vals))
     lines.append("paths: " + ", ".join(f"{p} {share:.1%}" for p, share in r["paths"].items()))
+    if r.get("scored_learned"):
+        lines.append(
+            f"note: {r['scored_learned']} of the {r['n']} scored prompts were learned by a shipped part of"
+            " the predictor (the encoder tune, the priors): that part of the score is in-sample"
+        )
     return "\n".join(lines)

@@ -93,7 +93,7 @@ def load_prior(path: Path = PRIOR_PATH, embed_version: str | None = None) -> Hea
         return None
 
 
-@lru_cache(maxsize=1)
+@lru_cache(maxsize=2)
 def prior_training_prompts(path: Path = PRIOR_PATH) -> frozenset[int]:
     """Digests of the prompts the prior at ``path`` was fitted on."""
     try:
@@ -101,20 +101,6 @@ def prior_training_prompts(path: Path = PRIOR_PATH) -> frozenset[int]:
             return frozenset(int(x) for x in f["trained_on"])
     except (OSError, KeyError, ValueError):
         return frozenset()
-
-
-@lru_cache(maxsize=1)
-def learned_prompts() -> frozenset[int]:
-    """Digests of every prompt a shipped part of the predictor learned from (both priors and the
-    encoder's length tune): replays that judge the predictor leave them out (``sagegate.live``, the
-    study's text source), so that no figure scores it on what it learned from."""
-    from predictor.encoder_tune import tune_training_prompts
-
-    return (
-        prior_training_prompts(PRIOR_PATH)
-        | prior_training_prompts(TUNED_PRIOR_PATH)
-        | tune_training_prompts()
-    )
 
 
 @lru_cache(maxsize=4)

@@ -47,7 +47,7 @@ def azure_workload(
     the trace's lengths with filler prompts, said to be so (unless ``quiet``)."""
     from loadgen.data import AZURE_CONV, SHAREGPT, find_data
     from loadgen.schedule import prepare_workload
-    from predictor.ranker_prior import learned_prompts
+    from predictor.learned import learned_prompts
 
     found_trace, found_pairs = find_data(*AZURE_CONV), find_data(*SHAREGPT)
     if found_trace is not None and found_pairs is not None:

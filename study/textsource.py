@@ -10,10 +10,10 @@ the one that answers that prompt.
 The pairs are deduplicated by prompt text and split by a seeded permutation into two disjoint parts:
 ``reserve`` held-out pairs that only ever warm the semantic predictor's history, and the rest, which
 the trace's requests draw from. No window can therefore hold a prompt (or a response) the predictor
-has seen. That includes what it learned before it ever ran: the pairs the shipped ranking prior was
-fitted on (``predictor.ranker_prior.prior_training_prompts``) are never drawn by a window; they fill
-the held-out part first (they are fair history: completed requests), and whatever of them does not
-fit there is left out.
+has seen. That includes what it learned before it ever ran: the pairs its shipped parts learned from
+(``predictor.learned.learned_prompts``: the ranking priors and the encoder tune) are never drawn by a
+window; they fill the held-out part first (they are fair history: completed requests), and whatever
+of them does not fit there is left out.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def split_pairs(
     from loadgen.prompts import unique_pairs
 
     if learned is None:
-        from predictor.ranker_prior import learned_prompts
+        from predictor.learned import learned_prompts
 
         learned = learned_prompts()
     pairs = unique_pairs(str(path))

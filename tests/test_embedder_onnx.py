@@ -70,12 +70,20 @@ def test_int8_onnx_stays_close_to_float32_and_has_its_own_version(files: dict[st
     assert len({onnx_version(w, q) for w in WINDOWS for q in (False, True)}) == 2 * len(WINDOWS)
 
 
-def test_a_file_made_with_another_tune_is_refused(files: dict[str, Path]) -> None:
+def test_a_file_made_with_another_tune_is_refused(files: dict[str, Path], tmp_path: Path) -> None:
     """The file's metadata names the tune merged into it; vectors of another encoder never load
-    under this one's version (they would poison a shared history)."""
+    under this one's version (they would poison a shared history). Both ways, each error naming
+    the export that fixes it; a stock export (``--stock``, in its child process) gives the stock
+    encoder's vectors."""
     assert OnnxMiniLMEmbedder(files["int8"], tuned=True).embed(["hello"]).shape == (1, 384)
-    with pytest.raises(OnnxModelMissing, match="tune"):
+    with pytest.raises(OnnxModelMissing, match=r"export-onnx --stock --out .*embed_tuned: true"):
         OnnxMiniLMEmbedder(files["int8"], tuned=False).embed(["hello"])
+    stock = export_in_subprocess(tmp_path / "stock.onnx", quantize=True, tuned=False)
+    with pytest.raises(OnnxModelMissing, match=r"export-onnx --out .*embed_tuned: false"):
+        OnnxMiniLMEmbedder(stock, tuned=True).embed(["hello"])
+    got = OnnxMiniLMEmbedder(stock, tuned=False).embed(SAMPLE)
+    assert cosines(got, MiniLMEmbedder(quantize=False, tuned=False).embed(SAMPLE)).min() >= 0.95
+    assert cosines(got, MiniLMEmbedder(quantize=False, tuned=True).embed(SAMPLE)).min() < 0.95
 
 
 def test_onnx_path_never_imports_torch(files: dict[str, Path]) -> None:

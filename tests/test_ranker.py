@@ -217,7 +217,9 @@ class _Unused:
 _ = replace
 
 
-def test_replays_leave_out_the_prompts_the_shipped_parts_learned_from(tmp_path: Path) -> None:
+def test_replays_leave_out_the_prompts_the_shipped_parts_learned_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The demo and bench_value judge the predictor on pairs neither shipped prior nor the encoder's
     length tune trained on (no leak)."""
     import gzip
@@ -226,7 +228,8 @@ def test_replays_leave_out_the_prompts_the_shipped_parts_learned_from(tmp_path: 
     from core.request import prompt_digest
     from loadgen.prompts import unique_pairs
     from predictor.encoder_tune import tune_training_prompts
-    from predictor.ranker_prior import TUNED_PRIOR_PATH, learned_prompts, prior_training_prompts
+    from predictor.learned import learned_prompts
+    from predictor.ranker_prior import TUNED_PRIOR_PATH, prior_training_prompts
     from sagegate.live import azure_workload
 
     trained = learned_prompts()
@@ -234,6 +237,11 @@ def test_replays_leave_out_the_prompts_the_shipped_parts_learned_from(tmp_path: 
         assert len(part) > 1000 and part <= trained  # each shipped part names what it was fitted on
     work = azure_workload(0.2, 4.0, 0, quiet=True).requests
     assert work and not any(prompt_digest(r.prompt or "") in trained for r in work)
+    # the demo asks learned_prompts() itself: a prompt it names is gone from the next draw
+    picked = prompt_digest(work[0].prompt or "")
+    monkeypatch.setattr("predictor.learned.learned_prompts", lambda: trained | {picked})
+    again = azure_workload(0.2, 4.0, 0, quiet=True).requests
+    assert again and picked not in {prompt_digest(r.prompt or "") for r in again}
 
     rows = [
         {"prompt": f"question {i}", "prompt_tokens_cl100k": 3, "response_tokens_cl100k": 9} for i in range(4)

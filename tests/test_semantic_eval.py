@@ -143,3 +143,38 @@ def test_cli_history_defaults_to_what_fits_the_data(clustered: Path) -> None:
 
 def test_default_history_is_ninety_percent_capped() -> None:
     assert [default_history(n) for n in (1, 10, 96, 6000, 6667, 11128)] == [0, 9, 86, 5400, 6000, 6000]
+
+
+def test_eval_judges_an_embedder_with_its_own_encoders_prior_and_says_what_is_in_sample(
+    clustered: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stock encoder's vectors get the stock prior (not the tuned one the default version names),
+    and a score over prompts a shipped part learned from says so."""
+    import predictor.semantic as semantic
+    from core.request import prompt_digest
+    from predictor.embedder import embed_version, flatten_prompt
+    from predictor.evaluate import format_report
+
+    asked: list[str] = []
+    real = semantic.shipped_prior
+
+    def spy(version: str) -> object:
+        asked.append(version)
+        return real(version)
+
+    monkeypatch.setattr(semantic, "shipped_prior", spy)
+
+    class Stock:
+        dim = 384
+        version = embed_version(tuned=False)
+
+        def embed(self, texts: list[str]) -> np.ndarray:
+            rows = np.random.default_rng(len(texts)).normal(size=(len(texts), 384)).astype(np.float32)
+            return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+    items = load_items(clustered)
+    learned = frozenset({prompt_digest(flatten_prompt(items[-1].prompt))})
+    monkeypatch.setattr("predictor.learned.learned_prompts", lambda: learned)
+    report = evaluate(items, 10, Stock(), use_cache=False)
+    assert asked and set(asked) == {Stock.version}
+    assert report["scored_learned"] == 1 and "1 of the" in format_report(report)
