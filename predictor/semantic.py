@@ -35,12 +35,13 @@ from predictor.cues import cue_features
 from predictor.embed_queue import BatchingEmbedder
 from predictor.embedder import MiniLMEmbedder, PromptLike, TextEmbedder, flatten_prompt
 from predictor.history import Completion, HistoryStore, WindowBounds, wall_clock
-from predictor.index import Candidates, IndexConfig
+from predictor.index import IndexConfig
 from predictor.lexical import DocFreq, extract_terms
 from predictor.memory_store import MemoryStore
 from predictor.ranker import features as head_features
 from predictor.ranker import log_mean, lognormal_points
 from predictor.ranker_prior import shipped_prior
+from predictor.repeats import toward_repeats
 from predictor.semantic_shard import ModelShard
 
 log = logging.getLogger(__name__)
@@ -74,9 +75,7 @@ class SemanticConfig:
     head_max_rows: int = 20000
     head_pairwise_steps: int = 60
     repeat_weight: float = 0.75
-    """How far (in log space) the answer moves toward the outcomes of *repeats* of this prompt in the
-    window: neighbours with the same prompt length whose embedding matches to ``repeat_cosine``. The
-    neighbours' vote dilutes a verbatim repeat among similar prompts; a repeat is the best evidence."""
+    """How far an answer moves toward a verbatim repeat's outcomes (:mod:`predictor.repeats`)."""
     repeat_cosine: float = 0.9999
     shipped_prior: bool = True
     calibrate: bool = True
@@ -276,23 +275,8 @@ class SemanticPredictor:
             dist = mixture([(1.0 - lam, knn), (lam, prior)])
             if len(dist.support) > cfg.max_points:
                 dist = LengthDistribution.from_samples(dist.support, dist.probs, max_points=cfg.max_points)
-        if cfg.repeat_weight > 0:
-            dist = self._toward_repeats(dist, cand, keep, prompt_tokens)
+        dist = toward_repeats(dist, cand, keep, prompt_tokens, cfg.repeat_weight, cfg.repeat_cosine)
         return self._answer(shard, Prediction(dist, "semantic", int(keep.size), best, feats))
-
-    def _toward_repeats(
-        self, dist: LengthDistribution, cand: Candidates, keep: np.ndarray, prompt_tokens: int
-    ) -> LengthDistribution:
-        """``dist`` scaled so its log mean moves ``repeat_weight`` of the way to the repeats' mean
-        log outcome (unchanged when no kept neighbour is a repeat)."""
-        rep = keep[
-            (cand.dense[keep] >= self.config.repeat_cosine) & (cand.prompt_tokens[keep] == prompt_tokens)
-        ]
-        if not rep.size:
-            return dist
-        target = float(np.mean(np.log(np.maximum(cand.output_tokens[rep], 1.0))))
-        factor = math.exp(self.config.repeat_weight * (target - math.log(max(dist.mean, 1.0))))
-        return LengthDistribution.from_samples(np.asarray(dist.support, dtype=float) * factor, dist.probs)
 
     def _head_score(self, shard: ModelShard, feats: PromptFeatures, prompt_tokens: int) -> float | None:
         if self.config.head_weight <= 0 and self.config.head_prior_weight <= 0:
