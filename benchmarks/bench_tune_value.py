@@ -9,7 +9,8 @@ demo's simulated twin (``sagegate.simtwin.simulate_run``, two Qwen3-32B/H100 eng
 the gateway's ``--policy`` with the semantic predictor over the stock encoder and over the tuned one
 (``predictor_options.embed_tuned``). One seed is one prompt shuffle; the simulator is deterministic,
 so each row is exact for its seed. Prints, per seed and as a mean, each gateway's mean / p99 TTLT as a
-ratio of vLLM alone's and the Kendall tau-b of its predictions (predicted mean against true length).
+ratio of vLLM alone's and the Kendall tau-b of its predictions (the demo's own figure,
+``loadgen.plots.prediction_accuracy``: predicted mean against generated length, completed requests).
 """
 
 from __future__ import annotations
@@ -20,25 +21,17 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from core.summary import summarize
 from gateway.settings import PredictorSettings
+from loadgen.plots import prediction_accuracy
 from sagegate.live import azure_workload
 from sagegate.simtwin import scale_for, simulate_run
 
 MODEL, GPU = "qwen3-32b", "h100"
 ENCODERS = {"stock": False, "tuned": True}
-
-
-def tau_of(records: list) -> float:
-    pairs = [(r.predicted_mean, r.output_tokens) for r in records if r.predicted_mean is not None]
-    if len(pairs) < 3:
-        return float("nan")
-    pred, truth = zip(*pairs, strict=True)
-    return float(stats.kendalltau(pred, truth, variant="b").statistic)
 
 
 def main() -> None:
@@ -77,7 +70,7 @@ def main() -> None:
             row = (
                 s["ttlt_mean_s"] / alone["ttlt_mean_s"],
                 s["ttlt_p99_s"] / alone["ttlt_p99_s"],
-                tau_of(res.records),
+                (prediction_accuracy(res.records) or {}).get("kendall_tau", float("nan")),
             )
             rows[name].append(row)
             cells.append(f"{row[0]:.3f} / {row[1]:.3f}, {row[2]:.3f}")

@@ -67,12 +67,3 @@ def merge_into(model: Any, path: Path = TUNE_PATH) -> int:
         for weight, delta in deltas.values():
             weight.add_(torch.from_numpy(delta).to(weight.dtype))
     return len(deltas)
-
-
-def tune_training_prompts(path: Path = TUNE_PATH) -> frozenset[int]:
-    """Digests of the prompts the tune learned from or was chosen on (empty when the file is absent)."""
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            return frozenset(int(x) for x in f["trained_on"])
-    except (OSError, KeyError, ValueError):
-        return frozenset()

@@ -41,7 +41,7 @@ def encoder_family(embed_version: str) -> str:
 
 def prior_path(embed_version: str) -> Path:
     """The shipped prior for vectors of ``embed_version``'s encoder."""
-    return TUNED_PRIOR_PATH if "/tune-" in encoder_family(embed_version) else PRIOR_PATH
+    return TUNED_PRIOR_PATH if "/tune-" in embed_version else PRIOR_PATH
 
 
 def layout_digest() -> str:
@@ -91,16 +91,6 @@ def load_prior(path: Path = PRIOR_PATH, embed_version: str | None = None) -> Hea
     except (OSError, KeyError, ValueError):
         log.warning("ranker prior %s could not be read; not used", path)
         return None
-
-
-@lru_cache(maxsize=2)
-def prior_training_prompts(path: Path = PRIOR_PATH) -> frozenset[int]:
-    """Digests of the prompts the prior at ``path`` was fitted on."""
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            return frozenset(int(x) for x in f["trained_on"])
-    except (OSError, KeyError, ValueError):
-        return frozenset()
 
 
 @lru_cache(maxsize=4)

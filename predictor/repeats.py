@@ -25,8 +25,10 @@ def toward_repeats(
     cosine: float,
 ) -> LengthDistribution:
     """``dist`` scaled toward the repeats among ``cand.rows[keep]`` (itself when there is none)."""
+    if weight <= 0:
+        return dist
     rep = keep[(cand.dense[keep] >= cosine) & (cand.prompt_tokens[keep] == prompt_tokens)]
-    if weight <= 0 or not rep.size:
+    if not rep.size:
         return dist
     target = float(np.mean(np.log(np.maximum(cand.output_tokens[rep], 1.0))))
     factor = math.exp(weight * (target - math.log(max(dist.mean, 1.0))))

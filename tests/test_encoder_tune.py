@@ -17,8 +17,8 @@ from predictor.encoder_tune import (
     TuneMismatch,
     merge_into,
     tune_id,
-    tune_training_prompts,
 )
+from predictor.learned import trained_on
 
 QUERY = "encoder.layer.0.attention.self.query"
 OTHER = "encoder.layer.1.attention.self.query"
@@ -53,7 +53,7 @@ def test_merging_adds_the_low_rank_change_and_touches_nothing_else(tmp_path: Pat
     want = 0.5 * arrays[QUERY + ".lora_B"].astype(np.float32) @ arrays[QUERY + ".lora_A"].astype(np.float32)
     np.testing.assert_allclose(weight(model, QUERY) - before, want, atol=1e-5)
     assert np.array_equal(weight(model, OTHER), other)
-    assert tune_training_prompts(path) == frozenset({3, 5})
+    assert trained_on(path) == frozenset({3, 5})
     assert tune_id(path) != tune_id(TUNE_PATH)
 
 
@@ -81,7 +81,7 @@ def test_the_shipped_tune_is_on_by_default_and_named_in_every_version() -> None:
     with np.load(TUNE_PATH, allow_pickle=False) as f:
         layers = [k for k in f.files if k.endswith(".lora_A")]
         assert len(layers) == 36 and all(f[k].dtype == np.float16 for k in layers)
-    assert len(tune_training_prompts()) >= 5000
+    assert len(trained_on(TUNE_PATH)) >= 5000
 
 
 def test_the_tuned_encoder_moves_the_vectors_and_keeps_their_sense() -> None:

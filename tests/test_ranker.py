@@ -227,13 +227,13 @@ def test_replays_leave_out_the_prompts_the_shipped_parts_learned_from(
 
     from core.request import prompt_digest
     from loadgen.prompts import unique_pairs
-    from predictor.encoder_tune import tune_training_prompts
-    from predictor.learned import learned_prompts
-    from predictor.ranker_prior import TUNED_PRIOR_PATH, prior_training_prompts
+    from predictor.encoder_tune import TUNE_PATH
+    from predictor.learned import learned_prompts, trained_on
+    from predictor.ranker_prior import PRIOR_PATH, TUNED_PRIOR_PATH
     from sagegate.live import azure_workload
 
     trained = learned_prompts()
-    for part in (prior_training_prompts(), prior_training_prompts(TUNED_PRIOR_PATH), tune_training_prompts()):
+    for part in (trained_on(PRIOR_PATH), trained_on(TUNED_PRIOR_PATH), trained_on(TUNE_PATH)):
         assert len(part) > 1000 and part <= trained  # each shipped part names what it was fitted on
     work = azure_workload(0.2, 4.0, 0, quiet=True).requests
     assert work and not any(prompt_digest(r.prompt or "") in trained for r in work)
