@@ -116,7 +116,10 @@ def test_client_gone_mid_stream_releases_once() -> None:
         httpx.Client(timeout=10) as c,
         c.stream("POST", url + "/v1/chat/completions", json=chat_body(stream=True, max_tokens=400)) as r,
     ):
-        first = next(r.iter_lines())
+        # Hold the iterator: a dropped one is finalised at once, and httpx then closes the
+        # connection, so the gateway would (rightly) see this client gone before the checks below.
+        lines = r.iter_lines()
+        first = next(lines)
         assert r.status_code == 200 and first.startswith("data: ") and '"error"' not in first, first
         assert len(gw.director.ledger) == 1, (first, seen)
         (lc,) = gw.director.ledger.values()
