@@ -9,7 +9,7 @@ throughput and latency from the client. Ratios are against the one gateway of th
 
     python benchmarks/bench_replicas.py [--requests 240] [--replicas 2] [--blocks 1024] [--time-scale 4]
         [--order-none] [--policy fcfs] [--repeats 1] [--sync-interval 0.05] [--skip-own]
-        [--predictor global] [--max-waiting-tokens N] [--local-history] [--one-ledger]
+        [--predictor global] [--max-waiting-tokens N] [--local-history] [--one-ledger] [--burner 0.25]
 
 ``--repeats K`` runs every setup K times, interleaved (setup order rotates), and ends with the median
 of each setup's ratios: one gateway alone ranges widely across runs on these requests.
@@ -17,6 +17,10 @@ of each setup's ratios: one gateway alone ranges widely across runs on these req
 Each row also gives the CPU seconds the setup's processes used during the replay (the gateways, the
 two backends, Redis and this client) against its wall time: on a 2-core machine, whether the rig
 itself is short of CPU.
+
+``--burner F`` adds a control: one gateway with a process beside it that keeps F of a core busy
+during the replay (busy for F of every 10 ms), the CPU that N replicas add over one gateway. It
+says whether taking that much CPU from the rig alone moves one gateway's figures.
 
 Starts its own ``redis-server`` (none needs to be running). Figures are printed; nothing is asserted.
 """
@@ -27,6 +31,8 @@ import argparse
 import asyncio
 import contextlib
 import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -58,13 +64,37 @@ def workload(n: int, rate: float, blocks: int) -> list[Any]:
 
 LOCAL = "_local_history"
 """A setup flag (not a gateway setting): each replica's predictor learns from its own completions."""
+BURNER = "_burner"
+"""A setup flag (not a gateway setting): the share of a core a busy process takes beside the rig."""
+BURN = (
+    "import sys, time\n"
+    "busy = float(sys.argv[1]) * 0.01\n"
+    "while True:\n"
+    "    t = time.perf_counter()\n"
+    "    while time.perf_counter() - t < busy: pass\n"
+    "    time.sleep(0.01 - busy)\n"
+)
+
+
+@contextlib.contextmanager
+def burner(share: float) -> Iterator[int | None]:
+    """A process busy for ``share`` of every 10 ms while the block runs (its pid; None: no burner)."""
+    if share <= 0:
+        yield None
+        return
+    proc = subprocess.Popen([sys.executable, "-c", BURN, str(share)])
+    try:
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 @contextlib.contextmanager
 def replicas(urls: list[str], n: int, settings: dict[str, Any], history: str) -> Iterator[list[str]]:
     """``n`` gateways sharing the prediction history under ``history`` (with ``LOCAL``: one each)."""
     local = settings.get(LOCAL, False)
-    settings = {k: v for k, v in settings.items() if k != LOCAL}
+    settings = {k: v for k, v in settings.items() if k not in (LOCAL, BURNER)}
     with contextlib.ExitStack() as stack:
         fronts = []
         for i in range(n):
@@ -104,6 +134,12 @@ def main() -> None:
         action="store_true",
         help="also the shared ledger with each replica's predictor learning alone (its own completions)",
     )
+    ap.add_argument(
+        "--burner",
+        type=float,
+        default=0.0,
+        help="also one gateway beside a process busy for this share of a core (a control for the rig)",
+    )
     args = ap.parse_args()
     binary = redis_server_binary()
     if binary is None:
@@ -133,6 +169,8 @@ def main() -> None:
         setups.append(("1 gateway, shared ledger", 1, {**base, "ledger": led}))
     if args.local_history:
         setups.append((f"{n} replicas, ledger, own history", n, {**base, "ledger": led, LOCAL: True}))
+    if args.burner > 0:
+        setups.append((f"1 gateway, +{args.burner:g} core busy", 1, {**base, BURNER: args.burner}))
     setups.append((f"{n} replicas, shared ledger", n, {**base, "ledger": led}))
     print(
         f"## {len(work)} requests at {rate:.2f} req/s ({args.overload:g}x the saturated {cap:.2f}, engine time)"
@@ -174,10 +212,15 @@ def run_setup(
     if "ledger" in settings:
         settings = {**settings, "ledger": {**settings["ledger"], "enabled": True, "prefix": prefix}}
     with backend(time_scale, *flags) as b1, backend(time_scale, *flags) as b2:
-        with replicas([b1, b2], count, settings, f"{prefix}:history") as fronts:
+        with (
+            replicas([b1, b2], count, settings, f"{prefix}:history") as fronts,
+            burner(settings.get(BURNER, 0.0)) as busy,
+        ):
             groups = {"gateways": [PIDS[u] for u in fronts], "backends": [PIDS[b1], PIDS[b2]]}
             if redis.proc is not None:
                 groups["redis"] = [redis.proc.pid]
+            if busy is not None:
+                groups["burner"] = [busy]
             before = {g: sum(cpu_seconds(p) for p in pids) for g, pids in groups.items()}
             me, t0 = os.times(), time.perf_counter()
             records = asyncio.run(_replay_split(work, fronts, time_scale))
@@ -188,6 +231,8 @@ def run_setup(
         pre = _preemptions([b1, b2])
     s = summarize(records)
     cpu = " / ".join(f"{used.get(g, float('nan')):.1f}" for g in ("gateways", "backends", "redis", "client"))
+    if "burner" in used:
+        cpu += f" (+ burner {used['burner']:.1f})"
     print(
         f"{label:>32} {pre:>12} {s['throughput_req_s']:>7.2f} {s['ttlt_mean_s']:>10.2f} "
         f"{s['ttlt_p99_s']:>9.2f} {s['errors'] + s['rejected']:>7.0f}   {cpu} of {wall:.1f}",
