@@ -22,8 +22,13 @@ COPY sim ./sim
 COPY study ./study
 RUN pip install ".[${EXTRAS}]" uvloop httptools \
     && useradd --system --uid 10001 sagegate
-# The ONNX file the gateway's embedder loads, exported once here from the shipped model (offline).
-RUN if pip show onnxruntime >/dev/null 2>&1; then sagegate predictor export-onnx; fi
+# The ONNX files the gateway's embedder loads (int8, with the shipped length tune and without it:
+# ``predictor_options.embed_tuned``), exported once here from the shipped model (offline). The cache
+# stays the gateway user's, so a start-up export (fp32, ``embed_quantize: false``) can write there too.
+RUN if pip show onnxruntime >/dev/null 2>&1; then \
+        sagegate predictor export-onnx && sagegate predictor export-onnx --stock; \
+    fi \
+    && mkdir -p /app/cache && chown -R sagegate /app/cache
 USER sagegate
 
 EXPOSE 8080
