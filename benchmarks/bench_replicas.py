@@ -14,9 +14,10 @@ throughput and latency from the client. Ratios are against the one gateway of th
 ``--repeats K`` runs every setup K times, interleaved (setup order rotates), and ends with the median
 of each setup's ratios: one gateway alone ranges widely across runs on these requests.
 
-Each row also gives the CPU seconds the setup's processes used during the replay (the gateways, the
-two backends, Redis and this client) against its wall time: on a 2-core machine, whether the rig
-itself is short of CPU.
+Each row also gives the backends' mean KV usage and running batch over the replay (both backends
+sampled every 100 ms wall: whether a setup kept the engines as full as another), and the CPU
+seconds the setup's processes used during the replay (the gateways, the two backends, Redis and
+this client) against its wall time: on a 2-core machine, whether the rig itself is short of CPU.
 
 ``--burner F`` adds a control: one gateway with a process beside it that keeps F of a core busy
 during the replay (busy for F of every 10 ms), the CPU that N replicas add over one gateway. It
@@ -41,6 +42,7 @@ from typing import Any
 
 from bench_gateway import PIDS, _capacity_rps, _preemptions, _replay_split, backend, cpu_seconds, gateway
 
+from sagegate.live import BackendSampler
 from sagegate.procs import RedisServer, free_port
 from tests.redis_support import redis_server_binary
 
@@ -178,7 +180,7 @@ def main() -> None:
     print(f"   two simulated backends, {args.blocks} KV blocks of 16 each, time scale {args.time_scale:g}")
     print(
         f"{'setup':>32} {'preemptions':>12} {'req/s':>7} {'mean TTLT':>10} {'p99 TTLT':>9} {'errors':>7}"
-        "   CPU s during the replay: gateways / backends / redis / client, of wall s"
+        f" {'KV':>6} {'running':>7}   CPU s during the replay: gateways / backends / redis / client, of wall s"
     )
     runs: list[dict[str, tuple[float, float]]] = []
     try:
@@ -223,7 +225,8 @@ def run_setup(
                 groups["burner"] = [busy]
             before = {g: sum(cpu_seconds(p) for p in pids) for g, pids in groups.items()}
             me, t0 = os.times(), time.perf_counter()
-            records = asyncio.run(_replay_split(work, fronts, time_scale))
+            with BackendSampler([b1, b2], time_scale, interval_s=0.1) as sampler:
+                records = asyncio.run(_replay_split(work, fronts, time_scale))
             wall = time.perf_counter() - t0
             used = {g: sum(cpu_seconds(p) for p in pids) - before[g] for g, pids in groups.items()}
             mine = os.times()
@@ -233,9 +236,13 @@ def run_setup(
     cpu = " / ".join(f"{used.get(g, float('nan')):.1f}" for g in ("gateways", "backends", "redis", "client"))
     if "burner" in used:
         cpu += f" (+ burner {used['burner']:.1f})"
+    samples = [x for series in sampler.series.values() for x in series]
+    kv = sum(x.kv for x in samples) / max(1, len(samples))
+    running = sum(x.running for x in samples) / max(1, len(samples))
     print(
         f"{label:>32} {pre:>12} {s['throughput_req_s']:>7.2f} {s['ttlt_mean_s']:>10.2f} "
-        f"{s['ttlt_p99_s']:>9.2f} {s['errors'] + s['rejected']:>7.0f}   {cpu} of {wall:.1f}",
+        f"{s['ttlt_p99_s']:>9.2f} {s['errors'] + s['rejected']:>7.0f} {kv:>6.3f} {running:>7.1f}   "
+        f"{cpu} of {wall:.1f}",
         flush=True,
     )
     return (float(pre) if pre != "?" else float("nan"), s["throughput_req_s"])
