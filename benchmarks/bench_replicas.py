@@ -14,10 +14,13 @@ throughput and latency from the client. Ratios are against the one gateway of th
 ``--repeats K`` runs every setup K times, interleaved (setup order rotates), and ends with the median
 of each setup's ratios: one gateway alone ranges widely across runs on these requests.
 
-Each row also gives the backends' mean KV usage and running batch over the replay (both backends
-sampled every 100 ms wall: whether a setup kept the engines as full as another), and the CPU
-seconds the setup's processes used during the replay (the gateways, the two backends, Redis and
-this client) against its wall time: on a 2-core machine, whether the rig itself is short of CPU.
+``tok/s*`` is the output-token rate while requests still arrive (``loaded_tok_s``): req/s over a
+finite replay is requests over the makespan, and the makespan ends with the drain of the last long
+answers (backends nearly idle), so the two can disagree. Each row also gives the backends' mean
+KV usage and running batch over the replay (both backends sampled every 100 ms wall: whether a
+setup kept the engines as full as another), and the CPU seconds the setup's processes used during
+the replay (the gateways, the two backends, Redis and this client) against its wall time: on a
+2-core machine, whether the rig itself is short of CPU.
 
 ``--burner F`` adds a control: one gateway with a process beside it that keeps F of a core busy
 during the replay (busy for F of every 10 ms), the CPU that N replicas add over one gateway. It
@@ -180,16 +183,16 @@ def main() -> None:
     print(f"   two simulated backends, {args.blocks} KV blocks of 16 each, time scale {args.time_scale:g}")
     print(
         f"{'setup':>32} {'preemptions':>12} {'req/s':>7} {'mean TTLT':>10} {'p99 TTLT':>9} {'errors':>7}"
-        f" {'KV':>6} {'running':>7}   CPU s during the replay: gateways / backends / redis / client, of wall s"
+        f" {'KV':>6} {'running':>7} {'tok/s*':>7}   CPU s during the replay: gateways / backends / redis / client, of wall s"
     )
-    runs: list[dict[str, tuple[float, float]]] = []
+    runs: list[dict[str, tuple[float, float, float]]] = []
     try:
         for rep in range(args.repeats):
             k = rep % len(setups)
             order = setups[k:] + setups[:k]  # rotate, so no setup always runs first
             if args.repeats > 1:
                 print(f"-- run {rep + 1} of {args.repeats}")
-            row: dict[str, tuple[float, float]] = {}
+            row: dict[str, tuple[float, float, float]] = {}
             for label, count, settings in order:
                 row[label] = run_setup(label, count, settings, work, flags, args.time_scale, redis)
             runs.append(row)
@@ -206,8 +209,8 @@ def run_setup(
     flags: list[str],
     time_scale: float,
     redis: RedisServer,
-) -> tuple[float, float]:
-    """One setup on fresh backends: prints its row, returns (preemptions, req/s)."""
+) -> tuple[float, float, float]:
+    """One setup on fresh backends: prints its row, returns (preemptions, req/s, loaded tok/s)."""
     from core.summary import summarize
 
     prefix = f"bench:{uuid.uuid4().hex[:6]}"  # every setup run learns from an empty history
@@ -236,19 +239,34 @@ def run_setup(
     cpu = " / ".join(f"{used.get(g, float('nan')):.1f}" for g in ("gateways", "backends", "redis", "client"))
     if "burner" in used:
         cpu += f" (+ burner {used['burner']:.1f})"
+    loaded = loaded_tok_s(records)
     samples = [x for series in sampler.series.values() for x in series]
     kv = sum(x.kv for x in samples) / max(1, len(samples))
     running = sum(x.running for x in samples) / max(1, len(samples))
     print(
         f"{label:>32} {pre:>12} {s['throughput_req_s']:>7.2f} {s['ttlt_mean_s']:>10.2f} "
-        f"{s['ttlt_p99_s']:>9.2f} {s['errors'] + s['rejected']:>7.0f} {kv:>6.3f} {running:>7.1f}   "
+        f"{s['ttlt_p99_s']:>9.2f} {s['errors'] + s['rejected']:>7.0f} {kv:>6.3f} {running:>7.1f} {loaded:>7.1f}   "
         f"{cpu} of {wall:.1f}",
         flush=True,
     )
-    return (float(pre) if pre != "?" else float("nan"), s["throughput_req_s"])
+    return (float(pre) if pre != "?" else float("nan"), s["throughput_req_s"], loaded)
 
 
-def report(runs: list[dict[str, tuple[float, float]]], labels: list[str]) -> None:
+def loaded_tok_s(records: list[Any]) -> float:
+    """Output tokens per second while requests still arrive (from 10% into the arrival span to the
+    last arrival), from each answer's chunk times. A finite replay's req/s is set by its makespan,
+    and so by when the last long answers started; this is the rate the fleet kept while loaded."""
+    arrivals = sorted(r.arrival_s for r in records)
+    t0 = arrivals[0] + 0.1 * (arrivals[-1] - arrivals[0])
+    t1 = arrivals[-1]
+    tokens = 0.0
+    for r in records:
+        if r.status == "ok" and r.chunk_times:
+            tokens += r.output_tokens / len(r.chunk_times) * sum(t0 <= t <= t1 for t in r.chunk_times)
+    return tokens / max(t1 - t0, 1e-9)
+
+
+def report(runs: list[dict[str, tuple[float, float, float]]], labels: list[str]) -> None:
     """Each setup against the one gateway of the same run; with several runs, the medians."""
     from statistics import median
 
@@ -257,11 +275,13 @@ def report(runs: list[dict[str, tuple[float, float]]], labels: list[str]) -> Non
     for label in labels[1:]:
         pres = [(r[label][0], r[first][0]) for r in runs]
         tps = [r[label][1] / r[first][1] for r in runs]
+        loaded = [r[label][2] / r[first][2] for r in runs]
         each = ", ".join(f"{p:.0f}/{p1:.0f} {t:.3f}x" for (p, p1), t in zip(pres, tps, strict=True))
         total_ratio = sum(p for p, _ in pres) / max(1.0, sum(p1 for _, p1 in pres))
         print(
             f"{label:>32}: preemptions {total_ratio:.2f}x (summed over runs), "
-            f"throughput median {median(tps):.3f}x  [{each}]"
+            f"throughput median {median(tps):.3f}x  [{each}]; tok/s under load median {median(loaded):.3f}x "
+            f"[{', '.join(f'{x:.3f}' for x in loaded)}]"
         )
 
 
