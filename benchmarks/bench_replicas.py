@@ -16,7 +16,9 @@ of each setup's ratios: one gateway alone ranges widely across runs on these req
 
 ``tok/s*`` is the output-token rate while requests still arrive (``loaded_tok_s``): req/s over a
 finite replay is requests over the makespan, and the makespan ends with the drain of the last long
-answers (backends nearly idle), so the two can disagree. Each row also gives the backends' mean
+answers (backends nearly idle), so the two can disagree. ``inv.`` counts pairs served out of arrival
+order, per request (``out_of_order``: a later arrival's first token more than 1 s before an earlier
+one's). Each row also gives the backends' mean
 KV usage and running batch over the replay (both backends sampled every 100 ms wall: whether a
 setup kept the engines as full as another), and the CPU seconds the setup's processes used during
 the replay (the gateways, the two backends, Redis and this client) against its wall time: on a
@@ -183,7 +185,7 @@ def main() -> None:
     print(f"   two simulated backends, {args.blocks} KV blocks of 16 each, time scale {args.time_scale:g}")
     print(
         f"{'setup':>32} {'preemptions':>12} {'req/s':>7} {'mean TTLT':>10} {'p99 TTLT':>9} {'errors':>7}"
-        f" {'KV':>6} {'running':>7} {'tok/s*':>7}   CPU s during the replay: gateways / backends / redis / client, of wall s"
+        f" {'KV':>6} {'running':>7} {'tok/s*':>7} {'inv.':>6}   CPU s during the replay: gateways / backends / redis / client, of wall s"
     )
     runs: list[dict[str, tuple[float, float, float]]] = []
     try:
@@ -240,12 +242,13 @@ def run_setup(
     if "burner" in used:
         cpu += f" (+ burner {used['burner']:.1f})"
     loaded = loaded_tok_s(records)
+    inversions = out_of_order(records)
     samples = [x for series in sampler.series.values() for x in series]
     kv = sum(x.kv for x in samples) / max(1, len(samples))
     running = sum(x.running for x in samples) / max(1, len(samples))
     print(
         f"{label:>32} {pre:>12} {s['throughput_req_s']:>7.2f} {s['ttlt_mean_s']:>10.2f} "
-        f"{s['ttlt_p99_s']:>9.2f} {s['errors'] + s['rejected']:>7.0f} {kv:>6.3f} {running:>7.1f} {loaded:>7.1f}   "
+        f"{s['ttlt_p99_s']:>9.2f} {s['errors'] + s['rejected']:>7.0f} {kv:>6.3f} {running:>7.1f} {loaded:>7.1f} {inversions:>6.2f}   "
         f"{cpu} of {wall:.1f}",
         flush=True,
     )
@@ -264,6 +267,15 @@ def loaded_tok_s(records: list[Any]) -> float:
         if r.status == "ok" and r.chunk_times:
             tokens += r.output_tokens / len(r.chunk_times) * sum(t0 <= t <= t1 for t in r.chunk_times)
     return tokens / max(t1 - t0, 1e-9)
+
+
+def out_of_order(records: list[Any], margin_s: float = 1.0) -> float:
+    """Pairs served out of arrival order, per request: a later arrival whose first token came more
+    than ``margin_s`` (engine) before an earlier one's. Under ``fcfs`` one gateway keeps arrival
+    order up to prefill times; replicas keep it only as far as their shared threshold does."""
+    started = sorted((r.arrival_s, r.first_token_s) for r in records if r.first_token_s is not None)
+    pairs = sum(1 for i, (_, a) in enumerate(started) for _, b in started[i + 1 :] if b < a - margin_s)
+    return pairs / max(1, len(started))
 
 
 def report(runs: list[dict[str, tuple[float, float, float]]], labels: list[str]) -> None:
