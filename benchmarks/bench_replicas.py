@@ -18,11 +18,10 @@ of each setup's ratios: one gateway alone ranges widely across runs on these req
 finite replay is requests over the makespan, and the makespan ends with the drain of the last long
 answers (backends nearly idle), so the two can disagree. ``inv.`` counts pairs served out of arrival
 order, per request (``out_of_order``: a later arrival's first token more than 1 s before an earlier
-one's). Each row also gives the backends' mean
-KV usage and running batch over the replay (both backends sampled every 100 ms wall: whether a
-setup kept the engines as full as another), and the CPU seconds the setup's processes used during
-the replay (the gateways, the two backends, Redis and this client) against its wall time: on a
-2-core machine, whether the rig itself is short of CPU.
+one's). Each row also gives the backends' mean KV usage and running batch over the replay (both
+backends sampled every 100 ms wall: whether a setup kept the engines as full as another), and the
+CPU seconds the setup's processes used during the replay (the gateways, the two backends, Redis and
+this client) against its wall time: on a 2-core machine, whether the rig itself is short of CPU.
 
 ``--burner F`` adds a control: one gateway with a process beside it that keeps F of a core busy
 during the replay (busy for F of every 10 ms), the CPU that N replicas add over one gateway. It
@@ -148,6 +147,8 @@ def main() -> None:
         help="also one gateway beside a process busy for this share of a core (a control for the rig)",
     )
     args = ap.parse_args()
+    if not 0 <= args.burner < 1:  # the burner sleeps for 1 - F of every 10 ms
+        ap.error(f"--burner must be in [0, 1), got {args.burner:g}")
     binary = redis_server_binary()
     if binary is None:
         raise SystemExit("no redis-server found")
