@@ -10,6 +10,7 @@ throughput and latency from the client. Ratios are against the one gateway of th
     python benchmarks/bench_replicas.py [--requests 240] [--replicas 2] [--blocks 1024] [--time-scale 4]
         [--order-none] [--policy fcfs] [--repeats 1] [--sync-interval 0.05] [--skip-own]
         [--predictor global] [--max-waiting-tokens N] [--local-history] [--one-ledger] [--burner 0.25]
+        [--dump DIR]
 
 ``--repeats K`` runs every setup K times, interleaved (setup order rotates), and ends with the median
 of each setup's ratios: one gateway alone ranges widely across runs on these requests.
@@ -26,6 +27,9 @@ this client) against its wall time: on a 2-core machine, whether the rig itself 
 ``--burner F`` adds a control: one gateway with a process beside it that keeps F of a core busy
 during the replay (busy for F of every 10 ms), the CPU that N replicas add over one gateway. It
 says whether taking that much CPU from the rig alone moves one gateway's figures.
+
+``--dump DIR`` writes every setup run's client records (arrival, first token, chunk times, status)
+to ``DIR/run{k}-{setup}.jsonl``, for reading where two setups part (e.g. cumulative tokens over time).
 
 Starts its own ``redis-server`` (none needs to be running). Figures are printed; nothing is asserted.
 """
@@ -146,6 +150,7 @@ def main() -> None:
         default=0.0,
         help="also one gateway beside a process busy for this share of a core (a control for the rig)",
     )
+    ap.add_argument("--dump", default=None, help="write each setup run's client records under this folder")
     args = ap.parse_args()
     if not 0 <= args.burner < 1:  # the burner sleeps for 1 - F of every 10 ms
         ap.error(f"--burner must be in [0, 1), got {args.burner:g}")
@@ -197,7 +202,8 @@ def main() -> None:
                 print(f"-- run {rep + 1} of {args.repeats}")
             row: dict[str, tuple[float, float, float]] = {}
             for label, count, settings in order:
-                row[label] = run_setup(label, count, settings, work, flags, args.time_scale, redis)
+                dump = None if args.dump is None else os.path.join(args.dump, f"run{rep + 1}-{slug(label)}.jsonl")
+                row[label] = run_setup(label, count, settings, work, flags, args.time_scale, redis, dump)
             runs.append(row)
     finally:
         redis.kill()
@@ -212,6 +218,7 @@ def run_setup(
     flags: list[str],
     time_scale: float,
     redis: RedisServer,
+    dump: str | None = None,
 ) -> tuple[float, float, float]:
     """One setup on fresh backends: prints its row, returns (preemptions, req/s, loaded tok/s)."""
     from core.summary import summarize
@@ -238,6 +245,8 @@ def run_setup(
             mine = os.times()
             used["client"] = mine.user + mine.system - me.user - me.system
         pre = _preemptions([b1, b2])
+    if dump is not None:
+        write_records(dump, records)
     s = summarize(records)
     cpu = " / ".join(f"{used.get(g, float('nan')):.1f}" for g in ("gateways", "backends", "redis", "client"))
     if "burner" in used:
@@ -254,6 +263,22 @@ def run_setup(
         flush=True,
     )
     return (float(pre) if pre != "?" else float("nan"), s["throughput_req_s"], loaded)
+
+
+def slug(label: str) -> str:
+    """A setup's label as a file name."""
+    return "-".join("".join(c if c.isalnum() else " " for c in label).split())
+
+
+def write_records(path: str, records: list[Any]) -> None:
+    """The client's records as JSON lines (``core.record.RequestRecord`` fields)."""
+    import dataclasses
+    import json
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        for r in records:
+            f.write(json.dumps(dataclasses.asdict(r)) + "\n")
 
 
 def loaded_tok_s(records: list[Any]) -> float:

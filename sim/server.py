@@ -84,6 +84,12 @@ def _filler_ids() -> tuple[int, ...] | None:
     return tuple(i[0] for i in ids) if all(len(i) == 1 for i in ids) else None
 
 
+def _warm_up() -> None:
+    """Load what the first request would otherwise load: the tokenizer and the filler's ids."""
+    encode("warm up")
+    _filler_ids()
+
+
 def _output_ids(written: int, n: int) -> list[int] | None:
     """The token ids of the output a request will write (the simulated model's text is known in
     advance), as vLLM would key their blocks for its prefix cache."""
@@ -293,6 +299,9 @@ def create_app(settings: BackendSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # The BPE tables and the output's token ids load before the port opens (~1 s on a slow
+        # machine): else the first request pays for them, as vLLM's would not (it warms up first).
+        await asyncio.to_thread(_warm_up)
         be.runner.start_clock()
         task = asyncio.create_task(be.runner.run(), name="sim-engine-loop")
         try:
