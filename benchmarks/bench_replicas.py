@@ -202,7 +202,11 @@ def main() -> None:
                 print(f"-- run {rep + 1} of {args.repeats}")
             row: dict[str, tuple[float, float, float]] = {}
             for label, count, settings in order:
-                dump = None if args.dump is None else os.path.join(args.dump, f"run{rep + 1}-{slug(label)}.jsonl")
+                dump = (
+                    None
+                    if args.dump is None
+                    else os.path.join(args.dump, f"run{rep + 1}-{slug(label)}.jsonl")
+                )
                 row[label] = run_setup(label, count, settings, work, flags, args.time_scale, redis, dump)
             runs.append(row)
     finally:
