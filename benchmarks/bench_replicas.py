@@ -10,7 +10,7 @@ throughput and latency from the client. Ratios are against the one gateway of th
     python benchmarks/bench_replicas.py [--requests 240] [--replicas 2] [--blocks 1024] [--time-scale 4]
         [--order-none] [--policy fcfs] [--repeats 1] [--sync-interval 0.05] [--skip-own]
         [--predictor global] [--max-waiting-tokens N] [--local-history] [--one-ledger] [--burner 0.25]
-        [--dump DIR]
+        [--publish-s 0.002] [--dump DIR]
 
 ``--repeats K`` runs every setup K times, interleaved (setup order rotates), and ends with the median
 of each setup's ratios: one gateway alone ranges widely across runs on these requests.
@@ -133,6 +133,12 @@ def main() -> None:
     ap.add_argument(
         "--sync-interval", type=float, default=None, help="ledger.sync_interval_s (default its own)"
     )
+    ap.add_argument(
+        "--publish-s",
+        type=float,
+        default=None,
+        help="also the shared ledger with this ledger.publish_s (how soon releases and growth go out)",
+    )
     ap.add_argument("--skip-own", action="store_true", help="leave out the replicas with their own ledgers")
     ap.add_argument(
         "--one-ledger",
@@ -182,6 +188,14 @@ def main() -> None:
         setups.append(("1 gateway, shared ledger", 1, {**base, "ledger": led}))
     if args.local_history:
         setups.append((f"{n} replicas, ledger, own history", n, {**base, "ledger": led, LOCAL: True}))
+    if args.publish_s is not None:
+        setups.append(
+            (
+                f"{n} replicas, publish {1000 * args.publish_s:g} ms",
+                n,
+                {**base, "ledger": {**led, "publish_s": args.publish_s}},
+            )
+        )
     if args.burner > 0:
         setups.append((f"1 gateway, +{args.burner:g} core busy", 1, {**base, BURNER: args.burner}))
     setups.append((f"{n} replicas, shared ledger", n, {**base, "ledger": led}))

@@ -327,12 +327,14 @@ class _GatewayDriver:
             self.send(req, backend, now)
             return
         d._committing[id(req)] = req
-        d.ledger.commit(backend, charge, lambda ok: self.committed(req, backend, charge, ok))
+        d.ledger.commit(backend, charge, lambda ok: self.committed(req, backend, charge, ok, now))
 
-    def committed(self, req: GatewayRequest, backend: int, charge: Charge, ok: bool) -> None:
-        """The shared ledger's answer: send it; or (no room fleet-wide) queue it again; or, if its
-        client left meanwhile, give the charge back."""
+    def committed(self, req: GatewayRequest, backend: int, charge: Charge, ok: bool, decided: float) -> None:
+        """The shared ledger's answer (to the decision made at ``decided``): send it; or (no room
+        fleet-wide) queue it again; or, if its client left meanwhile, give the charge back."""
         d = self.d
+        if d.metrics is not None:  # the round trip every dispatch of a replica waits for
+            d.metrics.ledger_wait.labels("yes" if ok else "no").observe(d.clock() - decided)
         waiting = d._committing.pop(id(req), None) is not None
         if ok and waiting:
             self.send(req, backend, d.clock())

@@ -80,6 +80,14 @@ class GatewayMetrics:
             ["outcome"],
             registry=r,
         )
+        self.ledger_wait = Histogram(
+            "sagegate_ledger_commit_wait_seconds",
+            "Shared ledger: from a dispatch decision to Redis's answer (the wait before a request is "
+            "sent), by answer.",
+            ["answer"],
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
         self.telemetry = Telemetry(r)
         """The recent history the dashboard shows (fed by :meth:`first_token` and :meth:`outcome`)."""
 

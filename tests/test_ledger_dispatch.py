@@ -12,6 +12,7 @@ import pytest
 from gateway.backends import BackendPool
 from gateway.dispatcher import Dispatcher
 from gateway.ledger import SharedLedger
+from gateway.metrics import GatewayMetrics
 from gateway.queue import BoundedQueue, GatewayRequest
 from gateway.settings import GatewaySettings, LedgerSettings
 from policies.admission import AdmissionConfig, Charge
@@ -23,7 +24,7 @@ CFG = AdmissionConfig(unknown_output=300)
 _rids = itertools.count()
 
 
-def replica(url: str, prefix: str) -> Dispatcher:
+def replica(url: str, prefix: str, metrics: GatewayMetrics | None = None) -> Dispatcher:
     """A dispatcher over one backend of capacity 1000 (two 350-token charges fit, three do not)."""
     s = GatewaySettings.model_validate({"backends": ["http://b0"]})
     pool = BackendPool(s, httpx.AsyncClient())
@@ -33,7 +34,7 @@ def replica(url: str, prefix: str) -> Dispatcher:
     settings = LedgerSettings(enabled=True, prefix=prefix, lease_s=1.0, sync_interval_s=0.05)
     led = SharedLedger(settings, url, pool.loads, [b.url for b in pool.backends], CFG)
     pol = parse_policy("fcfs")
-    d = Dispatcher(pol, pool, CFG, BoundedQueue(pol, 100, 10**9), ledger=led)
+    d = Dispatcher(pol, pool, CFG, BoundedQueue(pol, 100, 10**9), metrics, ledger=led)
     led.on_change = d.kick  # as the gateway wires it: a fresher view may have room
     return d
 
@@ -56,9 +57,17 @@ async def fill_elsewhere(url: str, prefix: str, n: int) -> SharedLedger:
     return other
 
 
+def answers(metrics: GatewayMetrics, answer: str) -> float:
+    """How many of Redis's answers ``sagegate_ledger_commit_wait_seconds`` counted as ``answer``."""
+    value = metrics.registry.get_sample_value("sagegate_ledger_commit_wait_seconds_count", {"answer": answer})
+    return value or 0.0
+
+
 def test_dispatch_waits_for_redis_and_a_no_requeues(redis_url: str, redis_prefix: str) -> None:
+    metrics = GatewayMetrics()
+
     async def main() -> None:
-        d = replica(redis_url, redis_prefix)
+        d = replica(redis_url, redis_prefix, metrics)
         assert d.ledger is not None
         await d.ledger.start()
         other = await fill_elsewhere(redis_url, redis_prefix, 2)  # d has not read it yet
@@ -75,6 +84,8 @@ def test_dispatch_waits_for_redis_and_a_no_requeues(redis_url: str, redis_prefix
                 other.released(charge, 0)
             assert await asyncio.wait_for(fut, 5) == 0
             assert req.backend == 0 and d.ledger.stats.denied >= 1
+            # the wait for every answer is measured, by answer: the no(s), then the yes
+            assert answers(metrics, "no") == d.ledger.stats.denied and answers(metrics, "yes") == 1
         finally:
             await d.ledger.stop()
             await other.stop()
