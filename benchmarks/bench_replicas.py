@@ -22,7 +22,9 @@ order, per request (``out_of_order``: a later arrival's first token more than 1 
 one's). Each row also gives the backends' mean KV usage and running batch over the replay (both
 backends sampled every 100 ms wall: whether a setup kept the engines as full as another), and the
 CPU seconds the setup's processes used during the replay (the gateways, the two backends, Redis and
-this client) against its wall time: on a 2-core machine, whether the rig itself is short of CPU.
+this client) against its wall time: on a 2-core machine, whether the rig itself is short of CPU;
+with a shared ledger, also the replicas' wait from a dispatch decision to Redis's answer
+(``sagegate_ledger_commit_wait_seconds``: what each of their dispatches waits and one gateway's does not).
 
 ``--burner F`` adds a control: one gateway with a process beside it that keeps F of a core busy
 during the replay (busy for F of every 10 ms), the CPU that N replicas add over one gateway. It
@@ -259,6 +261,7 @@ def run_setup(
             with BackendSampler([b1, b2], time_scale, interval_s=0.1) as sampler:
                 records = asyncio.run(_replay_split(work, fronts, time_scale))
             wall = time.perf_counter() - t0
+            waits = commit_waits(fronts)
             used = {g: sum(cpu_seconds(p) for p in pids) - before[g] for g, pids in groups.items()}
             mine = os.times()
             used["client"] = mine.user + mine.system - me.user - me.system
@@ -274,6 +277,8 @@ def run_setup(
     samples = [x for series in sampler.series.values() for x in series]
     kv = sum(x.kv for x in samples) / max(1, len(samples))
     running = sum(x.running for x in samples) / max(1, len(samples))
+    if waits is not None:
+        cpu += f"; commit wait mean {waits[0]:.1f} ms, p90 <= {waits[1]:g} ms (wall, {waits[2]:.0f} answers)"
     print(
         f"{label:>32} {pre:>12} {s['throughput_req_s']:>7.2f} {s['ttlt_mean_s']:>10.2f} "
         f"{s['ttlt_p99_s']:>9.2f} {s['errors'] + s['rejected']:>7.0f} {kv:>6.3f} {running:>7.1f} {loaded:>7.1f} {inversions:>6.2f}   "
@@ -281,6 +286,36 @@ def run_setup(
         flush=True,
     )
     return (float(pre) if pre != "?" else float("nan"), s["throughput_req_s"], loaded)
+
+
+def commit_waits(fronts: list[str]) -> tuple[float, float, float] | None:
+    """The replicas' wait from dispatch decision to Redis's answer over the replay (wall ms: mean,
+    the bucket bound holding the 90th percentile, answers), from their ``/metrics``; None without a
+    shared ledger."""
+    import math
+
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    buckets: dict[float, float] = {}
+    total = count = 0.0
+    for url in fronts:
+        text = httpx.get(url + "/metrics", timeout=10).text
+        for fam in text_string_to_metric_families(text):
+            if fam.name != "sagegate_ledger_commit_wait_seconds":
+                continue
+            for smp in fam.samples:
+                if smp.name.endswith("_bucket"):
+                    le = float(smp.labels["le"])
+                    buckets[le] = buckets.get(le, 0.0) + smp.value
+                elif smp.name.endswith("_sum"):
+                    total += smp.value
+                elif smp.name.endswith("_count"):
+                    count += smp.value
+    if count == 0:
+        return None
+    p90 = next((le for le in sorted(buckets) if buckets[le] >= 0.9 * count), math.inf)
+    return 1000 * total / count, 1000 * p90, count
 
 
 def slug(label: str) -> str:
