@@ -46,18 +46,26 @@ def record(p: BaselinePredictor, output_tokens: int, n: int, prompt_tokens: int 
 def test_a_replica_learns_from_the_others_completions(name: str, redis_url: str, redis_prefix: str) -> None:
     a, b = replica(name, redis_url, redis_prefix), replica(name, redis_url, redis_prefix)
     try:
+        assert a.shared is not None and b.shared is not None
         before = mean_of(b)
         record(a, 1000, 40)
         assert mean_of(a) == pytest.approx(1000)
-        assert wait_for(lambda: mean_of(b) == pytest.approx(1000)), (before, mean_of(b))
+        assert wait_for(lambda: b.shared.received == 40), b.shared.received  # type: ignore[union-attr]
+        assert mean_of(b) == pytest.approx(1000)
         assert before != pytest.approx(1000)  # b had nothing of its own: the answer came through Redis
         record(b, 10, 40)  # and back: a hears b, so both windows hold all 80
-        assert wait_for(lambda: mean_of(a) == pytest.approx(mean_of(b)))
-        assert mean_of(a) == pytest.approx((1000 + 10) / 2, rel=0.05)
-        # a third replica, started later, loads the window from the stream
+        assert wait_for(lambda: a.shared.received == 40), a.shared.received  # type: ignore[union-attr]
+        # A window's cached distribution may lag its last len/16 observations (``_Window``), and
+        # the records arrive in batches of their own timing, so the means agree to that lag only.
+        both = (1000 + 10) / 2
+        lag = 0.07  # five of 80 records of either kind missing moves the mean by at most 6.5%
+        assert mean_of(a) == pytest.approx(both, rel=lag)
+        assert mean_of(b) == pytest.approx(both, rel=lag)
+        # a third replica, started later, loads the whole window from the stream at once
         c = replica(name, redis_url, redis_prefix)
         try:
-            assert mean_of(c) == pytest.approx(mean_of(a))
+            assert c.shared is not None and c.shared.received == 80
+            assert mean_of(c) == pytest.approx(both)
         finally:
             asyncio.run(c.aclose())
     finally:
