@@ -61,7 +61,8 @@ class Resumer:
         return self.sse.req
 
     def register(self) -> None:
-        self.sse.proxy.dispatcher.pausable[self.key] = self
+        if not self.sse.stopping:
+            self.sse.proxy.dispatcher.pausable[self.key] = self
 
     def unregister(self) -> None:
         pausable = self.sse.proxy.dispatcher.pausable
@@ -74,9 +75,11 @@ class Resumer:
         reader = sse.reader
         if (
             self.pausing
+            or sse.stopping
             or sse.lc.state is not RequestState.STREAMING
             or reader is None
             or reader.done()
+            or reader.cancelling()
             or sse.aborted is not None
             or sse.scanner.done
             or self.transcript.finished

@@ -87,6 +87,8 @@ class SseResponse(Response):
         self.aborted: str | None = None
         self.dropped = False
         """The client fell more than :attr:`max_buffered` behind: its stream is being cut."""
+        self.stopping = False
+        """The relay is ending (the client left, or the stream ended): no pause may start now."""
         self.transcript = transcript
         """What the client has been sent (when the request may be paused, ``gateway.resume``)."""
         self.resumer = Resumer(self, transcript) if transcript is not None else None
@@ -175,11 +177,16 @@ class SseResponse(Response):
         return JSONResponse(body, status_code=status, headers=answer_headers(self.req, self.backend))
 
     async def _stop_reader(self) -> None:
+        """Stop the reader, whichever it is by then. No pause may start from here on: the old
+        reader's cancellation yields (closing its upstream), and a pause in that gap would queue a
+        continuation that nobody reads and that the settle after this withdraws."""
         self.proxy.streams.discard(self)
-        reader = self.reader
-        if reader is None:
+        self.stopping = True
+        if self.resumer is not None:
+            self.resumer.unregister()
+        if self.reader is None:
             await close_quietly(self.upstream)  # the reader never took the stream over
-        elif not reader.done():
+        while (reader := self.reader) is not None and not reader.done():
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader

@@ -8,6 +8,7 @@ must equal the unpaused one token for token.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -286,6 +287,50 @@ def test_a_client_that_leaves_while_paused_is_withdrawn() -> None:
         hold.join(60)
         wait_until(lambda: settled(gw), what="every reservation released")
         assert pause(gw.url, rid).status_code == 404
+
+
+def test_a_pause_asked_while_the_client_leaves_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client leaves mid-stream and a pause arrives while its reader is still closing the
+    upstream (the relay's stop yields there): the pause is refused, and nothing is left queued,
+    reserved or running (a pause accepted there queued a continuation nobody read: once dispatched,
+    its task raised ``LifecycleError``; else it sat in the queue until ``max_wait_s``)."""
+    import gateway.stream as stream_module
+    from gateway.resume import PauseVerdict
+
+    real_close = stream_module.close_quietly
+    verdicts: list[PauseVerdict] = []
+    target: dict[str, Any] = {}
+
+    async def close_then_pause(resp: httpx.Response) -> None:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling() and "rid" in target and not verdicts:
+            verdicts.append(target["state"].dispatcher.try_pause(target["rid"]))
+        await real_close(resp)
+
+    monkeypatch.setattr(stream_module, "close_quietly", close_then_pause)
+    with sim_backend() as be, gateway([be.url]) as gw:
+        state = gw.app.state.gateway
+        raw = client(gw.url).completions.with_raw_response.create(
+            model="sim", prompt=PROMPT, max_tokens=400, stream=True
+        )
+        stream = raw.parse()
+        chunks = iter(stream)
+        for _ in range(3):
+            next(chunks)
+        sse = next(iter(state.proxy.streams))
+        assert sse.task is not None
+        loop = sse.task.get_loop()
+        target.update(state=state, rid=raw.headers["x-sagegate-request-id"])
+        stream.close()  # the client leaves
+        wait_until(lambda: bool(verdicts), what="a pause asked while the reader stops")
+        assert verdicts[0] is not PauseVerdict.PAUSED, verdicts
+        wait_until(lambda: settled(gw), what="every reservation released")
+
+        async def resumers() -> list[str]:
+            return [repr(t.get_coro()) for t in asyncio.all_tasks() if "_resume" in repr(t.get_coro())]
+
+        assert asyncio.run_coroutine_threadsafe(resumers(), loop).result(5) == []
+        assert pauses(gw.url, "paused") == 0
 
 
 def test_a_paused_request_that_waits_too_long_ends_with_an_error_event() -> None:
