@@ -61,8 +61,7 @@ class Resumer:
         return self.sse.req
 
     def register(self) -> None:
-        if not self.sse.stopping:
-            self.sse.proxy.dispatcher.pausable[self.key] = self
+        self.sse.proxy.dispatcher.pausable[self.key] = self
 
     def unregister(self) -> None:
         pausable = self.sse.proxy.dispatcher.pausable
@@ -79,7 +78,6 @@ class Resumer:
             or sse.lc.state is not RequestState.STREAMING
             or reader is None
             or reader.done()
-            or reader.cancelling()
             or sse.aborted is not None
             or sse.scanner.done
             or self.transcript.finished

@@ -177,16 +177,17 @@ class SseResponse(Response):
         return JSONResponse(body, status_code=status, headers=answer_headers(self.req, self.backend))
 
     async def _stop_reader(self) -> None:
-        """Stop the reader, whichever it is by then. No pause may start from here on: the old
-        reader's cancellation yields (closing its upstream), and a pause in that gap would queue a
-        continuation that nobody reads and that the settle after this withdraws."""
+        """Stop the reader. No pause may start from here on: the reader's cancellation yields
+        (closing its upstream), and a pause in that gap would queue a continuation that nobody reads
+        and that the settle after this withdraws."""
         self.proxy.streams.discard(self)
         self.stopping = True
         if self.resumer is not None:
             self.resumer.unregister()
-        if self.reader is None:
+        reader = self.reader
+        if reader is None:
             await close_quietly(self.upstream)  # the reader never took the stream over
-        while (reader := self.reader) is not None and not reader.done():
+        elif not reader.done():
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
