@@ -10,6 +10,11 @@ one replica of the same run.
 
     python benchmarks/bench_replica_order.py [--requests 1500] [--replicas 2 3] [--loads 0.9 2.0]
         [--rtt-ms 0.5] [--publish-ms 50] [--policy sagesched] [--wake own|any] [--split round-robin|random]
+        [--send-first 0.1 0.2]
+
+``--send-first F ...`` adds ``threshold`` rows whose dispatches go at once within a send-first budget
+(``ReplicaSetup.send_first_share``; the exact ledger grants no room twice, so these rows show what
+the commit wait costs, not the live over-admission).
 
 ``--publish-ms`` is the ledger sync (a replica learns of the others' releases there, and under
 ``threshold`` publishes its head there): each value gives a ``none`` and a ``threshold`` row.
@@ -93,6 +98,13 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, nargs="+", default=[2, 3])
     ap.add_argument("--loads", type=float, nargs="+", default=[0.9, 2.0])
     ap.add_argument("--rtt-ms", type=float, default=0.5)
+    ap.add_argument(
+        "--send-first",
+        type=float,
+        nargs="*",
+        default=[],
+        help="also threshold replicas with each of these send_first_share values",
+    )
     ap.add_argument("--publish-ms", type=float, nargs="+", default=[50.0], help="ledger sync / publish")
     ap.add_argument("--policy", default="sagesched")
     ap.add_argument(
@@ -136,6 +148,11 @@ def main() -> None:
                 for order in ("none", "threshold"):
                     rs = ReplicaSetup(n, order, args.split, rtt, pub / 1000, args.wake, **kw)  # type: ignore[arg-type]
                     cells.append((f"{n} replicas, {order} {pub:g}ms", rs))
+                for share in args.send_first:
+                    rs = ReplicaSetup(
+                        n, "threshold", args.split, rtt, pub / 1000, args.wake, send_first_share=share, **kw
+                    )  # type: ignore[arg-type]
+                    cells.append((f"{n}, threshold, first {share:g}", rs))
             cells.append((f"{n} replicas, global", ReplicaSetup(n, "global", args.split, rtt, **kw)))
         base: dict[str, float] = {}
         for label, rs in cells:

@@ -10,7 +10,7 @@ throughput and latency from the client. Ratios are against the one gateway of th
     python benchmarks/bench_replicas.py [--requests 240] [--replicas 2] [--blocks 1024] [--time-scale 4]
         [--order-none] [--policy fcfs] [--repeats 1] [--sync-interval 0.05] [--skip-own]
         [--predictor global] [--max-waiting-tokens N] [--local-history] [--one-ledger] [--burner 0.25]
-        [--publish-s 0.002] [--dump DIR]
+        [--publish-s 0.002] [--send-first 0.1] [--dump DIR]
 
 ``--repeats K`` runs every setup K times, interleaved (setup order rotates), and ends with the median
 of each setup's ratios: one gateway alone ranges widely across runs on these requests.
@@ -29,6 +29,10 @@ with a shared ledger, also the replicas' wait from a dispatch decision to Redis'
 ``--burner F`` adds a control: one gateway with a process beside it that keeps F of a core busy
 during the replay (busy for F of every 10 ms), the CPU that N replicas add over one gateway. It
 says whether taking that much CPU from the rig alone moves one gateway's figures.
+
+``--send-first F`` adds the shared ledger with ``ledger.send_first_share`` F (a dispatch within its
+budget goes at once and is checked after); its row also gives how many dispatches went first and how
+many calls found a backend over the limit (``sagegate_ledger_sent_first``, ``sagegate_ledger_over``).
 
 ``--dump DIR`` writes every setup run's client records (arrival, first token, chunk times, status)
 to ``DIR/run{k}-{setup}.jsonl``, for reading where two setups part (e.g. cumulative tokens over time).
@@ -141,6 +145,13 @@ def main() -> None:
         default=None,
         help="also the shared ledger with this ledger.publish_s (how soon releases and growth go out)",
     )
+    ap.add_argument(
+        "--send-first",
+        type=float,
+        nargs="*",
+        default=[],
+        help="also the shared ledger with each of these ledger.send_first_share values",
+    )
     ap.add_argument("--skip-own", action="store_true", help="leave out the replicas with their own ledgers")
     ap.add_argument(
         "--one-ledger",
@@ -197,6 +208,10 @@ def main() -> None:
                 n,
                 {**base, "ledger": {**led, "publish_s": args.publish_s}},
             )
+        )
+    for share in args.send_first:
+        setups.append(
+            (f"{n} replicas, send first {share:g}", n, {**base, "ledger": {**led, "send_first_share": share}})
         )
     if args.burner > 0:
         setups.append((f"1 gateway, +{args.burner:g} core busy", 1, {**base, BURNER: args.burner}))
@@ -262,6 +277,7 @@ def run_setup(
                 records = asyncio.run(_replay_split(work, fronts, time_scale))
             wall = time.perf_counter() - t0
             waits = commit_waits(fronts)
+            first = sent_first(fronts)
             used = {g: sum(cpu_seconds(p) for p in pids) - before[g] for g, pids in groups.items()}
             mine = os.times()
             used["client"] = mine.user + mine.system - me.user - me.system
@@ -279,6 +295,8 @@ def run_setup(
     running = sum(x.running for x in samples) / max(1, len(samples))
     if waits is not None:
         cpu += f"; commit wait mean {waits[0]:.1f} ms, p90 <= {waits[1]:g} ms (wall, {waits[2]:.0f} answers)"
+    if first[0]:
+        cpu += f"; sent first {first[0]:.0f}, over {first[1]:.0f}"
     print(
         f"{label:>32} {pre:>12} {s['throughput_req_s']:>7.2f} {s['ttlt_mean_s']:>10.2f} "
         f"{s['ttlt_p99_s']:>9.2f} {s['errors'] + s['rejected']:>7.0f} {kv:>6.3f} {running:>7.1f} {loaded:>7.1f} {inversions:>6.2f}   "
@@ -316,6 +334,23 @@ def commit_waits(fronts: list[str]) -> tuple[float, float, float] | None:
         return None
     p90 = next((le for le in sorted(buckets) if buckets[le] >= 0.9 * count), math.inf)
     return 1000 * total / count, 1000 * p90, count
+
+
+def sent_first(fronts: list[str]) -> tuple[float, float]:
+    """The replicas' dispatches sent before Redis saw them, and the calls that found a backend over
+    the limit (``send_first_share``), from their ``/metrics``."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    first = over = 0.0
+    for url in fronts:
+        for fam in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
+            for smp in fam.samples:
+                if smp.name == "sagegate_ledger_sent_first_total":
+                    first += smp.value
+                elif smp.name == "sagegate_ledger_over_total":
+                    over += smp.value
+    return first, over
 
 
 def slug(label: str) -> str:

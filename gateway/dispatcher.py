@@ -14,7 +14,9 @@ queue is answered at once). Each decision is O(log n) in the queue (heap) plus O
 With a shared ledger (``gateway.ledger``, several replicas in front of one fleet) a dispatch is
 tentative until Redis confirms the charge: the request leaves the queue and its charge weighs on the
 local view at once, but it goes to its backend only on Redis's yes; on a no it goes back into the
-queue (as a retry does). The pass itself never waits on Redis.
+queue (as a retry does). The pass itself never waits on Redis. With ``ledger.send_first_share`` a
+dispatch within this replica's send-first budget goes at once and its charge is checked after
+(``SharedLedger.send_first``).
 
 Pausing (``policies.pause``, off by default: the ``pause`` setting) lets the pass pause a running
 request whose rank fell behind a head that fits nowhere; the pass decides, :meth:`Dispatcher.pause`
@@ -124,6 +126,13 @@ class Dispatcher:
         if ledger is not None:
             ledger.head_of = self.queue_head
             ledger.pending_of = self.pending_on
+            ledger.on_over = self._over
+
+    def _over(self, url: str) -> None:
+        """The shared ledger found a backend, where this replica sent first, over the limit."""
+        if self.metrics is not None:
+            name = next((b.name for b in self.pool.backends if b.url == url), url)
+            self.metrics.ledger_over.labels(name).inc()
 
     # --- entry points -------------------------------------------------------------------------
     def submit(self, req: GatewayRequest) -> asyncio.Future[int]:
@@ -324,6 +333,11 @@ class _GatewayDriver:
         """Chosen: sent at once, or (shared ledger) once Redis has charged it fleet-wide."""
         d = self.d
         if d.ledger is None:
+            self.send(req, backend, now)
+            return
+        if d.ledger.send_first(backend, charge):
+            if d.metrics is not None:
+                d.metrics.ledger_sent_first.inc()
             self.send(req, backend, now)
             return
         d._committing[id(req)] = req

@@ -27,10 +27,13 @@ it suits one Redis server (or a cluster with every ledger key in one slot), not 
 
 ARGV[1] is JSON: ``{"replica", "lease_ms", "prefix", "backends": [names], "publish": {backend:
 packed}, "commit": [[backend, held, remaining, limit, rule]], "read": bool, "head": [...] | []
-(optional: publish this head, or none), "freed": bool (a release is among the published)}``. Returns
-JSON: ``{"ok": [1 | 0 per commit], "others": {backend: packed}, "heads": [every other live replica's
-head]}``; ``others`` (every other live replica's charges, concatenated) is filled when ``read`` or
-when a commit was denied, ``heads`` when ``read`` and a head was given.
+(optional: publish this head, or none), "freed": bool (a release is among the published), "check":
+{backend: [limit, rule]} (optional: backends where this replica sent first, ``ledger.send_first_share``)}``.
+Returns JSON: ``{"ok": [1 | 0 per commit], "others": {backend: packed}, "heads": [every other live
+replica's head], "over": [checked backends whose charges, every replica's, exceed the limit],
+"members": live replicas}``; ``others`` (every other live replica's charges, concatenated) is filled
+when ``read``, when a commit was denied or when a checked backend is over, ``heads`` when ``read`` and
+a head was given.
 """
 
 from __future__ import annotations
@@ -138,6 +141,24 @@ if a.pending ~= nil then
   end
 end
 
+-- sent first (``check``): the fleet's charges on that backend, ours as just published included,
+-- against the rule's limit; a backend over it is reported, and the answer carries a fresh view
+local over = {}
+if a.check ~= nil then
+  for backend, lr in pairs(a.check) do
+    local book = {list = {}, total = 0}
+    for hs, rs in string.gmatch(packed_on(backend, false), '(%d+):(%d+),') do
+      local hh, rr = tonumber(hs), tonumber(rs)
+      book.list[#book.list + 1] = {hh, rr}
+      book.total = book.total + hh + rr
+    end
+    if #book.list > 1 and not fits(book, 0, 0, lr[1], lr[2]) then
+      over[#over + 1] = backend
+      denied = true
+    end
+  end
+end
+
 local others, pending = {}, {}
 if a.read or denied then
   for _, backend in ipairs(a.backends) do
@@ -156,5 +177,7 @@ if a.read or denied then
     if n > 0 then pending[backend] = n .. ':' .. t end
   end
 end
-return cjson.encode({ok = ok, others = others, heads = heads, pending = pending})
+return cjson.encode({
+  ok = ok, others = others, heads = heads, pending = pending, over = over, members = #live
+})
 """

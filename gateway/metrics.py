@@ -88,6 +88,18 @@ class GatewayMetrics:
             buckets=WAIT_BUCKETS,
             registry=r,
         )
+        self.ledger_sent_first = Counter(
+            "sagegate_ledger_sent_first",
+            "Shared ledger: dispatches sent before Redis saw their charge (ledger.send_first_share).",
+            registry=r,
+        )
+        self.ledger_over = Counter(
+            "sagegate_ledger_over",
+            "Shared ledger: calls that found a backend, where this replica had sent first, over the "
+            "admission rule's limit (room granted twice), by backend.",
+            ["backend"],
+            registry=r,
+        )
         self.telemetry = Telemetry(r)
         """The recent history the dashboard shows (fed by :meth:`first_token` and :meth:`outcome`)."""
 

@@ -144,6 +144,13 @@ class LedgerSettings(BaseModel):
     """A Redis call slower than this counts as Redis down (local ledgers until it answers again)."""
     prefix: str = "sagegate:ledger"
     """Key prefix in Redis: replicas in front of one fleet share it."""
+    send_first_share: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Send first, commit after: a dispatch the local view admits goes to its backend at once (its
+    charge rides the next call, which reports whether the fleet's charges there then exceed the
+    rule's limit) while this replica's charges on that backend that Redis has not yet seen stay within
+    ``send_first_share × capacity / live replicas``; beyond that budget a dispatch waits for Redis's
+    verdict as with 0 (every dispatch waits). Fleet-wide the room granted twice is at most
+    ``send_first_share`` of a backend's capacity (docs/gateway.md, *Send first*)."""
     order: Literal["none", "threshold"] = "threshold"
     """``threshold`` (default): each sync also publishes this replica's queue head and reads the
     others'; a head ranked worse than another replica's is held while dispatching it would leave that

@@ -19,6 +19,12 @@ agree on an order is :attr:`ReplicaSetup.order`:
   key, popped by a check-and-charge script): one ranking, but a decision is a round trip, so the
   ``j``-th dispatch of a pass (from 1) reaches its backend ``j · rtt_s`` later.
 
+``send_first_share`` (``none`` and ``threshold``; ``gateway.ledger``'s ``send_first_share``): a
+dispatch whose footprint fits the replica's send-first budget on that backend (its sends not yet
+carried by a finished commit call, at most ``share × capacity / replicas``) reaches its backend at
+once; its charge rides the next call as a commit would. The ledger being exact here, no room is
+granted twice: this measures what the wait costs, not the over-admission it risks.
+
 When a replica runs a pass is :attr:`ReplicaSetup.wake`: ``own`` (as live) at its own arrivals, at
 the steps where its own requests progressed or finished (it streams them), and at its ledger sync
 every ``publish_s`` (where it learns of the others' releases); ``any``: every replica at every
@@ -66,6 +72,8 @@ class ReplicaSetup:
     under ``threshold``, publishes its head and reads the others'."""
     wake: Wake = "own"
     seed: int = 0
+    send_first_share: float = 0.0
+    """Send first within a budget (see the module docstring); 0: every dispatch waits its round trip."""
     prompt_edges: tuple[int, ...] = ()
     """Split ``prompt``: replica ``k`` takes the prompts between edge ``k-1`` and edge ``k`` (a
     balancer's affinity, e.g. one client's long documents on one connection; ``replicas - 1`` edges)."""
@@ -83,6 +91,8 @@ class ReplicaSetup:
             raise ValueError("split 'prompt' needs replicas - 1 prompt_edges")
         if self.rtt_s < 0 or self.publish_s <= 0:
             raise ValueError("rtt_s must be >= 0 and publish_s > 0")
+        if not 0.0 <= self.send_first_share < 1.0:
+            raise ValueError("send_first_share must be in [0, 1)")
 
 
 @dataclass
@@ -94,6 +104,8 @@ class FleetStats:
     delay_s: float = 0.0
     """Sum over dispatches of the time from decision to backend (round trips)."""
     dispatches: int = 0
+    sent_first: int = 0
+    """Dispatches that went at once within the send-first budget."""
 
 
 class _Backlog:
@@ -196,6 +208,8 @@ class ReplicaFleet:
         self.board: list[ForeignHead | None] = [None] * n
         self.call = [(-1.0, -1.0)] * n  # each replica's ledger call: (start, end)
         self.decided_at, self.in_pass = -1.0, 0  # global: decisions so far in the pass at ``decided_at``
+        self.unseen: list[list[list[tuple[float, float]]]] = [[[] for _ in self.loads] for _ in range(n)]
+        """Per replica and backend, its sends first not yet carried by a finished call: (end, size)."""
         self.woken: set[int] = set()
 
     # --- what the simulation calls --------------------------------------------------------------
@@ -296,11 +310,30 @@ class ReplicaFleet:
                 start, end = end, end + rtt
             self.call[r] = (start, end)
             at = end
+            if self._send_first(r, req, backend, end, now):
+                sim.deliver_now(req, backend)
+                return
         self.stats.delay_s += at - now
         b = self.backlogs[backend]
         b.transit += 1
         b.transit_tokens += req.prompt_tokens
         sim.deliver_at(at, req, backend)
+
+    def _send_first(self, r: int, req: EngineRequest, backend: int, seen_at: float, now: float) -> bool:
+        """Whether ``req`` fits replica ``r``'s send-first budget on ``backend`` (and if so, count it
+        unseen until the call carrying it ends at ``seen_at``)."""
+        share = self.setup.send_first_share
+        if share <= 0.0:
+            return False
+        unseen = self.unseen[r][backend] = [(t, c) for t, c in self.unseen[r][backend] if t > now]
+        charge = self.gateways[r].charge(req)
+        size = charge.held + charge.remaining
+        budget = share * self.loads[backend].capacity_tokens / self.setup.replicas
+        if sum(c for _, c in unseen) + size > budget:
+            return False
+        unseen.append((seen_at, size))
+        self.stats.sent_first += 1
+        return True
 
     def delivered(self, req: EngineRequest, backend: int) -> None:
         b = self.backlogs[backend]

@@ -92,6 +92,46 @@ def test_racing_replicas_never_admit_more_than_fits(redis_url: str, redis_prefix
     run(main)
 
 
+def test_racing_replicas_sending_first_overshoot_at_most_their_share(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """``send_first_share``: replicas racing on empty views send first only within their budgets
+    (share × capacity / replicas unseen by Redis each), so the fleet's charges exceed the limit by
+    at most ``send_first_share`` of the backend; the rest wait for Redis's verdict as before."""
+
+    async def main() -> None:
+        reps = [ledger(redis_url, redis_prefix, send_first_share=0.8) for _ in range(2)]
+        for r in reps:
+            await r.start()
+        try:
+            # (a replica that joins shrinks the others' budgets from their next call: one sync)
+            await until(lambda: all(r.members == 2 for r in reps), "both replicas count each other")
+
+            async def dispatch(led: SharedLedger) -> bool:
+                charge = Charge(50, None, CFG)
+                led.loads[0].charge(charge)
+                if led.send_first(0, charge):
+                    return True
+                fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+                led.commit(0, charge, fut.set_result)
+                if not await fut:
+                    led.loads[0].release(charge)
+                    return False
+                return True
+
+            results = await asyncio.gather(*(dispatch(r) for r in reps for _ in range(4)))
+            first = sum(r.stats.sent_first for r in reps)
+            assert first == 2  # a budget of 400 each: one 350 apiece
+            await until(lambda: not any(u for r in reps for u in r._unseen), "both calls answered")
+            held = sum(len(r._own[0]) for r in reps)
+            assert held == sum(results) and 350 * held <= 1000 + 0.8 * 1000
+        finally:
+            for r in reps:
+                await r.stop()
+
+    run(main)
+
+
 def test_progress_and_release_reach_the_other_replicas(redis_url: str, redis_prefix: str) -> None:
     async def main() -> None:
         a, b = ledger(redis_url, redis_prefix), ledger(redis_url, redis_prefix)

@@ -24,14 +24,18 @@ CFG = AdmissionConfig(unknown_output=300)
 _rids = itertools.count()
 
 
-def replica(url: str, prefix: str, metrics: GatewayMetrics | None = None) -> Dispatcher:
+def replica(
+    url: str, prefix: str, metrics: GatewayMetrics | None = None, send_first_share: float = 0.0
+) -> Dispatcher:
     """A dispatcher over one backend of capacity 1000 (two 350-token charges fit, three do not)."""
     s = GatewaySettings.model_validate({"backends": ["http://b0"]})
     pool = BackendPool(s, httpx.AsyncClient())
     for b in pool.backends:
         b.load.capacity_tokens = 1000
         b.load.healthy = True
-    settings = LedgerSettings(enabled=True, prefix=prefix, lease_s=1.0, sync_interval_s=0.05)
+    settings = LedgerSettings(
+        enabled=True, prefix=prefix, lease_s=1.0, sync_interval_s=0.05, send_first_share=send_first_share
+    )
     led = SharedLedger(settings, url, pool.loads, [b.url for b in pool.backends], CFG)
     pol = parse_policy("fcfs")
     d = Dispatcher(pol, pool, CFG, BoundedQueue(pol, 100, 10**9), metrics, ledger=led)
@@ -118,3 +122,70 @@ def test_a_request_withdrawn_while_confirming_gives_its_charge_back(
             await d.ledger.stop()
 
     asyncio.run(main())
+
+
+def test_within_its_budget_a_dispatch_goes_first_and_is_checked_after(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """``send_first_share``: the request goes to its backend in the pass itself (no wait for Redis),
+    its charge reaches Redis with the next call, and only the budget's worth goes unseen at once."""
+    metrics = GatewayMetrics()
+
+    async def main() -> None:
+        d = replica(redis_url, redis_prefix, metrics, send_first_share=0.5)  # alone: a budget of 500
+        assert d.ledger is not None
+        await d.ledger.start()
+        try:
+            first, second = request(), request()
+            f1, f2 = d.submit(first), d.submit(second)
+            assert f1.done() and f1.result() == 0  # sent within the pass
+            assert not f2.done()  # 350 + 350 is over the budget while Redis has not seen the first
+            assert await asyncio.wait_for(f2, 5) == 0  # ...so it waited for Redis's yes
+            assert d.ledger.stats.sent_first == 1 and answers(metrics, "yes") == 1
+            assert metrics.registry.get_sample_value("sagegate_ledger_sent_first_total") == 1
+            other = await fill_elsewhere(redis_url, redis_prefix, 0)
+            try:
+                assert other.stats.remote_tokens == [700.0]  # both charges are in Redis
+            finally:
+                await other.stop()
+        finally:
+            await d.ledger.stop()
+
+    asyncio.run(main())
+
+
+def test_room_granted_twice_is_reported_and_stops_sending_first(redis_url: str, redis_prefix: str) -> None:
+    """A replica whose stale view sent first into room another replica had taken hears ``over`` in
+    the answer, and its refreshed view admits nothing more there: the next request waits (queued)."""
+    metrics = GatewayMetrics()
+
+    async def main() -> None:
+        d = replica(redis_url, redis_prefix, metrics, send_first_share=0.9)
+        assert d.ledger is not None
+        await d.ledger.start()
+        other = await fill_elsewhere(redis_url, redis_prefix, 2)  # 700 taken; d has not read it yet
+        try:
+            assert d.pool.loads[0].charged_tokens == 0  # the stale view
+            fut = d.submit(request())
+            assert fut.done()  # sent first on the stale view: granted twice (1050 > 1000)
+            await until_over(d.ledger)
+            over = metrics.registry.get_sample_value("sagegate_ledger_over_total", {"backend": "backend-0"})
+            assert over == 1
+            assert d.pool.loads[0].charged_tokens == 1050  # the answer refreshed the view
+            late = d.submit(request())
+            await asyncio.sleep(0.15)
+            assert not late.done() and len(d.queue) == 1  # no room in the view: it waits
+            assert d.ledger.stats.sent_first == 1
+        finally:
+            await d.ledger.stop()
+            await other.stop()
+
+    asyncio.run(main())
+
+
+async def until_over(led: SharedLedger) -> None:
+    for _ in range(500):
+        if led.stats.over:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("no over report")

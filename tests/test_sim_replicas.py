@@ -80,3 +80,20 @@ def test_the_prompt_split_routes_by_prompt_length():
         ReplicaSetup(replicas=3, split="prompt", prompt_edges=(cut,))
     with pytest.raises(ValueError, match="order"):
         ReplicaSetup(order="fifo")  # type: ignore[arg-type]
+
+
+def test_sending_first_skips_the_round_trip_only_within_the_budget():
+    """``send_first_share``: on an idle fleet every dispatch fits the budget and goes at once; under
+    overload only the budget's worth per call does, the rest wait their round trip."""
+    rtt = 0.01
+    idle = synthetic_workload(30, rate=0.5, prompt_mean=200, output_mean=20, seed=1)
+    rs = ReplicaSetup(replicas=2, order="threshold", rtt_s=rtt, send_first_share=0.2)
+    res, stats = simulate_replicas(idle, setup(), rs)
+    assert all(r.dispatch_s == r.arrival_s for r in res.records)
+    assert stats.sent_first == len(idle) and stats.delay_s == 0.0
+    work = overload()
+    res, stats = simulate_replicas(work, setup(), ReplicaSetup(replicas=3, rtt_s=rtt, send_first_share=0.01))
+    assert 0 < stats.sent_first < stats.dispatches and stats.delay_s > 0
+    assert res.summary["completed"] == len(work)
+    with pytest.raises(ValueError, match="send_first_share"):
+        ReplicaSetup(send_first_share=1.0)
