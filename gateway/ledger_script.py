@@ -66,6 +66,16 @@ local function packed_on(backend, others_only)
   return table.concat(parts)
 end
 
+local function book_of(backend)  -- every live replica's charges there, as they stand
+  local book = {list = {}, total = 0}
+  for hs, rs in string.gmatch(packed_on(backend, false), '(%d+):(%d+),') do
+    local hh, rr = tonumber(hs), tonumber(rs)
+    book.list[#book.list + 1] = {hh, rr}
+    book.total = book.total + hh + rr
+  end
+  return book
+end
+
 local function fits(book, h, r, limit, rule)
   if book.total <= 0 then return true end
   if book.total + h + r <= limit then return true end
@@ -88,12 +98,7 @@ for i, c in ipairs(a.commit) do
   local backend, h, r, limit, rule = c[1], c[2], c[3], c[4], c[5]
   local book = books[backend]
   if book == nil then
-    book = {list = {}, total = 0}
-    for hs, rs in string.gmatch(packed_on(backend, false), '(%d+):(%d+),') do
-      local hh, rr = tonumber(hs), tonumber(rs)
-      book.list[#book.list + 1] = {hh, rr}
-      book.total = book.total + hh + rr
-    end
+    book = book_of(backend)
     books[backend] = book
   end
   if fits(book, h, r, limit, rule) then
@@ -146,12 +151,7 @@ end
 local over = {}
 if a.check ~= nil then
   for backend, lr in pairs(a.check) do
-    local book = {list = {}, total = 0}
-    for hs, rs in string.gmatch(packed_on(backend, false), '(%d+):(%d+),') do
-      local hh, rr = tonumber(hs), tonumber(rs)
-      book.list[#book.list + 1] = {hh, rr}
-      book.total = book.total + hh + rr
-    end
+    local book = book_of(backend)
     if #book.list > 1 and not fits(book, 0, 0, lr[1], lr[2]) then
       over[#over + 1] = backend
       denied = true
