@@ -30,7 +30,8 @@ own, rides the next call's publish, and that call reports whether the fleet's ch
 exceed the rule's limit (``over``: counted, and the answer refreshes the view, so this replica sends
 nothing more there until its view shows room). The budget is this replica's charges Redis has not
 seen yet: at most ``send_first_share × capacity / live replicas`` per backend, so what every replica
-can have granted on a stale view at once is at most ``send_first_share`` of the backend.
+can have granted on a stale view at once is at most ``send_first_share`` of the backend (with a fixed
+set of replicas; joins widen it until the next call: docs/gateway.md, *Send first*).
 """
 
 from __future__ import annotations

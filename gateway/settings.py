@@ -149,8 +149,9 @@ class LedgerSettings(BaseModel):
     charge rides the next call, which reports whether the fleet's charges there then exceed the
     rule's limit) while this replica's charges on that backend that Redis has not yet seen stay within
     ``send_first_share × capacity / live replicas``; beyond that budget a dispatch waits for Redis's
-    verdict as with 0 (every dispatch waits). Fleet-wide the room granted twice is at most
-    ``send_first_share`` of a backend's capacity (docs/gateway.md, *Send first*)."""
+    verdict as with 0 (every dispatch waits). With a fixed set of replicas the room granted twice
+    is at most ``send_first_share`` of a backend's capacity; joins and Redis restarts widen it for a
+    sync (docs/gateway.md, *Send first*)."""
     order: Literal["none", "threshold"] = "threshold"
     """``threshold`` (default): each sync also publishes this replica's queue head and reads the
     others'; a head ranked worse than another replica's is held while dispatching it would leave that

@@ -25,7 +25,11 @@ _rids = itertools.count()
 
 
 def replica(
-    url: str, prefix: str, metrics: GatewayMetrics | None = None, send_first_share: float = 0.0
+    url: str,
+    prefix: str,
+    metrics: GatewayMetrics | None = None,
+    send_first_share: float = 0.0,
+    sync_interval_s: float = 0.05,
 ) -> Dispatcher:
     """A dispatcher over one backend of capacity 1000 (two 350-token charges fit, three do not)."""
     s = GatewaySettings.model_validate({"backends": ["http://b0"]})
@@ -34,7 +38,11 @@ def replica(
         b.load.capacity_tokens = 1000
         b.load.healthy = True
     settings = LedgerSettings(
-        enabled=True, prefix=prefix, lease_s=1.0, sync_interval_s=0.05, send_first_share=send_first_share
+        enabled=True,
+        prefix=prefix,
+        lease_s=max(1.0, 2 * sync_interval_s),
+        sync_interval_s=sync_interval_s,
+        send_first_share=send_first_share,
     )
     led = SharedLedger(settings, url, pool.loads, [b.url for b in pool.backends], CFG)
     pol = parse_policy("fcfs")
@@ -160,7 +168,8 @@ def test_room_granted_twice_is_reported_and_stops_sending_first(redis_url: str, 
     metrics = GatewayMetrics()
 
     async def main() -> None:
-        d = replica(redis_url, redis_prefix, metrics, send_first_share=0.9)
+        # a slow sync: only the over answer itself can have refreshed the view
+        d = replica(redis_url, redis_prefix, metrics, send_first_share=0.9, sync_interval_s=2.0)
         assert d.ledger is not None
         await d.ledger.start()
         other = await fill_elsewhere(redis_url, redis_prefix, 2)  # 700 taken; d has not read it yet
