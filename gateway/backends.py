@@ -99,6 +99,8 @@ class Backend:
         # the last scrape's count is attributed to.
         self.unstarted: dict[Any, int] = {}
         self.pending: dict[Any, int] = {}
+        self.in_scrape: dict[Any, int] = {}
+        """Pending ones sent before the scrape under way began: still counted until it answers."""
         self.attributed: dict[Any, int] = {}
         self._snapshot: list[Any] = []
         self.scraped_waiting = 0
@@ -144,6 +146,7 @@ class Backend:
         tokens = self.pending.pop(rid, None)
         if tokens is not None:
             self.pending_tokens -= tokens
+        if tokens is not None or self.in_scrape.pop(rid, None) is not None:
             self._refresh()
 
     def started(self, rid: Any) -> None:
@@ -172,6 +175,8 @@ class Backend:
         """From now on the scrape accounts for what was sent so far."""
         self._snapshot = list(self.unstarted)
         self._held_at_scrape = (self.held_prompt, self.held_generated)
+        # Until the answer comes they still count (a slow scrape must not open a gap in the estimate).
+        self.in_scrape.update(self.pending)
         self.pending.clear()
         self.pending_tokens = 0
 
@@ -180,6 +185,7 @@ class Backend:
         order, so ours among them are the most recently sent of those still without a byte; any
         beyond ours (other clients') count as the running mean prompt sent here."""
         self.metrics = m
+        self.in_scrape.clear()
         still = [rid for rid in self._snapshot if rid in self.unstarted]
         ours = still[max(0, len(still) - m.waiting) :] if m.waiting else []
         self.attributed = {rid: self.unstarted[rid] for rid in ours}
@@ -202,8 +208,10 @@ class Backend:
         self._refresh()
 
     def _refresh(self) -> None:
-        self.load.waiting = self.scraped_waiting + len(self.pending)
-        self.load.waiting_tokens = max(0, self.scraped_tokens) + self.pending_tokens
+        self.load.waiting = self.scraped_waiting + len(self.pending) + len(self.in_scrape)
+        self.load.waiting_tokens = (
+            max(0, self.scraped_tokens) + self.pending_tokens + sum(self.in_scrape.values())
+        )
 
 
 class BackendPool:

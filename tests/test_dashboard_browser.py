@@ -81,7 +81,12 @@ def test_the_dashboard_shows_what_the_gateway_reports(tmp_path: Path) -> None:
     ]
     with ServerThread(backends[0]) as b0, ServerThread(backends[1]) as b1:
         settings = settings_for(
-            [b0.url, b1.url], policy="sagesched", predictor="length-bucket", admission={"max_waiting": 1}
+            [b0.url, b1.url],
+            policy="sagesched",
+            predictor="length-bucket",
+            # pending_s: the backends run in this process, so on a busy machine they can take longer
+            # than the default 30 ms to schedule a request; until a scrape answers it counts as waiting
+            admission={"max_waiting": 1, "pending_s": 2.0},
         )
         with ServerThread(create_app(settings)) as gw:
             url = gw.url + "/v1/chat/completions"

@@ -325,6 +325,24 @@ def test_waiting_estimate_attributes_the_scrape_to_the_newest_unstarted() -> Non
     assert b.load.waiting == 4 and b.load.waiting_tokens == round(4 * b.mean_prompt) > 0
 
 
+def test_waiting_estimate_has_no_gap_while_a_scrape_is_under_way() -> None:
+    """Sent just before a scrape began: it counts until that scrape answers (a slow scrape, or a
+    failed one, must not let the dispatcher believe the backend's waiting list emptied)."""
+    b = Backend(BackendSettings(url="http://b"), 10_000, HealthSettings(), clock=lambda: 0.0)
+    b.sent(1, 100)
+    b.scrape_begins()
+    assert (b.load.waiting, b.load.waiting_tokens) == (1, 100)  # the scrape has not answered yet
+    b.sent(2, 50)
+    b.scrape_begins()  # the first scrape failed (no answer); the next one accounts for both
+    assert (b.load.waiting, b.load.waiting_tokens) == (2, 150)
+    b.expire(1)  # pending_s passed: assumed scheduled, whether or not a scrape is under way
+    assert (b.load.waiting, b.load.waiting_tokens) == (1, 50)
+    b.scraped(EngineMetrics(waiting=1, running=1))  # the answer: the engine waits on our newest
+    assert (b.load.waiting, b.load.waiting_tokens) == (1, 50)
+    b.started(2)
+    assert (b.load.waiting, b.load.waiting_tokens) == (0, 0)
+
+
 # --- prompt share ---------------------------------------------------------------------------------
 
 
