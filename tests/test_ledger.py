@@ -134,6 +134,28 @@ def test_racing_replicas_sending_first_overshoot_at_most_their_share(
     run(main)
 
 
+def test_a_charge_sent_first_is_published_at_once(redis_url: str, redis_prefix: str) -> None:
+    """Sent first, the charge is checked by the next call, which comes at once, not at the next sync:
+    the other replicas see it (and an over-admission is reported) within a round trip."""
+
+    async def main() -> None:
+        a = ledger(redis_url, redis_prefix, send_first_share=0.8, sync_interval_s=30.0, lease_s=60.0)
+        b = ledger(redis_url, redis_prefix)
+        await a.start()
+        await b.start()
+        try:
+            charge = Charge(50, None, CFG)
+            a.loads[0].charge(charge)
+            assert a.send_first(0, charge)
+            await until(lambda: b.stats.remote_tokens[0] == 350, "b sees a's charge", timeout=3.0)
+            assert a.stats.sent_first == 1 and not a._unseen[0]
+        finally:
+            await a.stop()
+            await b.stop()
+
+    run(main)
+
+
 def test_progress_and_release_reach_the_other_replicas(redis_url: str, redis_prefix: str) -> None:
     async def main() -> None:
         a, b = ledger(redis_url, redis_prefix), ledger(redis_url, redis_prefix)
