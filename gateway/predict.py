@@ -137,14 +137,20 @@ class SemanticAdapter:
         return self.face.core
 
     async def predict(self, inp: PredictInput) -> tuple[LengthDistribution | None, str]:
-        task = asyncio.ensure_future(self.face.features(inp.prompt, self.budget_s))
+        job = self.face.begin_features(inp.prompt, self.budget_s)
+        task = job.task
         try:
             feats = await asyncio.wait_for(asyncio.shield(task), self.budget_s)
         except TimeoutError:
-            inp.features = task  # resolved in record()
-            inp.later = asyncio.ensure_future(self._when_embedded(task, inp))
-            pred = self.face.core.fallback(inp.prompt_tokens, inp.model)
-            return pred.distribution, "late"
+            # A busy loop may wake for the timeout before it has picked up a vector the worker
+            # already made: that one is used (no further wait), not counted late.
+            ready = job.ready()
+            if ready is None:
+                inp.features = task  # resolved in record()
+                inp.later = asyncio.ensure_future(self._when_embedded(task, inp))
+                pred = self.face.core.fallback(inp.prompt_tokens, inp.model)
+                return pred.distribution, "late"
+            feats = ready
         except Exception:  # the embedder failed: the predictor's own fallback answers
             pred = await self.face.predict(inp.prompt, inp.prompt_tokens, model=inp.model)
             return pred.distribution, str(pred.path)

@@ -7,9 +7,22 @@ model load in a thread: nothing here blocks the loop, and nothing raises into a 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from predictor.embedder import PromptLike, flatten_prompt
 from predictor.semantic import Prediction, PromptFeatures, SemanticPredictor
+
+
+@dataclass(frozen=True)
+class FeaturesJob:
+    """A prompt's features on their way: ``task`` resolves on the event loop; ``ready()`` gives them
+    now if the worker thread has already produced the vector (None otherwise). A busy loop can be
+    slower to pick a vector up than the worker was to make it: a caller whose budget ran out asks
+    ``ready()`` before it gives up."""
+
+    task: asyncio.Future[PromptFeatures]
+    ready: Callable[[], PromptFeatures | None]
 
 
 class AsyncSemantic:
@@ -24,9 +37,22 @@ class AsyncSemantic:
         """The prompt's features, embedded on the worker thread (may raise: the embedder failed).
         ``budget_s``: how long the caller will wait; the worker serves jobs that can still make it
         first (``predictor.embed_queue``)."""
+        return await self.begin_features(prompt, budget_s).task
+
+    def begin_features(self, prompt: PromptLike, budget_s: float | None = None) -> FeaturesJob:
+        """As :meth:`features`, started now; see :class:`FeaturesJob`."""
         text = flatten_prompt(prompt)
-        vec = await self.core.embedder.aembed(text, budget_s)
-        return self.core.features_from(vec, text)
+        vec = self.core.embedder.submit(text, budget_s)
+
+        async def resolve() -> PromptFeatures:
+            return self.core.features_from(await asyncio.wrap_future(vec), text)
+
+        def ready() -> PromptFeatures | None:
+            if not vec.done() or vec.cancelled() or vec.exception() is not None:
+                return None
+            return self.core.features_from(vec.result(), text)
+
+        return FeaturesJob(asyncio.ensure_future(resolve()), ready)
 
     async def predict(self, prompt: PromptLike, prompt_tokens: int, model: str | None = None) -> Prediction:
         """The prediction for a prompt; a failure is answered from the prior, never raised."""
