@@ -50,7 +50,10 @@ class AsyncSemantic:
         def ready() -> PromptFeatures | None:
             if not vec.done() or vec.cancelled() or vec.exception() is not None:
                 return None
-            return self.core.features_from(vec.result(), text)
+            try:
+                return self.core.features_from(vec.result(), text)
+            except Exception:  # the task meets the same failure and reports it; here: not ready
+                return None
 
         return FeaturesJob(asyncio.ensure_future(resolve()), ready)
 
