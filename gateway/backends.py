@@ -146,7 +146,8 @@ class Backend:
         tokens = self.pending.pop(rid, None)
         if tokens is not None:
             self.pending_tokens -= tokens
-        if tokens is not None or self.in_scrape.pop(rid, None) is not None:
+        in_scrape = self.in_scrape.pop(rid, None) is not None
+        if tokens is not None or in_scrape:
             self._refresh()
 
     def started(self, rid: Any) -> None:
