@@ -12,7 +12,6 @@ outcome to record) waits until no live job does, oldest first.
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import itertools
 import math
@@ -42,9 +41,9 @@ class BatchingEmbedder:
     The worker takes the most urgent waiting job, then whatever else is queued or arrives within
     ``window_s`` (or until ``max_batch``), most urgent first, and embeds them in one call. The default
     window is zero: a lone request never waits, and under load requests pile up during a pass anyway.
-    Callers get a :class:`concurrent.futures.Future` (``submit``) or await one (``aembed``), giving
-    the seconds they will wait (``budget_s``) or none; an embedding failure is set on every future of
-    the batch. Without budgets the jobs are served in arrival order.
+    Callers get a :class:`concurrent.futures.Future` (``submit``; ``asyncio.wrap_future`` to await
+    it), giving the seconds they will wait (``budget_s``) or none; an embedding failure is set on
+    every future of the batch. Without budgets the jobs are served in arrival order.
     """
 
     def __init__(self, embedder: TextEmbedder, window_s: float = 0.0, max_batch: int = 32) -> None:
@@ -85,9 +84,6 @@ class BatchingEmbedder:
                 heapq.heappush(self._live, job)
             self._cond.notify()
         return fut
-
-    async def aembed(self, text: str, budget_s: float | None = None) -> np.ndarray:
-        return await asyncio.wrap_future(self.submit(text, budget_s))
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Synchronous batch call that bypasses the queue (offline evaluation, warm-up)."""

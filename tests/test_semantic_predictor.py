@@ -99,7 +99,7 @@ def test_micro_batching_matches_direct_embedding() -> None:
     batcher = BatchingEmbedder(real_embedder(), window_s=0.05, max_batch=64)
 
     async def run() -> list[np.ndarray]:
-        return await asyncio.gather(*(batcher.aembed(t) for t in texts))
+        return await asyncio.gather(*(asyncio.wrap_future(batcher.submit(t)) for t in texts))
 
     try:
         got = np.stack(asyncio.run(run()))
