@@ -15,7 +15,9 @@ unchanged). MiniLM's vectors are the evaluations' usual ones (torch int8, window
 ShareGPT's last 10% after the first 90% (the LTR protocol): Kendall tau-b of a ridge probe on the
 frozen vector + log prompt length, fitted on the first 90%; and the project's online replay
 (:func:`predictor.evaluate.replay_semantic`) as kNN only and with the online head (no shipped prior:
-that prior exists for MiniLM's vectors only). Then single-prompt latency, one thread, each encoder in
+that prior exists for MiniLM's vectors only), on the tail and on the validation span (warm on the
+first 6,000, scored up to 90%). ``--vectors`` with the output of ``make_encoder_tune.py --model-dir
+DIR --vectors-out FILE`` scores a length-tuned alternative instead (``--label`` names it). Then single-prompt latency, one thread, each encoder in
 turn on the same prompts, float32 and torch dynamic int8.
 """
 
@@ -122,6 +124,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--latency", type=int, default=300, help="tail prompts timed one at a time (0: skip)")
     ap.add_argument("--vectors", type=Path, help="the alternative's vectors: read if present, else written")
+    ap.add_argument("--label", help="the alternative's name in the report (default: the folder's name)")
     args = ap.parse_args()
 
     items = load_items(args.pairs)
@@ -140,18 +143,22 @@ def main() -> None:
     tuned = embed_cached(texts, MiniLMEmbedder(tuned=True))
     alt384 = pca_384(alt)
     cut = int(0.9 * len(items))
-    name = Path(args.model_dir).name
+    name = args.label or Path(args.model_dir).name
     rows = [("MiniLM", mini), ("MiniLM + shipped tune", tuned), (f"{name}", alt), (f"{name} PCA 384", alt384)]
     for label, v in rows:
         print(f"ridge probe, tail tau-b | {label:<28} {ridge_tau(v, items, cut):.4f}", flush=True)
     truth = np.array([it.output_tokens for it in items[cut:]], dtype=float)
+    check = np.array([it.output_tokens for it in items[PCA_FIT:cut]], dtype=float)
     online_head = replace(SemanticConfig(), shipped_prior=False)
     for label, v in [rows[0], rows[1], rows[3]]:
         for cfg_name, cfg in (("kNN only", KNN_ONLY), ("online head, no shipped prior", online_head)):
-            r = replay_semantic(items, v, cut, cfg, embed_version=f"bench-alt/{label}")
+            version = f"bench-alt/{label}"
+            r = replay_semantic(items[:cut], v[:cut], PCA_FIT, cfg, embed_version=version)
+            val = score(r.means, r.quants, check)["kendall_tau"]
+            r = replay_semantic(items, v, cut, cfg, embed_version=version)
             s = score(r.means, r.quants, truth)
             print(
-                f"replay, tail tau-b | {label:<28} {cfg_name:<30} {s['kendall_tau']:.4f} "
+                f"replay, tau-b | {label:<28} {cfg_name:<30} validation {val:.4f}  tail {s['kendall_tau']:.4f} "
                 f"(coverage {s['coverage_10_90']:.3f})",
                 flush=True,
             )

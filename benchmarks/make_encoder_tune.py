@@ -17,6 +17,12 @@ replays in BENCHMARKS.md (warm on the first 6,000 or 90%, scored after) score no
 (later verbatim repeats of their prompts remain: 412 of the 5,128 after 6,000, 74 of the last 1,113).
 About 100 s per epoch on two threads here. Then refit the tuned prior:
 ``benchmarks/make_ranker_prior.py --encoder tuned``.
+
+``--model-dir`` runs the same recipe on another mean-pooled encoder (BERT or MPNet layer names; an
+experiment, written to ``--out``, never over the shipped file), reading the same window text through
+its own tokenizer (``--pieces`` of them); ``--vectors-out`` writes every pair's vector from the kept
+epoch, for ``benchmarks/bench_alt_embedder.py --vectors``. all-mpnet-base-v2 (BENCHMARKS.md, *A
+second encoder*): ``--model-dir DIR --pieces 80 --epochs 3``, ~10 min per epoch on two threads.
 """
 
 from __future__ import annotations
@@ -42,10 +48,14 @@ from predictor.evaluate import load_items  # noqa: E402
 
 SHAREGPT = REPO.parent / "shared" / "data" / "sharegpt" / "sharegpt_v3_first_turn_pairs.jsonl.gz"
 TARGETS = (
-    "attention.self.query",
+    "attention.self.query",  # BERT (MiniLM)
     "attention.self.key",
     "attention.self.value",
     "attention.output.dense",
+    "attention.attn.q",  # MPNet (--model-dir all-mpnet-base-v2)
+    "attention.attn.k",
+    "attention.attn.v",
+    "attention.attn.o",
     "intermediate.dense",
     "output.dense",
 )
@@ -106,7 +116,7 @@ def vectors(model: Any, ids: list[np.ndarray], batch: int = 64) -> np.ndarray:
     import torch
 
     model.eval()
-    out = np.empty((len(ids), 384), dtype=np.float32)
+    out = np.empty((len(ids), model.config.hidden_size), dtype=np.float32)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     with torch.inference_mode():
         for at in range(0, len(order), batch):
@@ -129,33 +139,48 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=TUNE_PATH)
+    ap.add_argument(
+        "--model-dir",
+        help="another mean-pooled encoder's folder (an experiment: only MiniLM's tune ships); needs --out",
+    )
+    ap.add_argument("--pieces", type=int, default=64, help="the encoder's word pieces (MiniLM's window: 64)")
+    ap.add_argument("--vectors-out", type=Path, help="also write every pair's vector from the kept epoch")
     args = ap.parse_args()
+    if args.model_dir and args.out == TUNE_PATH:
+        ap.error("--model-dir needs --out: the shipped file is MiniLM's tune")
     import torch
     import transformers
 
     torch.manual_seed(args.seed)
-    items = load_items(args.pairs)[: args.select]
-    ruler = MiniLMEmbedder(quantize=False, tuned=False)  # the served window and tokenizer
+    every = load_items(args.pairs)
+    items = every[: args.select]
+    ruler = MiniLMEmbedder(quantize=False, tuned=False)  # the served window (and MiniLM's tokenizer)
     tok = ruler.tokenizer
+    path = args.model_dir or model_dir()
+    if args.model_dir:
+        tok = transformers.AutoTokenizer.from_pretrained(path)
     torch.set_num_threads(args.threads)  # after the ruler loads: it sets its own (one)
     ids = [
         np.array(
-            tok([ruler.fit_text(flatten_prompt(it.prompt))], truncation=True, max_length=64)["input_ids"][0]
+            tok([ruler.fit_text(flatten_prompt(it.prompt))], truncation=True, max_length=args.pieces)[
+                "input_ids"
+            ][0]
         )
-        for it in items
+        for it in (every if args.vectors_out else items)
     ]
     y = np.log(np.array([it.output_tokens for it in items], dtype=np.float64))
     train, pick = np.arange(args.train), np.arange(args.train, len(items))
     mu, sd = float(y[train].mean()), float(y[train].std())
     z = torch.tensor((y - mu) / sd, dtype=torch.float32)
 
-    model = transformers.AutoModel.from_pretrained(model_dir(), local_files_only=True)
+    model = transformers.AutoModel.from_pretrained(path, local_files_only=True)
     wrapped = add_lora(model, args.rank, args.alpha)
-    head = torch.nn.Linear(384, 1)
+    dim = model.config.hidden_size
+    head = torch.nn.Linear(dim, 1)
     base = vectors(model, [ids[i] for i in train])  # the head starts as a ridge fit on the stock vectors
     centred = base - base.mean(0)
     w = np.linalg.solve(
-        centred.T @ centred + 30.0 * np.eye(384), centred.T @ (z.numpy()[train] - z[train].mean().item())
+        centred.T @ centred + 30.0 * np.eye(dim), centred.T @ (z.numpy()[train] - z[train].mean().item())
     )
     with torch.no_grad():
         head.weight.copy_(torch.tensor(w, dtype=torch.float32)[None])
@@ -224,6 +249,13 @@ def main() -> None:
         ),
     )
     print(f"wrote {args.out} (epoch {epoch}, selection tau-b {tau:.4f}, {args.out.stat().st_size} bytes)")
+    if args.vectors_out:  # every pair through the kept epoch's change, as stored (float16)
+        with torch.no_grad():
+            for name, layer in wrapped.items():
+                layer.lora_A.copy_(torch.from_numpy(state[name + ".lora_A"].astype(np.float32)))
+                layer.lora_B.copy_(torch.from_numpy(state[name + ".lora_B"].astype(np.float32)))
+        np.save(args.vectors_out, vectors(model, ids))
+        print(f"wrote {args.vectors_out} ({len(ids)} vectors)")
 
 
 if __name__ == "__main__":
