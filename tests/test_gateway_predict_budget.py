@@ -52,35 +52,36 @@ class _SlowLoopFace(_SlowFace):
         )
 
 
-def test_late_embedding_answers_from_the_prior_and_records_once():
-    async def run() -> tuple[float, str, float, _SlowFace]:
-        inner = _SlowFace(delay_s=0.3)
-        adapter = SemanticAdapter(inner, budget_s=0.02)
-        inp = PredictInput(prompt="p", prompt_tokens=10, model="m")
+def _predict_then_record(
+    face: _SlowFace, budget_s: float, prompt: str, outcome: int
+) -> tuple[float, str, float, PredictInput]:
+    """One request through the adapter over ``face``: its wait, path and predicted mean, then its
+    completion recorded."""
+
+    async def run() -> tuple[float, str, float, PredictInput]:
+        adapter = SemanticAdapter(face, budget_s=budget_s)  # type: ignore[arg-type]
+        inp = PredictInput(prompt=prompt, prompt_tokens=10, model="m")
         t0 = time.perf_counter()
         dist, path = await adapter.predict(inp)
         waited = time.perf_counter() - t0
-        await adapter.record(inp, 42)
+        await adapter.record(inp, outcome)
         assert dist is not None
-        return waited, path, dist.mean, inner
+        return waited, path, dist.mean, inp
 
-    waited, path, mean, inner = asyncio.run(run())
+    return asyncio.run(run())
+
+
+def test_late_embedding_answers_from_the_prior_and_records_once():
+    inner = _SlowFace(delay_s=0.3)
+    waited, path, mean, _ = _predict_then_record(inner, 0.02, "p", 42)
     assert path == "late" and mean == 100  # the prior's answer, not the embedding's
     assert waited < 0.2  # did not wait for the 0.3 s embedding
     assert inner.embedded == 1 and inner.recorded == ["features-of-p"]
 
 
 def test_prompt_embedding_within_budget_is_used():
-    async def run() -> tuple[str, float, _SlowFace]:
-        inner = _SlowFace(delay_s=0.0)
-        adapter = SemanticAdapter(inner, budget_s=1.0)
-        inp = PredictInput(prompt="q", prompt_tokens=10, model="m")
-        dist, path = await adapter.predict(inp)
-        await adapter.record(inp, 5)
-        assert dist is not None
-        return path, dist.mean, inner
-
-    path, mean, inner = asyncio.run(run())
+    inner = _SlowFace(delay_s=0.0)
+    _, path, mean, _ = _predict_then_record(inner, 1.0, "q", 5)
     assert path == "semantic" and mean == 7
     assert inner.embedded == 1 and inner.recorded == ["features-of-q"]
 
@@ -88,19 +89,8 @@ def test_prompt_embedding_within_budget_is_used():
 def test_a_vector_made_in_time_is_used_though_the_loop_was_slow_to_pick_it_up():
     """At the budget's end the adapter asks whether the worker has the vector already: then the
     prediction uses it (path ``semantic``) rather than the prior, and records under it."""
-
-    async def run() -> tuple[float, str, float, PredictInput, _SlowFace]:
-        inner = _SlowLoopFace(delay_s=0.3)
-        adapter = SemanticAdapter(inner, budget_s=0.02)  # type: ignore[arg-type]
-        inp = PredictInput(prompt="r", prompt_tokens=10, model="m")
-        t0 = time.perf_counter()
-        dist, path = await adapter.predict(inp)
-        waited = time.perf_counter() - t0
-        await adapter.record(inp, 9)
-        assert dist is not None
-        return waited, path, dist.mean, inp, inner
-
-    waited, path, mean, inp, inner = asyncio.run(run())
+    inner = _SlowLoopFace(delay_s=0.3)
+    waited, path, mean, inp = _predict_then_record(inner, 0.02, "r", 9)
     assert path == "semantic" and mean == 7 and inp.later is None
     assert waited < 0.2  # no wait past the budget for the lagging task
     assert inner.recorded == ["ready-r"]
