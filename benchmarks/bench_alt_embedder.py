@@ -35,6 +35,7 @@ from scipy import stats
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from predictor.embedder import MiniLMEmbedder, flatten_prompt, model_dir  # noqa: E402
 from predictor.evaluate import EvalItem, embed_cached, load_items, replay_semantic, score  # noqa: E402
@@ -46,33 +47,16 @@ PCA_FIT = 6000
 
 
 def encode(model_path: str, texts: list[str], threads: int) -> np.ndarray:
-    """Mean-pooled unit vectors, float32, batches of similar length."""
+    """Mean-pooled unit vectors, float32, through the tune script's own batching and pooling."""
     import torch
     import transformers
+    from make_encoder_tune import vectors
 
     torch.set_num_threads(threads)
     tok = transformers.AutoTokenizer.from_pretrained(model_path)
-    model = transformers.AutoModel.from_pretrained(model_path, local_files_only=True).eval()
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    out: np.ndarray | None = None
-    with torch.inference_mode():
-        for at in range(0, len(order), 64):
-            rows = order[at : at + 64]
-            enc = tok(
-                [texts[i] for i in rows],
-                padding=True,
-                truncation=True,
-                max_length=PIECES,
-                return_tensors="pt",
-            )
-            hidden = model(**enc)[0]
-            m = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            v = torch.nn.functional.normalize((hidden * m).sum(1) / m.sum(1).clamp(min=1), dim=1).numpy()
-            if out is None:
-                out = np.empty((len(texts), v.shape[1]), dtype=np.float32)
-            out[rows] = v
-    assert out is not None
-    return out
+    model = transformers.AutoModel.from_pretrained(model_path, local_files_only=True)
+    ids = [np.array(tok([t], truncation=True, max_length=PIECES)["input_ids"][0]) for t in texts]
+    return vectors(model, ids)
 
 
 def pca_384(v: np.ndarray, fit: int = PCA_FIT) -> np.ndarray:
