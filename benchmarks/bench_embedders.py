@@ -12,7 +12,10 @@ Prints two Markdown tables:
    and long ones (~13k tokens, of which the window is read), and batch throughput (``--batch``
    prompts in one call).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_embedders.py [--rounds 3] [--calls 150]
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_embedders.py [--rounds 3] [--calls 150] [--mpnet]
+
+``--mpnet`` adds the opt-in all-mpnet-base-v2 (ONNX int8, tuned, projected; fetched first with
+``sagegate predictor fetch-encoder mpnet``) to both tables.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ GATEWAYS = {
     "semantic, torch int8": {"predictor": "semantic", "predictor_options": {"embed_runtime": "torch"}},
     "semantic, onnx int8": {"predictor": "semantic", "predictor_options": {"embed_runtime": "onnx"}},
 }
+MPNET_GATEWAY = {"predictor": "semantic", "predictor_options": {"embed_model": "mpnet"}}
 
 
 def rss_mb(pid: int) -> float:
@@ -121,7 +125,7 @@ def gateways(rounds: int, requests: int, prompts: list[str]) -> None:
         )
 
 
-def embedders(static_table: Path | None) -> dict[str, TextEmbedder]:
+def embedders(static_table: Path | None, mpnet: bool) -> dict[str, TextEmbedder]:
     out: dict[str, TextEmbedder] = {
         "torch int8": MiniLMEmbedder(quantize=True),
         "onnx int8": make_embedder(EmbedderOptions(runtime="onnx", quantize=True)),
@@ -131,6 +135,8 @@ def embedders(static_table: Path | None) -> dict[str, TextEmbedder]:
         "torch fp32": MiniLMEmbedder(quantize=False),
         "onnx fp32": make_embedder(EmbedderOptions(runtime="onnx", quantize=False)),
     }
+    if mpnet:
+        out["onnx int8, mpnet"] = make_embedder(EmbedderOptions(model="mpnet"))
     if static_table is not None:
         from predictor.embedder_static import StaticEmbedder
 
@@ -138,8 +144,10 @@ def embedders(static_table: Path | None) -> dict[str, TextEmbedder]:
     return out
 
 
-def latency(calls: int, batch: int, short: list[str], long: list[str], static_table: Path | None) -> None:
-    embs = embedders(static_table)
+def latency(
+    calls: int, batch: int, short: list[str], long: list[str], static_table: Path | None, mpnet: bool
+) -> None:
+    embs = embedders(static_table, mpnet)
     loads: dict[str, float] = {}
     for name, e in embs.items():
         t = time.perf_counter()
@@ -187,7 +195,11 @@ def main() -> None:
         help="the distilled table (predictor eval --runtime static makes it)",
     )
     ap.add_argument("--skip-gateways", action="store_true")
+    ap.add_argument("--mpnet", action="store_true", help="add the opt-in mpnet encoder (fetched first)")
     args = ap.parse_args()
+    if args.mpnet:
+        GATEWAYS["semantic, onnx int8, mpnet"] = MPNET_GATEWAY
+        make_embedder(EmbedderOptions(model="mpnet"))  # exported now if missing
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     found = find_data(*SHAREGPT)
     if found is None:
@@ -206,7 +218,7 @@ def main() -> None:
     print(json.dumps({"cpus": os.cpu_count(), "loadavg": os.getloadavg()}))
     if not args.skip_gateways:
         gateways(args.rounds, args.requests, short)
-    latency(args.calls, args.batch, short, long, args.static_table)
+    latency(args.calls, args.batch, short, long, args.static_table, args.mpnet)
     print(json.dumps({"loadavg_end": os.getloadavg()}))
 
 

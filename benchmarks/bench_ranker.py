@@ -12,7 +12,8 @@ scores the same last ``--test`` items (frozen: no recording while scoring); and 
 history (each item predicted, then recorded), the 500 predictions after the first N. Kendall tau-b
 (``scipy.stats.kendalltau``) of the predicted mean against the true length, and 10–90% coverage.
 ``--encoder stock tuned`` (the default) runs each row over the stock all-MiniLM-L6-v2 and over the
-encoder with the shipped length tune merged (``predictor.encoder_tune``), side by side in one run.
+encoder with the shipped length tune merged (``predictor.encoder_tune``), side by side in one run;
+``tuned-onnx`` and ``mpnet`` add the served runtime and the opt-in encoder (:data:`ENCODERS`).
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from scipy import stats
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from predictor.embedder import MiniLMEmbedder, flatten_prompt  # noqa: E402
+from predictor.embedder import MiniLMEmbedder, TextEmbedder, flatten_prompt  # noqa: E402
 from predictor.evaluate import QUANTILES, EvalItem, _NoEmbedder, embed_cached, load_items, replay_semantic  # noqa: E402
 from predictor.evaluate import score as score_replay  # noqa: E402
+from predictor.factory import EmbedderOptions, make_embedder  # noqa: E402
 from predictor.history import WindowBounds  # noqa: E402
 from predictor.memory_store import MemoryStore  # noqa: E402
 from predictor.semantic import KNN_ONLY, SemanticConfig, SemanticPredictor  # noqa: E402
@@ -49,14 +51,20 @@ CURVE = (0, 100, 500, 2000)
 ONLINE_SPAN = 500
 
 
-ENCODERS = {"stock": False, "tuned": True}
+ENCODERS = ("stock", "tuned", "tuned-onnx", "mpnet")
+"""``stock``/``tuned``: MiniLM on torch int8 (the evaluations' usual); ``tuned-onnx``: tuned MiniLM on
+ONNX int8 (what the gateway serves); ``mpnet``: the opt-in tuned all-mpnet-base-v2 on ONNX int8."""
 
 
 def encoder_vectors(items: list[EvalItem], encoder: str) -> tuple[np.ndarray, str]:
-    """Every item's vector from the named encoder (torch int8, window 64: the evaluations' usual),
-    and that encoder's embedding version."""
-    emb = MiniLMEmbedder(tuned=ENCODERS[encoder])
-    return embed_cached([flatten_prompt(it.prompt) for it in items], emb), emb.version
+    """Every item's vector from the named encoder (window 64), and that encoder's embedding version."""
+    emb: TextEmbedder
+    if encoder in ("stock", "tuned"):
+        emb = MiniLMEmbedder(tuned=encoder == "tuned")
+    else:
+        emb = make_embedder(EmbedderOptions(model="mpnet" if encoder == "mpnet" else "minilm"))
+    version = str(getattr(emb, "version", "?"))
+    return embed_cached([flatten_prompt(it.prompt) for it in items], emb), version
 
 
 def frozen_after(
@@ -106,7 +114,7 @@ def sharegpt(path: Path, histories: list[float], variants: list[str], encoders: 
                 res = replay_semantic(items, vecs, history, cfg, embed_version=version)
                 r = score_replay(res.means, res.quants, truth)
                 print(
-                    f"sharegpt {encoder:<5} warm {history:>5} scored {truth.size:>5} | {label:<36} "
+                    f"sharegpt {encoder:<10} warm {history:>5} scored {truth.size:>5} | {label:<36} "
                     f"tau-b {r['kendall_tau']:.3f}  coverage {r['coverage_10_90']:.3f}  mae_log {r['mae_log']:.3f}",
                     flush=True,
                 )
@@ -159,7 +167,7 @@ def main() -> None:
     ap.add_argument("--skip-unseen", action="store_true")
     ap.add_argument("--history", type=float, nargs="*", default=[6000, 0.9], help="counts, or shares below 1")
     ap.add_argument("--variants", nargs="*", default=[], help="substrings of the variants to run (all)")
-    ap.add_argument("--encoder", nargs="*", choices=sorted(ENCODERS), default=["stock", "tuned"])
+    ap.add_argument("--encoder", nargs="*", choices=ENCODERS, default=["stock", "tuned"])
     args = ap.parse_args()
     for p in [] if args.skip_unseen else args.unseen:
         unseen(p, args.test, args.variants, args.encoder)

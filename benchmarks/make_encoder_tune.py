@@ -243,6 +243,7 @@ def main() -> None:
         scale=np.float32(args.alpha / args.rank),
         rank=np.int64(args.rank),
         window=np.int64(64),
+        pieces=np.int64(args.pieces),
         epoch=np.int64(epoch),
         trained_on=np.array(
             sorted({prompt_digest(flatten_prompt(it.prompt)) for it in items}), dtype=np.uint64

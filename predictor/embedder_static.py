@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from predictor.embedder import WINDOWS, fit_window, model_dir
-from predictor.embedder_onnx import OnnxMiniLMEmbedder, cache_root
+from predictor.embedder_onnx import OnnxEmbedder, cache_root
 
 STATIC_DIM = 384  # the index is built for MiniLM's width
 STATIC_WINDOW = 256
@@ -39,7 +39,7 @@ def distill(onnx_fp32: str | Path, out: str | Path, batch: int = 512) -> Path:
     tok = Tokenizer.from_file(os.path.join(model_dir(), "tokenizer.json"))
     size = tok.get_vocab_size()
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    model = OnnxMiniLMEmbedder(onnx_fp32, quantize=False, tuned=False).load()
+    model = OnnxEmbedder(onnx_fp32, quantize=False, tuned=False).load()
     rows = np.empty((size, 384), dtype=np.float32)
     for at in range(0, size, batch):
         ids = np.array([[cls, i, sep] for i in range(at, min(size, at + batch))], dtype=np.int64)

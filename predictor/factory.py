@@ -17,6 +17,7 @@ from core.predictor import LengthPredictor
 from predictor.baselines import GlobalPredictor, LengthBucketPredictor, NoisyOraclePredictor, OraclePredictor
 from predictor.embedder import DEFAULT_QUANTIZE, DEFAULT_WINDOW
 from predictor.encoder_tune import DEFAULT_TUNED
+from predictor.encoders import DEFAULT_ENCODER, ENCODERS
 
 if TYPE_CHECKING:
     from predictor.embedder import TextEmbedder
@@ -65,7 +66,8 @@ class EmbedderOptions:
     :func:`predictor.embedder_onnx.default_onnx_path`) and never imports torch. When the file is
     missing, ``onnx_missing`` says what happens: ``export`` it once from the shipped package in a child
     process, fall back to the ``torch`` runtime, or raise an ``error``. ``tuned``: the shipped length
-    tune merged into the encoder (:mod:`predictor.encoder_tune`; its own embedding version)."""
+    tune merged into the encoder (:mod:`predictor.encoder_tune`; its own embedding version).
+    ``model``: the encoder (:mod:`predictor.encoders`); any but MiniLM runs on ONNX only."""
 
     threads: int = 1
     window: int = DEFAULT_WINDOW
@@ -74,6 +76,7 @@ class EmbedderOptions:
     runtime: str = "onnx"
     onnx_path: str | None = None
     onnx_missing: str = "export"
+    model: str = DEFAULT_ENCODER
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,13 +193,15 @@ def make_embedder(opts: EmbedderOptions | None = None) -> TextEmbedder:
 
     from predictor.embedder import MiniLMEmbedder
     from predictor.embedder_onnx import (
-        OnnxMiniLMEmbedder,
+        OnnxEmbedder,
         OnnxModelMissing,
         default_onnx_path,
         onnx_runtime_missing,
     )
 
     o = opts or EmbedderOptions()
+    if o.model not in ENCODERS:
+        raise ValueError(f"embed model must be one of {', '.join(ENCODERS)}, not {o.model!r}")
     if o.runtime not in EMBED_RUNTIMES:
         raise ValueError(f"embedder runtime must be one of {', '.join(EMBED_RUNTIMES)}, not {o.runtime!r}")
     if o.onnx_missing not in ONNX_MISSING:
@@ -205,9 +210,12 @@ def make_embedder(opts: EmbedderOptions | None = None) -> TextEmbedder:
     def torch_embedder() -> TextEmbedder:
         return MiniLMEmbedder(threads=o.threads, window=o.window, quantize=o.quantize, tuned=o.tuned)
 
+    torch_ok = o.model == DEFAULT_ENCODER  # the torch embedder is MiniLM's
     if o.runtime == "torch":
+        if not torch_ok:
+            raise ValueError(f"the {o.model} encoder runs on the onnx runtime only")
         return torch_embedder()
-    path = Path(o.onnx_path) if o.onnx_path else default_onnx_path(o.quantize, o.tuned)
+    path = Path(o.onnx_path) if o.onnx_path else default_onnx_path(o.quantize, o.tuned, o.model)
     problem = onnx_runtime_missing()
     if problem is None and not path.is_file():
         problem = f"no ONNX model at {path}"
@@ -216,19 +224,21 @@ def make_embedder(opts: EmbedderOptions | None = None) -> TextEmbedder:
 
             logging.getLogger(__name__).warning("%s: exporting it once from the shipped package", problem)
             try:
-                export_in_subprocess(path, quantize=o.quantize, tuned=o.tuned)
+                export_in_subprocess(path, quantize=o.quantize, tuned=o.tuned, model_name=o.model)
                 problem = None
             except ExportFailed as exc:
                 problem = f"{problem}, and {exc}"
     if problem is None:
-        return OnnxMiniLMEmbedder(
-            path, threads=o.threads, quantize=o.quantize, window=o.window, tuned=o.tuned
+        return OnnxEmbedder(
+            path, threads=o.threads, quantize=o.quantize, window=o.window, tuned=o.tuned, model=o.model
         )
-    if o.onnx_missing == "torch":
+    if o.onnx_missing == "torch" and torch_ok:
         logging.getLogger(__name__).warning("%s: the embedder falls back to torch", problem)
         return torch_embedder()
     raise OnnxModelMissing(
         f"{problem}; run `sagegate predictor export-onnx`"
+        + ("" if o.model == DEFAULT_ENCODER else f" --model {o.model}")
         + ("" if o.quantize else " --precision fp32")
-        + " (needs the embed extra), or set predictor_options.embed_runtime: torch"
+        + " (needs the embed extra)"
+        + (", or set predictor_options.embed_runtime: torch" if torch_ok else "")
     )

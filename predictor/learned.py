@@ -27,7 +27,12 @@ def trained_on(path: Path) -> frozenset[int]:
 @lru_cache(maxsize=1)
 def learned_prompts() -> frozenset[int]:
     """The :func:`core.request.prompt_digest` of every prompt any shipped part learned from."""
-    from predictor.encoder_tune import TUNE_PATH
-    from predictor.ranker_prior import PRIOR_PATH, TUNED_PRIOR_PATH
+    from predictor.encoders import ENCODERS
+    from predictor.ranker_prior import MPNET_PRIOR_PATH, PRIOR_PATH, TUNED_PRIOR_PATH
 
-    return trained_on(PRIOR_PATH) | trained_on(TUNED_PRIOR_PATH) | trained_on(TUNE_PATH)
+    out = trained_on(PRIOR_PATH) | trained_on(TUNED_PRIOR_PATH) | trained_on(MPNET_PRIOR_PATH)
+    for spec in ENCODERS.values():
+        out |= trained_on(spec.tune)
+        if spec.projection is not None:
+            out |= trained_on(spec.projection)
+    return out

@@ -9,7 +9,8 @@ ranking and the size of the shifts; each model's :class:`predictor.ranker.Online
 intercept and moves the weights as its completions arrive. The file is tied to the cue layout and the
 embedder family it was fitted under (the model, and the length tune merged into it, if any; window and
 precision may differ); a mismatch loads nothing (the head then starts from zero). One file ships per
-encoder: ``ranker_prior.npz`` for the stock weights, ``ranker_prior_tuned.npz`` for the tuned ones.
+encoder: ``ranker_prior.npz`` for the stock weights, ``ranker_prior_tuned.npz`` for the tuned ones,
+``ranker_prior_mpnet.npz`` for the tuned all-mpnet-base-v2.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 
 PRIOR_PATH = Path(__file__).resolve().parent / "data" / "ranker_prior.npz"
 TUNED_PRIOR_PATH = PRIOR_PATH.with_name("ranker_prior_tuned.npz")
+MPNET_PRIOR_PATH = PRIOR_PATH.with_name("ranker_prior_mpnet.npz")
+"""The tuned all-mpnet-base-v2's (``predictor_options.embed_model: mpnet``, :mod:`predictor.encoders`)."""
 
 
 def encoder_family(embed_version: str) -> str:
@@ -40,7 +43,10 @@ def encoder_family(embed_version: str) -> str:
 
 
 def prior_path(embed_version: str) -> Path:
-    """The shipped prior for vectors of ``embed_version``'s encoder."""
+    """The shipped prior for vectors of ``embed_version``'s encoder (one for each encoder's tuned
+    weights; the stock MiniLM's too)."""
+    if embed_version.startswith("mpnet-"):
+        return MPNET_PRIOR_PATH
     return TUNED_PRIOR_PATH if "/tune-" in embed_version else PRIOR_PATH
 
 

@@ -40,12 +40,20 @@ def demo(
     gpu: Annotated[str, typer.Option(help="GPU the simulated backends model.")] = "h100",
     policy: Annotated[str, typer.Option(help="The gateway's policy.")] = "sagesched",
     predictor: Annotated[str, typer.Option(help="The gateway's predictor.")] = "semantic",
+    embed_model: Annotated[
+        str,
+        typer.Option(
+            help="The semantic predictor's encoder: minilm (shipped) or mpnet (opt-in: `sagegate predictor "
+            "fetch-encoder mpnet` first; ~4x the CPU per prompt)."
+        ),
+    ] = "minilm",
     out: Annotated[Path, typer.Option(help="Results and plots go here.")] = Path("out/demo"),
     quick: Annotated[bool, typer.Option(help="A short run (CI): 10 s of trace, no semantic model.")] = False,
     seed: Annotated[int, typer.Option(help="Seed for prompts and sampling.")] = 0,
     progress: Annotated[bool, typer.Option(help="Progress bars while the runs go.")] = True,
 ) -> None:
     """Replay a real trace slice to two simulated backends, alone and behind the gateway."""
+    from gateway.settings import PredictorSettings
     from loadgen.compare import compare_records, render_table
     from loadgen.plots import plot_backends, plot_runs, prediction_accuracy
     from loadgen.results import write_results
@@ -53,6 +61,9 @@ def demo(
     from sagegate.simtwin import capacity, scale_for, simulate_run
     from sagegate.simtwin import utilisation as util_of
 
+    if embed_model not in ("minilm", "mpnet"):
+        raise typer.BadParameter("choose minilm or mpnet", param_hint="--embed-model")
+    options = PredictorSettings(embed_model=embed_model)  # type: ignore[arg-type]
     if quick:
         minutes, predictor = min(minutes, 1 / 6), "length-bucket"
     if rate_scale is None:
@@ -77,8 +88,10 @@ def demo(
         f"at {time_scale:g}× real time; load {util:.2f}× vLLM alone's capacity on this mix "
         f"({cap['req_s']:.2f} req/s; arrivals {rate_scale:.2f}× the trace's); "
         f"gateway policy {policy}, predictor {predictor}"
+        + (f" ({embed_model} encoder)" if predictor == "semantic" else "")
     )
-    live = _live_runs(work.requests, model, gpu, time_scale, policy, predictor, progress)
+    env = {"SAGEGATE_PREDICTOR_OPTIONS__EMBED_MODEL": embed_model} if predictor == "semantic" else {}
+    live = _live_runs(work.requests, model, gpu, time_scale, policy, predictor, progress, env)
     alone_name, gw_name = "vLLM alone", f"gateway {policy}"
     typer.echo("simulating the same two runs…")
     sim_alone = simulate_run(work.requests, None, model=model, gpu=gpu)
@@ -91,6 +104,7 @@ def demo(
         predictor=predictor,
         seed=seed,
         max_wait_s=60.0 * time_scale,
+        predictor_options=options if predictor == "semantic" else None,
     )
     out.mkdir(parents=True, exist_ok=True)
     runs = {alone_name: live["alone"], gw_name: live["gateway"]}
@@ -130,7 +144,14 @@ def demo(
 
 
 def _live_runs(
-    work: Any, model: str, gpu: str, time_scale: float, policy: str, predictor: str, progress: bool
+    work: Any,
+    model: str,
+    gpu: str,
+    time_scale: float,
+    policy: str,
+    predictor: str,
+    progress: bool,
+    env: dict[str, str],
 ) -> dict[str, Any]:
     """vLLM alone, then the gateway, on the same two fresh backends; KV and queues sampled as they go."""
     from loadgen.client import replay
@@ -146,7 +167,7 @@ def _live_runs(
         mid = _preemptions(urls)
         out["backends"]["vLLM alone"] = {names[u]: s for u, s in sampler.series.items()}
         key = secrets.token_urlsafe(12)  # this run's admin key: the dashboard needs one
-        with gateway(urls, policy, predictor, env={"SAGEGATE_ADMIN_KEY": key}) as gw:
+        with gateway(urls, policy, predictor, env={**env, "SAGEGATE_ADMIN_KEY": key}) as gw:
             typer.echo(f"gateway up: {gw}; run B: through the gateway… (watch it: {gw}/dashboard?key={key})")
             cfg = replay_config(gw, time_scale, metrics=True)
             cfg.progress = progress

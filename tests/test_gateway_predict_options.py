@@ -86,9 +86,11 @@ def test_the_gateway_wraps_the_factorys_history_predictors() -> None:
 def test_asking_for_the_length_tune_when_this_install_lacks_it_is_a_clear_error(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    import predictor.encoder_tune as tune
+    from dataclasses import replace
 
-    monkeypatch.setattr(tune, "TUNE_PATH", tmp_path / "absent.npz")
+    import predictor.encoders as encoders
+
+    monkeypatch.setitem(encoders.ENCODERS, "minilm", replace(encoders.MINILM, tune=tmp_path / "absent.npz"))
     with pytest.raises(ValidationError, match="embed_tuned: false"):
         PredictorSettings(embed_tuned=True)
     assert PredictorSettings(embed_tuned=False).embed_tuned is False

@@ -1,0 +1,61 @@
+"""Fit an opt-in encoder's shipped projection to 384 dimensions (``predictor/data/projection_mpnet.npz``).
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/make_projection.py --vectors tuned.npy [--first 6000]
+        [--pairs FILE] [--out PATH]
+
+``--vectors``: every ShareGPT pair's unit vector from the tuned encoder, in file order, as
+``make_encoder_tune.py --model-dir DIR --vectors-out`` writes them. A PCA fitted on the *first*
+``--first`` only (the pairs the tune and the ranking prior learned from; the replays in BENCHMARKS.md
+score none of them): the mean and the leading 384 components, float32, and the digests of the prompts
+it was fitted on (``trained_on``). Costs 0.002–0.005 of tau-b in the ridge probe (BENCHMARKS.md, *A
+second encoder*), so that the index, the online head and the history take the wider encoder unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from core.request import prompt_digest  # noqa: E402
+from predictor.embedder import flatten_prompt  # noqa: E402
+from predictor.encoders import DIM, MPNET  # noqa: E402
+from predictor.evaluate import load_items  # noqa: E402
+
+SHAREGPT = REPO.parent / "shared" / "data" / "sharegpt" / "sharegpt_v3_first_turn_pairs.jsonl.gz"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--vectors", type=Path, required=True)
+    ap.add_argument("--pairs", type=Path, default=SHAREGPT)
+    ap.add_argument("--first", type=int, default=6000)
+    ap.add_argument("--out", type=Path, default=MPNET.projection)
+    args = ap.parse_args()
+    vecs = np.load(args.vectors)
+    items = load_items(args.pairs)
+    if len(vecs) != len(items):
+        sys.exit(f"{args.vectors} holds {len(vecs)} vectors for {len(items)} pairs")
+    fit = vecs[: args.first].astype(np.float64)
+    mean = fit.mean(0)
+    _, sv, vt = np.linalg.svd(fit - mean, full_matrices=False)
+    kept = float((sv[:DIM] ** 2).sum() / (sv**2).sum())
+    np.savez_compressed(
+        args.out,
+        mean=mean.astype(np.float32),
+        components=vt[:DIM].T.astype(np.float32),
+        trained_on=np.array(
+            sorted({prompt_digest(flatten_prompt(it.prompt)) for it in items[: args.first]}), dtype=np.uint64
+        ),
+        source=np.str_(f"ShareGPT V3 first-turn pairs, first {args.first} in file order"),
+    )
+    print(f"wrote {args.out}: {vecs.shape[1]} -> {DIM}, {kept:.3f} of the variance kept")
+
+
+if __name__ == "__main__":
+    main()
