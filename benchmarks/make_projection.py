@@ -3,8 +3,8 @@
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/make_projection.py --vectors tuned.npy [--first 6000]
         [--pairs FILE] [--out PATH]
 
-``--vectors``: every ShareGPT pair's unit vector from the tuned encoder, in file order, as
-``make_encoder_tune.py --model-dir DIR --vectors-out`` writes them. A PCA fitted on the *first*
+``--vectors``: the ShareGPT pairs' unit vectors from the tuned encoder, in file order (at least the
+first ``--first``), as ``make_encoder_tune.py --model-dir DIR --vectors-out`` writes them. A PCA fitted on the *first*
 ``--first`` only (the pairs the tune and the ranking prior learned from; the replays in BENCHMARKS.md
 score none of them): the mean and the leading 384 components, float32, and the digests of the prompts
 it was fitted on (``trained_on``). Costs 0.002–0.005 of tau-b in the ridge probe (BENCHMARKS.md, *A
@@ -39,8 +39,8 @@ def main() -> None:
     args = ap.parse_args()
     vecs = np.load(args.vectors)
     items = load_items(args.pairs)
-    if len(vecs) != len(items):
-        sys.exit(f"{args.vectors} holds {len(vecs)} vectors for {len(items)} pairs")
+    if len(vecs) < args.first:
+        sys.exit(f"{args.vectors} holds {len(vecs)} vectors, fewer than --first {args.first}")
     fit = vecs[: args.first].astype(np.float64)
     mean = fit.mean(0)
     _, sv, vt = np.linalg.svd(fit - mean, full_matrices=False)

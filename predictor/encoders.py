@@ -128,7 +128,9 @@ class Projection:
         self.id = file_id(path)
 
     def __call__(self, v: np.ndarray) -> np.ndarray:
-        p = (v - self.mean) @ self.components
+        # Row by row: a matrix product's last bits depend on the batch's shape, and a prompt must get
+        # the same vector alone or in a batch.
+        p = np.stack([(row - self.mean) @ self.components for row in v]) if len(v) else v[:, :DIM]
         out: np.ndarray = p / np.maximum(np.linalg.norm(p, axis=1, keepdims=True), 1e-12)
         return out.astype(np.float32)
 
