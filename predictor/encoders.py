@@ -108,8 +108,12 @@ def fetched_folder(spec: EncoderSpec) -> Path:
     given = os.environ.get(folder_variable(spec))
     if given:
         return Path(given)
-    cache = Path(os.environ.get("SAGEGATE_CACHE", Path.home() / ".cache" / "sagegate"))
-    return cache / "models" / spec.family
+    return cache_root() / "models" / spec.family
+
+
+def cache_root() -> Path:
+    """``$SAGEGATE_CACHE`` (the evaluation cache's variable), else ``~/.cache/sagegate``."""
+    return Path(os.environ.get("SAGEGATE_CACHE", Path.home() / ".cache" / "sagegate"))
 
 
 @lru_cache(maxsize=4)
