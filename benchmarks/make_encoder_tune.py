@@ -44,7 +44,9 @@ sys.path.insert(0, str(REPO))
 from core.request import prompt_digest  # noqa: E402
 from predictor.embedder import MiniLMEmbedder, flatten_prompt, model_dir  # noqa: E402
 from predictor.encoder_tune import TUNE_PATH  # noqa: E402
-from predictor.evaluate import load_items  # noqa: E402
+from predictor.encoders import DEFAULT_ENCODER, ENCODERS  # noqa: E402
+from predictor.evaluate import EvalItem, embed_cached, load_items  # noqa: E402
+from predictor.factory import EmbedderOptions, make_embedder  # noqa: E402
 
 SHAREGPT = REPO.parent / "shared" / "data" / "sharegpt" / "sharegpt_v3_first_turn_pairs.jsonl.gz"
 TARGETS = (
@@ -125,6 +127,13 @@ def vectors(model: Any, ids: list[np.ndarray], batch: int = 64) -> np.ndarray:
     return out
 
 
+def teacher_vectors(encoder: str, items: list[EvalItem]) -> tuple[np.ndarray, str]:
+    """The served vectors of ``items`` from ``encoder`` (cached under ``SAGEGATE_CACHE``) and its version."""
+    emb = make_embedder(EmbedderOptions(model=encoder, onnx_missing="error"))
+    vecs = embed_cached([flatten_prompt(it.prompt) for it in items], emb)
+    return vecs.astype(np.float32), str(getattr(emb, "version", "?"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=Path, default=SHAREGPT)
@@ -145,7 +154,18 @@ def main() -> None:
     )
     ap.add_argument("--pieces", type=int, default=64, help="the encoder's word pieces (MiniLM's window: 64)")
     ap.add_argument("--vectors-out", type=Path, help="also write every pair's vector from the kept epoch")
+    ap.add_argument(
+        "--teacher",
+        choices=sorted(set(ENCODERS) - {DEFAULT_ENCODER}),
+        help="a larger encoder, as the gateway serves it (ONNX int8, projected; its weights fetched): adds "
+        "a loss pulling the in-batch cosine similarities toward the teacher's, which is what the kNN reads",
+    )
+    ap.add_argument("--distill", type=float, default=0.0, help="the weight of --teacher's loss")
     args = ap.parse_args()
+    if (args.teacher is None) != (args.distill == 0.0):
+        ap.error("--teacher and --distill go together")
+    if args.teacher and args.model_dir:
+        ap.error("--teacher distils into MiniLM only")
     if args.model_dir and args.out == TUNE_PATH:
         ap.error("--model-dir needs --out: the shipped file is MiniLM's tune")
     import torch
@@ -172,6 +192,10 @@ def main() -> None:
     train, pick = np.arange(args.train), np.arange(args.train, len(items))
     mu, sd = float(y[train].mean()), float(y[train].std())
     z = torch.tensor((y - mu) / sd, dtype=torch.float32)
+    teacher, teacher_version = None, ""
+    if args.teacher is not None:
+        t_vecs, teacher_version = teacher_vectors(args.teacher, items)
+        teacher = torch.nn.functional.normalize(torch.from_numpy(t_vecs), dim=1)
 
     model = transformers.AutoModel.from_pretrained(path, local_files_only=True)
     wrapped = add_lora(model, args.rank, args.alpha)
@@ -212,11 +236,16 @@ def main() -> None:
         perm = gen.permutation(args.train)
         for at in range(0, args.train, args.batch):
             rows = perm[at : at + args.batch]
-            p = head(pooled(model, *batch_of([ids[i] for i in rows]))).squeeze(1)
+            v = pooled(model, *batch_of([ids[i] for i in rows]))
+            p = head(v).squeeze(1)
             t = z[rows]
             pair = (t[:, None] - t[None, :]) > 0
             rank = torch.nn.functional.softplus(-(p[:, None] - p[None, :])[pair]).mean()
             loss = torch.mean((p - t) ** 2) + rank
+            if teacher is not None:  # similarity-preserving: the neighbours' structure, not the axes
+                tv = teacher[torch.from_numpy(rows)]
+                off = ~torch.eye(len(rows), dtype=torch.bool)
+                loss = loss + args.distill * torch.mean(((v @ v.t()) - (tv @ tv.t()))[off] ** 2)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -245,6 +274,8 @@ def main() -> None:
         window=np.int64(64),
         pieces=np.int64(args.pieces),
         epoch=np.int64(epoch),
+        teacher=np.str_(teacher_version),
+        distill=np.float32(args.distill),
         trained_on=np.array(
             sorted({prompt_digest(flatten_prompt(it.prompt)) for it in items}), dtype=np.uint64
         ),

@@ -2,11 +2,11 @@
 ``ranker_prior_tuned.npz`` for the one with the length tune) offline on ShareGPT pairs.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/make_ranker_prior.py [--pairs FILE] [--first 6000]
-        [--lam 300] [--pairwise-steps 60] [--encoder stock|tuned|mpnet] [--out PATH]
+        [--lam 300] [--pairwise-steps 60] [--encoder stock|tuned|mpnet] [--runtime onnx|torch] [--out PATH]
 
 It reads the shared ShareGPT first-turn pairs (Apache-2.0 upstream card; ``../shared/data/sharegpt``),
-embeds the prompts with the default embedder (cached under ``SAGEGATE_CACHE``; ``mpnet``: the opt-in
-tuned all-mpnet-base-v2 on ONNX int8, as the gateway serves it), and fits
+embeds the prompts as the gateway serves them (int8 on ``--runtime``, ONNX by default; cached under
+``SAGEGATE_CACHE``; ``mpnet``: the opt-in tuned all-mpnet-base-v2, ONNX only), and fits
 :func:`predictor.ranker.fit_head` on the *first* ``--first`` pairs in file order only: the replays in
 BENCHMARKS.md warm on the first 6,000 and score what follows, so the prior never saw a scored pair.
 What ships is a weight vector (~1.7k numbers), not data.
@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from core.request import prompt_digest  # noqa: E402
 from predictor.cues import cue_features  # noqa: E402
-from predictor.embedder import MiniLMEmbedder, TextEmbedder, flatten_prompt  # noqa: E402
+from predictor.embedder import TextEmbedder, flatten_prompt  # noqa: E402
 from predictor.evaluate import EvalItem, embed_cached, load_items  # noqa: E402
 from predictor.factory import EmbedderOptions, make_embedder  # noqa: E402
 from predictor.ranker import N_FEATURES, features, fit_head  # noqa: E402
@@ -50,19 +50,24 @@ def main() -> None:
     ap.add_argument("--lam", type=float, default=1000.0)
     ap.add_argument("--pairwise-steps", type=int, default=60)
     ap.add_argument("--encoder", choices=("stock", "tuned", "mpnet"), default="tuned")
+    ap.add_argument("--runtime", choices=("onnx", "torch"), default="onnx")
     ap.add_argument("--out", type=Path, default=None, help="default: the shipped file of that encoder")
     args = ap.parse_args()
-    tuned = args.encoder == "tuned"
     out = (
         args.out or {"tuned": TUNED_PRIOR_PATH, "stock": PRIOR_PATH, "mpnet": MPNET_PRIOR_PATH}[args.encoder]
     )
     if not args.pairs.exists():
         sys.exit(f"{args.pairs} not found (the shared data folder)")
     items = load_items(args.pairs)
-    embedder: TextEmbedder = (
-        make_embedder(EmbedderOptions(model="mpnet"))
-        if args.encoder == "mpnet"
-        else MiniLMEmbedder(tuned=tuned)
+    if args.encoder == "mpnet" and args.runtime != "onnx":
+        ap.error("mpnet runs on the onnx runtime only")
+    embedder: TextEmbedder = make_embedder(
+        EmbedderOptions(
+            model="mpnet" if args.encoder == "mpnet" else "minilm",
+            tuned=args.encoder != "stock",
+            runtime=args.runtime,
+            onnx_missing="error",
+        )
     )
     version = str(getattr(embedder, "version", "?"))
     vecs = embed_cached([flatten_prompt(it.prompt) for it in items], embedder)
