@@ -2,6 +2,9 @@
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/make_encoder_tune.py [--pairs FILE] [--train 5400]
         [--select 6000] [--epochs 4] [--lr 5e-4] [--rank 16] [--alpha 32] [--threads 2] [--out PATH]
+        [--teacher mpnet --distill 100]
+
+The shipped file: ``--teacher mpnet --distill 100`` (after ``sagegate predictor fetch-encoder mpnet``).
 
 A rank-``--rank`` low-rank change (LoRA, written out here: no extra dependency) on the 36 linear
 layers of the stock all-MiniLM-L6-v2, trained jointly with a linear head over the mean-pooled unit
@@ -15,7 +18,11 @@ to the encoder, which the kNN, the online head and the shipped prior then use as
 the shipped ranking prior was fitted on), so that replays judging the predictor leave them out and the
 replays in BENCHMARKS.md (warm on the first 6,000 or 90%, scored after) score none of those pairs
 (later verbatim repeats of their prompts remain: 412 of the 5,128 after 6,000, 74 of the last 1,113).
-About 100 s per epoch on two threads here. Then refit the tuned prior:
+With ``--teacher``, a third loss distils a larger encoder into MiniLM: the squared gap between the
+batch's cosine similarities and the teacher's (the teacher as the gateway serves it, ONNX int8 and
+projected; its vectors of the training pairs only), so MiniLM's neighbours move toward the ones the
+larger encoder finds, at MiniLM's cost per prompt. About 100–200 s per epoch on two threads here. Then
+refit the tuned prior:
 ``benchmarks/make_ranker_prior.py --encoder tuned``.
 
 ``--model-dir`` runs the same recipe on another mean-pooled encoder (BERT or MPNet layer names; an
