@@ -106,8 +106,11 @@ def test_restart_mid_run_loses_no_completion(private_redis: RedisServer, feats: 
         private_redis.kill()
         for f in feats[third : 2 * third]:
             ids.append(a.record_features(f, 25, 900).id)
-            pred = a.predict_features(f, 25)  # keeps answering from the local index
+            pred = a.predict_features(feats[0], 15)  # keeps answering from the local index
             assert pred.path == "semantic"
+        # ...which holds what was recorded after the kill: a long task, known only from then on
+        pred = a.predict_features(feats[2 * third - 1], 25)
+        assert pred.path == "semantic" and pred.mean > 450
         assert wait_for(lambda: a.stats()["store_degraded"] > 0 and not a.stats()["store_connected"])
         assert a.stats()["store_buffered"] > 0
 
