@@ -67,7 +67,9 @@ def _run(policy: str, requests: list[tuple[dict[str, Any], dict[str, str]]]) -> 
             for t in threads:
                 t.join(60)
     order = [tag for _, tag in sorted(done)]
-    assert order[:2] == [-1, -2]
+    # the blocker and the filler end first; which of the two a loaded machine records first is a
+    # race between their client threads (the filler's 4 tokens follow the blocker's last one)
+    assert sorted(order[:2]) == [-2, -1]
     return order[2:]
 
 
