@@ -48,12 +48,13 @@ from scipy import stats
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench_ranker import encoder_vectors  # noqa: E402
+
 from core.request import prompt_digest  # noqa: E402
 from predictor.embedder import MiniLMEmbedder, flatten_prompt, model_dir  # noqa: E402
 from predictor.encoder_tune import TUNE_PATH  # noqa: E402
 from predictor.encoders import DEFAULT_ENCODER, ENCODERS  # noqa: E402
-from predictor.evaluate import EvalItem, embed_cached, load_items  # noqa: E402
-from predictor.factory import EmbedderOptions, make_embedder  # noqa: E402
+from predictor.evaluate import load_items  # noqa: E402
 
 SHAREGPT = REPO.parent / "shared" / "data" / "sharegpt" / "sharegpt_v3_first_turn_pairs.jsonl.gz"
 TARGETS = (
@@ -134,13 +135,6 @@ def vectors(model: Any, ids: list[np.ndarray], batch: int = 64) -> np.ndarray:
     return out
 
 
-def teacher_vectors(encoder: str, items: list[EvalItem]) -> tuple[np.ndarray, str]:
-    """The served vectors of ``items`` from ``encoder`` (cached under ``SAGEGATE_CACHE``) and its version."""
-    emb = make_embedder(EmbedderOptions(model=encoder, onnx_missing="error"))
-    vecs = embed_cached([flatten_prompt(it.prompt) for it in items], emb)
-    return vecs.astype(np.float32), str(getattr(emb, "version", "?"))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=Path, default=SHAREGPT)
@@ -201,8 +195,8 @@ def main() -> None:
     z = torch.tensor((y - mu) / sd, dtype=torch.float32)
     teacher, teacher_version = None, ""
     if args.teacher is not None:
-        t_vecs, teacher_version = teacher_vectors(args.teacher, items)
-        teacher = torch.nn.functional.normalize(torch.from_numpy(t_vecs), dim=1)
+        t_vecs, teacher_version = encoder_vectors(items[: args.train], args.teacher)  # as served, cached
+        teacher = torch.nn.functional.normalize(torch.from_numpy(t_vecs.astype(np.float32)), dim=1)
 
     model = transformers.AutoModel.from_pretrained(path, local_files_only=True)
     wrapped = add_lora(model, args.rank, args.alpha)
