@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -67,14 +68,32 @@ def _init(items: list[EvalItem], vecs: np.ndarray, version: str) -> None:
     _ITEMS, _VECS, _VERSION = items, vecs, version
 
 
-def _tau(args: tuple[SemanticConfig, int, int]) -> tuple[float, float]:
-    """Tau-b and 10–90% coverage of the items in [warm, stop) replayed after all before them."""
+def _replay(args: tuple[SemanticConfig, int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Predicted means, 10/50/90% quantiles and true lengths of the items in [warm, stop), each
+    replayed after all before it."""
     cfg, warm, stop = args
     items = _ITEMS[:stop]
     res = replay_semantic(items, _VECS[:stop], warm, cfg, embed_version=_VERSION)
-    truth = np.array([it.output_tokens for it in items[warm:]], dtype=float)
-    r = score_replay(res.means, res.quants, truth)
+    return res.means, res.quants, np.array([it.output_tokens for it in items[warm:]], dtype=float)
+
+
+def _tau(args: tuple[SemanticConfig, int, int]) -> tuple[float, float]:
+    """Tau-b and 10–90% coverage of the items in [warm, stop)."""
+    r = score_replay(*_replay(args))
     return r["kendall_tau"], r["coverage_10_90"]
+
+
+def paired_bootstrap(
+    a: np.ndarray, b: np.ndarray, truth: np.ndarray, resamples: int = 1000, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Tau-b of ``a`` and of ``b`` against ``truth`` on the same resamples of the items."""
+    rng = np.random.default_rng(seed)
+    ta, tb = np.empty(resamples), np.empty(resamples)
+    for j in range(resamples):
+        i = rng.integers(0, truth.size, truth.size)
+        ta[j] = stats.kendalltau(a[i], truth[i], variant="b").statistic
+        tb[j] = stats.kendalltau(b[i], truth[i], variant="b").statistic
+    return ta, tb
 
 
 def _parse(kv: str) -> tuple[str, Any]:
@@ -136,11 +155,19 @@ def main() -> None:
         changed = {n: getattr(best, n) for n in GRID if getattr(best, n) != getattr(origin, n)}
         print(f"chosen on validation: {changed or 'the starting point'} (validation tau-b {best_tau:.4f})")
         rows = [(args.origin, origin), ("chosen", best)]
-        tails = list(pool.map(_tau, [(c, split, len(items)) for _, c in rows]))
-        for (label, _), (tau, cov) in zip(rows, tails, strict=True):
-            print(
-                f"tail (first 90% warm, {len(items) - split} scored) {label:<8} tau-b {tau:.4f}  coverage {cov:.3f}"
-            )
+        tails = list(pool.map(_replay, [(c, split, len(items)) for _, c in rows]))
+    for (label, _), tail in zip(rows, tails, strict=True):
+        r = score_replay(*tail)
+        print(
+            f"tail (first 90% warm, {len(items) - split} scored) {label:<8} tau-b {r['kendall_tau']:.4f}"
+            f"  coverage {r['coverage_10_90']:.3f}"
+        )
+    ta, tb = paired_bootstrap(tails[0][0], tails[1][0], tails[0][2])
+    print(
+        f"tail bootstrap (1,000 resamples): {args.origin} sd {ta.std():.4f}, chosen sd {tb.std():.4f}; "
+        f"chosen - {args.origin} {np.mean(tb - ta):+.4f} (sd {np.std(tb - ta):.4f}, positive in "
+        f"{np.mean(tb > ta):.0%}); chosen >= 0.48 in {np.mean(tb >= 0.48):.0%}"
+    )
 
 
 if __name__ == "__main__":

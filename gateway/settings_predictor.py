@@ -86,7 +86,7 @@ class PredictorSettings(BaseModel):
     tau-b in BENCHMARKS.md). ``false``: the stock all-MiniLM-L6-v2, with its own history."""
     embed_model: Literal["minilm", "mpnet"] = DEFAULT_ENCODER
     """The encoder (``predictor.encoders``): ``minilm`` ships; ``mpnet`` (all-mpnet-base-v2: ShareGPT
-    tail tau-b 0.490 against 0.476 at 7x the CPU per prompt, over the budget on a busy 2-core box;
+    tail tau-b 0.502 against 0.481 at 7x the CPU per prompt, over the budget on a busy 2-core box;
     BENCHMARKS.md) needs ``sagegate predictor fetch-encoder mpnet`` once and the onnx runtime."""
     embed_runtime: Literal["onnx", "torch"] = "onnx"
     """``onnx``: ONNX Runtime and a file exported from the shipped model, no torch in the gateway
