@@ -12,7 +12,8 @@ small grid (coordinate ascent, ``--rounds`` passes), keeping a move when it rais
 changed field goes back to its starting value where that costs less than ``--keep-gain`` on validation (a
 change worth noise is not worth shipping). Only then
 is the tail (first 90% warm, the last 10% scored, the LTR protocol) replayed, for the starting point
-and the chosen configuration side by side. ``--from previous`` starts from the defaults before the
+and the chosen configuration side by side, and ``--young`` windows of 1,000 pairs each replayed from an
+empty history (the demo's regime, which the choice never saw). ``--from previous`` starts from the defaults before the
 re-choice and reproduces the shipped values (BENCHMARKS.md, *The predictor re-tuned for the shipped
 vectors*). Deterministic (every refit inline).
 """
@@ -57,6 +58,7 @@ PREVIOUS = SemanticConfig(dense_weight=0.2, temperature=0.1, prior_weight=0.5, h
 
 WARM = 6000
 SPLIT = 0.9
+YOUNG = 1000
 
 _ITEMS: list[EvalItem] = []
 _VECS = np.zeros((0, 384), dtype=np.float32)
@@ -80,6 +82,17 @@ def _replay(args: tuple[SemanticConfig, int, int]) -> tuple[np.ndarray, np.ndarr
 def _tau(args: tuple[SemanticConfig, int, int]) -> tuple[float, float]:
     """Tau-b and 10–90% coverage of the items in [warm, stop)."""
     r = score_replay(*_replay(args))
+    return r["kendall_tau"], r["coverage_10_90"]
+
+
+def _young(args: tuple[SemanticConfig, int, int]) -> tuple[float, float]:
+    """Tau-b and coverage of the items in [start, stop) replayed from an empty history (a young
+    window, as in the demo), every prediction scored."""
+    cfg, start, stop = args
+    res = replay_semantic(_ITEMS[start:stop], _VECS[start:stop], 0, cfg, embed_version=_VERSION)
+    r = score_replay(
+        res.means, res.quants, np.array([it.output_tokens for it in _ITEMS[start:stop]], dtype=float)
+    )
     return r["kendall_tau"], r["coverage_10_90"]
 
 
@@ -112,6 +125,13 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--keep-gain", type=float, default=0.0005, help="a change kept must be worth this much")
     ap.add_argument("--from", dest="origin", choices=("default", "previous"), default="default")
+    ap.add_argument(
+        "--young",
+        type=int,
+        nargs="*",
+        default=[6000, 8000],
+        help="also replay 1,000 pairs from here, from empty",
+    )
     ap.add_argument("--start", nargs="*", default=[], metavar="FIELD=VALUE", help="start from these values")
     args = ap.parse_args()
 
@@ -156,12 +176,16 @@ def main() -> None:
         print(f"chosen on validation: {changed or 'the starting point'} (validation tau-b {best_tau:.4f})")
         rows = [(args.origin, origin), ("chosen", best)]
         tails = list(pool.map(_replay, [(c, split, len(items)) for _, c in rows]))
+        young = {a: list(pool.map(_young, [(c, a, a + YOUNG) for _, c in rows])) for a in args.young}
     for (label, _), tail in zip(rows, tails, strict=True):
         r = score_replay(*tail)
         print(
             f"tail (first 90% warm, {len(items) - split} scored) {label:<8} tau-b {r['kendall_tau']:.4f}"
             f"  coverage {r['coverage_10_90']:.3f}"
         )
+    for a, cells in young.items():
+        row = "  ".join(f"{label} {t:.4f} ({c:.3f})" for (label, _), (t, c) in zip(rows, cells, strict=True))
+        print(f"young history: pairs {a}..{a + YOUNG} from an empty history, tau-b (coverage)  {row}")
     ta, tb = paired_bootstrap(tails[0][0], tails[1][0], tails[0][2])
     print(
         f"tail bootstrap (1,000 resamples): {args.origin} sd {ta.std():.4f}, chosen sd {tb.std():.4f}; "
