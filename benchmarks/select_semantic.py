@@ -9,13 +9,13 @@ replays ShareGPT through the predictor as in ``bench_ranker.py`` and moves one f
 small grid (coordinate ascent, ``--rounds`` passes), keeping a move when it raises Kendall tau-b on the
 **validation span**: warm on the first 6,000 pairs (those a shipped part learned from), scored from
 6,000 to 90% of the file; the replay stops at 90%, so the tail is never read while choosing. Then each
-changed field goes back to its starting value where that costs less than ``--keep-gain`` on validation (a
-change worth noise is not worth shipping). Only then
-is the tail (first 90% warm, the last 10% scored, the LTR protocol) replayed, for the starting point
-and the chosen configuration side by side, and ``--young`` windows of 1,000 pairs each replayed from an
-empty history (the demo's regime, which the choice never saw). ``--from previous`` starts from the defaults before the
-re-choice and reproduces the shipped values (BENCHMARKS.md, *The predictor re-tuned for the shipped
-vectors*). Deterministic (every refit inline).
+changed field goes back to its starting value where that costs less than ``--keep-gain`` on validation
+(a change worth noise is not worth shipping). Only then is the tail (first 90% warm, the last 10%
+scored, the LTR protocol) replayed, for the starting point and the chosen configuration side by side,
+with a paired bootstrap, and ``--young`` windows of 1,000 pairs each replayed from an empty history
+(the demo's regime, which the choice never saw). ``--from previous`` starts from the defaults before
+the re-choice and reproduces the shipped values (BENCHMARKS.md, *The predictor re-tuned for the
+shipped vectors*). Deterministic (every refit inline).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from bench_ranker import SHAREGPT, encoder_vectors  # noqa: E402
 from predictor.evaluate import EvalItem, load_items, replay_semantic  # noqa: E402
 from predictor.evaluate import score as score_replay  # noqa: E402
 from predictor.semantic import SemanticConfig  # noqa: E402
+from study.stats import bootstrap_indices  # noqa: E402
 
 GRID: dict[str, tuple[Any, ...]] = {
     "floor": (0.0, 0.02, 0.05, 0.1, 0.15),
@@ -70,29 +71,22 @@ def _init(items: list[EvalItem], vecs: np.ndarray, version: str) -> None:
     _ITEMS, _VECS, _VERSION = items, vecs, version
 
 
-def _replay(args: tuple[SemanticConfig, int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Predicted means, 10/50/90% quantiles and true lengths of the items in [warm, stop), each
-    replayed after all before it."""
-    cfg, warm, stop = args
-    items = _ITEMS[:stop]
-    res = replay_semantic(items, _VECS[:stop], warm, cfg, embed_version=_VERSION)
-    return res.means, res.quants, np.array([it.output_tokens for it in items[warm:]], dtype=float)
+Span = tuple[SemanticConfig, int, int, int]
+"""``(config, first, warm, stop)``: replay items ``[first, stop)`` from an empty history and score
+those from ``warm`` on (``first == warm``: a young window, every prediction scored)."""
 
 
-def _tau(args: tuple[SemanticConfig, int, int]) -> tuple[float, float]:
-    """Tau-b and 10–90% coverage of the items in [warm, stop)."""
-    r = score_replay(*_replay(args))
-    return r["kendall_tau"], r["coverage_10_90"]
+def _replay(span: Span) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Predicted means, 10/50/90% quantiles and true lengths of the scored items of ``span``."""
+    cfg, first, warm, stop = span
+    items = _ITEMS[first:stop]
+    res = replay_semantic(items, _VECS[first:stop], warm - first, cfg, embed_version=_VERSION)
+    return res.means, res.quants, np.array([it.output_tokens for it in items[warm - first :]], dtype=float)
 
 
-def _young(args: tuple[SemanticConfig, int, int]) -> tuple[float, float]:
-    """Tau-b and coverage of the items in [start, stop) replayed from an empty history (a young
-    window, as in the demo), every prediction scored."""
-    cfg, start, stop = args
-    res = replay_semantic(_ITEMS[start:stop], _VECS[start:stop], 0, cfg, embed_version=_VERSION)
-    r = score_replay(
-        res.means, res.quants, np.array([it.output_tokens for it in _ITEMS[start:stop]], dtype=float)
-    )
+def _tau(span: Span) -> tuple[float, float]:
+    """Tau-b and 10–90% coverage of the scored items of ``span``."""
+    r = score_replay(*_replay(span))
     return r["kendall_tau"], r["coverage_10_90"]
 
 
@@ -100,12 +94,9 @@ def paired_bootstrap(
     a: np.ndarray, b: np.ndarray, truth: np.ndarray, resamples: int = 1000, seed: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
     """Tau-b of ``a`` and of ``b`` against ``truth`` on the same resamples of the items."""
-    rng = np.random.default_rng(seed)
-    ta, tb = np.empty(resamples), np.empty(resamples)
-    for j in range(resamples):
-        i = rng.integers(0, truth.size, truth.size)
-        ta[j] = stats.kendalltau(a[i], truth[i], variant="b").statistic
-        tb[j] = stats.kendalltau(b[i], truth[i], variant="b").statistic
+    idx = bootstrap_indices(truth.size, resamples, seed)
+    ta = np.array([stats.kendalltau(a[i], truth[i], variant="b").statistic for i in idx])
+    tb = np.array([stats.kendalltau(b[i], truth[i], variant="b").statistic for i in idx])
     return ta, tb
 
 
@@ -144,14 +135,14 @@ def main() -> None:
     with ProcessPoolExecutor(args.jobs, initializer=_init, initargs=(items, vecs, version)) as pool:
         origin = PREVIOUS if args.origin == "previous" else SemanticConfig()
         best = replace(origin, **dict(_parse(kv) for kv in args.start))
-        best_tau, _ = pool.submit(_tau, (best, WARM, split)).result()
+        best_tau, _ = pool.submit(_tau, (best, 0, WARM, split)).result()
         print(f"start: validation tau-b {best_tau:.4f}", flush=True)
         for rnd in range(args.rounds):
             moved = False
             for name in args.params:
                 cands = [v for v in GRID[name] if v != getattr(best, name)]
                 cfgs = [replace(best, **{name: v}) for v in cands]
-                results = list(pool.map(_tau, [(c, WARM, split) for c in cfgs]))
+                results = list(pool.map(_tau, [(c, 0, WARM, split) for c in cfgs]))
                 line = "  ".join(f"{v}: {t:.4f}" for v, (t, _) in zip(cands, results, strict=True))
                 print(
                     f"round {rnd + 1} {name:<14} (now {getattr(best, name)}: {best_tau:.4f})  {line}",
@@ -165,7 +156,7 @@ def main() -> None:
                 break
         for name in [n for n in GRID if getattr(best, n) != getattr(origin, n)]:
             back = replace(best, **{name: getattr(origin, name)})
-            tau, _ = pool.submit(_tau, (back, WARM, split)).result()
+            tau, _ = pool.submit(_tau, (back, 0, WARM, split)).result()
             kept = tau < best_tau - args.keep_gain
             print(
                 f"prune {name:<14} back to {getattr(back, name)}: {tau:.4f} ({'kept' if kept else 'reverted'})"
@@ -175,8 +166,8 @@ def main() -> None:
         changed = {n: getattr(best, n) for n in GRID if getattr(best, n) != getattr(origin, n)}
         print(f"chosen on validation: {changed or 'the starting point'} (validation tau-b {best_tau:.4f})")
         rows = [(args.origin, origin), ("chosen", best)]
-        tails = list(pool.map(_replay, [(c, split, len(items)) for _, c in rows]))
-        young = {a: list(pool.map(_young, [(c, a, a + YOUNG) for _, c in rows])) for a in args.young}
+        tails = list(pool.map(_replay, [(c, 0, split, len(items)) for _, c in rows]))
+        young = {a: list(pool.map(_tau, [(c, a, a, a + YOUNG) for _, c in rows])) for a in args.young}
     for (label, _), tail in zip(rows, tails, strict=True):
         r = score_replay(*tail)
         print(
