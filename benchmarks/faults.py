@@ -9,6 +9,13 @@ high ``--time-scale``), the gateway (``sagegate serve`` with its defaults: ``sag
 predictor, its history in that Redis), and for the bad-backend row a second gateway in front of a fake
 misbehaving server (this file, ``bad-backend``; a real process). Every part is its own process.
 
+The ``poison`` rows (issue 35): one tenant sends 4 poison requests every 1.5 s while another sends
+ordinary ones at 4/s; ``poison`` sends 2 MB prompts to the simulated backends (which answer 400, as
+vLLM does), ``poison_500`` a prompt that a pair of fake backends answers 500 (an engine build that
+crashes on one input), behind a third gateway. The victim must keep >= 99%, no circuit may open.
+``idle_pool``: pooled clients idling 4.9-5.1 s between requests, through the gateway and straight to a
+backend side by side (the server's keep-alive racing the pool's).
+
 Per fault: requests **sent**; **answered** (200, and a stream that ended with ``[DONE]`` and no error
 event); **errored** by status (an HTTP status, ``sse_error`` for a stream that ended with an error
 event, ``cancelled`` for a request this client cut on purpose, ``refused`` for a connection refused
@@ -48,6 +55,9 @@ from sagegate.live import backend_args  # noqa: E402
 from sagegate.procs import Child, RedisServer, child, free_port  # noqa: E402
 
 MODEL = "llama-3.1-8b"
+POISON = "POISON-INPUT"
+TWO_MB_PROMPT = "hello world " * 180_000
+"""A prompt the simulated backend's tokenizer refuses (it answered 500 until issue 35; vLLM says 400)."""
 ADMIN = "faults-admin"
 WORDS = [
     "the",
@@ -111,20 +121,27 @@ def body(rng: random.Random, max_tokens: Sequence[int], stream_share: float = 0.
 
 
 async def call(
-    client: httpx.AsyncClient, url: str, req: dict[str, Any], tally: Tally, timeout: float
+    client: httpx.AsyncClient,
+    url: str,
+    req: dict[str, Any],
+    tally: Tally,
+    timeout: float,
+    headers: dict[str, str] | None = None,
 ) -> None:
     """One request; its outcome goes into ``tally`` (a cancellation is the caller's to count)."""
     tally.sent += 1
     t0 = time.monotonic()
     try:
         if not req.get("stream"):
-            r = await client.post(url + "/v1/chat/completions", json=req, timeout=timeout)
+            r = await client.post(url + "/v1/chat/completions", json=req, timeout=timeout, headers=headers)
             if r.status_code == 200:
                 tally.ok(t0)
             else:
                 tally.errored[str(r.status_code)] += 1
             return
-        async with client.stream("POST", url + "/v1/chat/completions", json=req, timeout=timeout) as r:
+        async with client.stream(
+            "POST", url + "/v1/chat/completions", json=req, timeout=timeout, headers=headers
+        ) as r:
             if r.status_code != 200:
                 await r.aread()
                 tally.errored[str(r.status_code)] += 1
@@ -155,6 +172,7 @@ async def open_loop(
     rate: float,
     tally: Tally,
     timeout: float,
+    headers: dict[str, str] | None = None,
 ) -> None:
     loop = asyncio.get_running_loop()
     t0 = loop.time()
@@ -163,7 +181,7 @@ async def open_loop(
         delay = t0 + i / rate - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(call(client, url, req, tally, timeout)))
+        tasks.append(asyncio.create_task(call(client, url, req, tally, timeout, headers)))
     await asyncio.gather(*tasks)
 
 
@@ -275,10 +293,15 @@ class Size:
     bad_each: int
     drain: int
     max_tokens: tuple[int, ...]
+    poison_s: float = 12.0
+    idle_users: int = 20
+    idle_rounds: int = 5
 
 
 QUICK = Size(60, 120, 120, 300, 5.0, 60, 30, 10, 3, 8.0, 4, 30, (16, 64, 128, 256, 600))
-FULL = Size(300, 400, 400, 1000, 10.0, 300, 300, 100, 10, 40.0, 20, 100, (16, 64, 256, 600, 1000, 3000))
+FULL = Size(
+    300, 400, 400, 1000, 10.0, 300, 300, 100, 10, 40.0, 20, 100, (16, 64, 256, 600, 1000, 3000), 30.0, 50, 15
+)
 
 
 class Suite:
@@ -461,6 +484,91 @@ class Suite:
             notes.append(f"negative usage reached the metrics (sum {total:.0f})")
         return tally, notes
 
+    async def poison(
+        self, gw: str, client: httpx.AsyncClient, text: str, model: str
+    ) -> tuple[Tally, list[str]]:
+        """One tenant sends 4 poison requests every 1.5 s (``text`` in the prompt) while another sends
+        ordinary requests at 4/s; the fleet's circuits and readiness are watched throughout."""
+        tally, victim, attacker = Tally(), Tally(), Tally()
+        opened: set[str] = set()
+        not_ready = 0
+        stop = asyncio.Event()
+
+        async def watch() -> None:
+            nonlocal not_ready
+            while not stop.is_set():
+                snap = await asyncio.to_thread(admin_state, gw)
+                for b in (snap or {}).get("backends", []):
+                    if b.get("circuit_open"):
+                        opened.add(str(b.get("name")))
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await client.get(gw + "/ready", timeout=5)).status_code != 200:
+                        not_ready += 1
+                await asyncio.sleep(0.2)
+
+        def req(content: str) -> dict[str, Any]:
+            return {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 16}
+
+        async def attack() -> None:
+            loop = asyncio.get_running_loop()
+            end = loop.time() + self.size.poison_s
+            tasks = []
+            while loop.time() < end:
+                for _ in range(4):
+                    poisoned = req(text)
+                    tasks.append(call(client, gw, poisoned, attacker, 60, {"x-tenant": "attacker"}))
+                await asyncio.sleep(1.5)
+            await asyncio.gather(*tasks)
+
+        n_victim = int(4 * self.size.poison_s)
+        victims = [req(" ".join(self.rng.choice(WORDS) for _ in range(30))) for _ in range(n_victim)]
+        watcher = asyncio.create_task(watch())
+        with contextlib.suppress(Exception):
+            await asyncio.gather(
+                attack(), open_loop(client, gw, victims, 4.0, victim, 60, {"x-tenant": "victim"})
+            )
+        stop.set()
+        await watcher
+        for part in (victim, attacker):
+            tally.sent += part.sent
+            tally.answered += part.answered
+            tally.errored.update(part.errored)
+            tally.lost_kinds.update(part.lost_kinds)
+        tally.latencies = victim.latencies
+        statuses = ", ".join(f"{k} x{v}" for k, v in sorted(attacker.errored.items())) or "none refused"
+        notes = [
+            f"victim {victim.answered}/{victim.sent} answered ({100 * victim.answered / max(1, victim.sent):.1f}%)",
+            f"attacker: {attacker.sent} sent, {statuses}",
+            f"circuits opened: {', '.join(sorted(opened)) or 'none'}; /ready not ready in {not_ready} samples",
+        ]
+        return tally, notes
+
+    async def idle_pool(self, gw: str, backend: str) -> tuple[Tally, list[str]]:
+        """Pooled clients (httpx's defaults) idling 4.9-5.1 s between requests, the same load through
+        the gateway and straight to a backend, side by side: the server's keep-alive races the pool's."""
+        tallies = {"gateway": Tally(), "backend": Tally()}
+
+        async def user(url: str, tally: Tally, client: httpx.AsyncClient, rng: random.Random) -> None:
+            for _ in range(self.size.idle_rounds):
+                await call(client, url, {**body(rng, (16,)), "stream": False}, tally, 60)
+                await asyncio.sleep(rng.uniform(4.9, 5.1))
+
+        async def users(name: str, url: str) -> None:
+            async with httpx.AsyncClient(trust_env=False) as pooled:
+                rngs = [random.Random(self.rng.random()) for _ in range(self.size.idle_users)]
+                await asyncio.gather(*(user(url, tallies[name], pooled, r) for r in rngs))
+
+        await asyncio.gather(users("gateway", gw), users("backend", backend))
+        g, b = tallies["gateway"], tallies["backend"]
+        idle = _metric(gw, 'sagegate_client_connections_closed_total{why="idle"}') or 0
+        lost = _metric(gw, 'sagegate_client_connections_closed_total{why="lost_mid_request"}') or 0
+        notes = [
+            f"{self.size.idle_users} pooled users x {self.size.idle_rounds} requests, 4.9-5.1 s apart",
+            f"straight to a backend: {b.sent - b.answered} of {b.sent} failed ({dict(b.lost_kinds) or 'none'})",
+            f"gateway counted {idle:.0f} idle closes, {lost:.0f} connections lost mid-request",
+        ]
+        return g, notes
+
     async def drain(self, gw: Child, client: httpx.AsyncClient) -> tuple[Tally, list[str]]:
         tally = Tally()
         n = self.size.drain
@@ -632,13 +740,14 @@ def mutate(rng: random.Random) -> tuple[str, str, bytes, dict[str, str]]:
 def bad_backend_app() -> Any:
     """A vLLM-like server that misbehaves by model: ``bad-429`` (429 with retry-after: 7),
     ``bad-die`` (dies after five chunks), ``bad-negative`` (negative usage), ``bad-endless`` (one SSE
-    event that never ends)."""
+    event that never ends), ``bad-poison`` (500 for a prompt holding ``POISON``, as an engine build
+    that crashes on one input; other prompts answered)."""
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
-    models = ["bad-429", "bad-die", "bad-negative", "bad-endless"]
+    models = ["bad-429", "bad-die", "bad-negative", "bad-endless", "bad-poison"]
 
     def chunk(i: int) -> bytes:
         delta = {"choices": [{"index": 0, "delta": {"content": f" t{i}"}, "finish_reason": None}]}
@@ -668,6 +777,15 @@ def bad_backend_app() -> Any:
         if mode == "429":
             err = {"error": {"message": "slow down", "type": "rate_limit_error", "code": 429}}
             return JSONResponse(err, status_code=429, headers={"retry-after": "7"})
+        if mode == "poison":
+            if POISON in json.dumps(req.get("messages")):
+                err = {"message": "engine error on this input", "type": "InternalServerError", "code": 500}
+                return JSONResponse({"error": err}, status_code=500)
+            good = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+            msg = {"role": "assistant", "content": "x"}
+            return JSONResponse({"id": "c", "object": "chat.completion", "model": req.get("model"),
+                                 "choices": [{"index": 0, "message": msg, "finish_reason": "stop"}],
+                                 "usage": good})  # fmt: skip
         if req.get("stream"):
             return StreamingResponse(stream(mode), media_type="text/event-stream")
         if mode == "die":
@@ -706,7 +824,7 @@ def serve_bad_backend(host: str, port: int) -> None:
 
 # --- the run --------------------------------------------------------------------------------------
 FAULTS = ("baseline", "backend_kill", "redis_restart", "disconnects", "overload", "fuzz", "slow_clients",
-          "bad_backends", "drain")  # fmt: skip
+          "bad_backends", "poison", "idle_pool", "drain")  # fmt: skip
 
 
 async def run_suite(size: Size, only: set[str], seed: int, blocks: int, time_scale: float) -> list[Row]:
@@ -740,8 +858,10 @@ async def run_suite(size: Size, only: set[str], seed: int, blocks: int, time_sca
             suite.gateway_pid = gw.proc.pid
             async with httpx.AsyncClient(limits=limits, trust_env=False) as client:
 
-                async def record(name: str, go: Callable[[], Awaitable[tuple[Tally, list[str]]]]) -> None:
-                    if name not in only:
+                async def record(
+                    name: str, go: Callable[[], Awaitable[tuple[Tally, list[str]]]], gate: str | None = None
+                ) -> None:
+                    if (gate or name) not in only:
                         return
                     print(f"fault: {name} ...", file=sys.stderr)
                     t0 = time.monotonic()
@@ -778,6 +898,28 @@ async def run_suite(size: Size, only: set[str], seed: int, blocks: int, time_sca
                         return tally, notes + [f"bad gateway leaked {leak}"] + ([extra] if extra else [])
 
                     await record("bad_backends", bad_row)
+                if "poison" in only:
+                    await record("poison", lambda: suite.poison(gw.url, client, TWO_MB_PROMPT, MODEL))
+                    pair = [
+                        stack.enter_context(child("benchmarks.faults", ["bad-backend"])) for _ in range(2)
+                    ]
+                    pair_gw = stack.enter_context(
+                        gateway(
+                            {
+                                "backends": [b.url for b in pair],
+                                "predictor": "none",
+                                "queue": {"max_wait_s": 5.0},
+                            }
+                        )
+                    )
+
+                    async def pair_row() -> tuple[Tally, list[str]]:
+                        tally, notes = await suite.poison(pair_gw.url, client, POISON, "bad-poison")
+                        leak = await asyncio.to_thread(leaked, pair_gw.url)
+                        return tally, notes + [f"the pair's gateway leaked {leak}"]
+
+                    await record("poison_500", pair_row, gate="poison")
+                await record("idle_pool", lambda: suite.idle_pool(gw.url, b0.url))
                 await record("drain", lambda: suite.drain(gw, client))
     finally:
         redis.kill()

@@ -34,6 +34,12 @@ class Reason(StrEnum):
     # every backend tried failed
     UPSTREAM_RATE_LIMITED = "upstream_rate_limited"
     UPSTREAM_FAILED = "upstream_failed"
+    REQUEST_FAILED_TWICE = "request_failed_twice"
+    """The same request failed on two backends: taken as the request's fault (``gateway.blame``)."""
+    INPUT_REFUSED = "input_refused"
+    """... and a backend's error said the input was refused (a 400)."""
+    RETRY_BUDGET_SPENT = "retry_budget_spent"
+    """A try failed in a way the request may have caused and its tenant's retry budget is spent."""
     # the client's request
     INVALID_REQUEST = "invalid_request"
     BODY_TOO_LARGE = "body_too_large"
@@ -89,6 +95,8 @@ class PredictionPath(StrEnum):
     LATE = "late"
     """The embedding missed its budget: ranked from the prompt-length prior until the prediction
     comes (:class:`LateOutcome`)."""
+    NO_TEXT = "no_text"
+    """The prompt has no text to read (token ids): ranked from the prompt-length prior, not learnt from."""
     SEMANTIC = "semantic"
     BUCKET = "bucket"
     GLOBAL = "global"

@@ -15,6 +15,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -36,9 +37,9 @@ from gateway.openai_schema import ChatCompletionRequest, CompletionRequest, Erro
 from gateway.predict import GatewayPredictor, Recorder, build_predictor
 from gateway.proxy import Proxy
 from gateway.queue import BoundedQueue
-from gateway.settings import GatewaySettings
+from gateway.settings import GatewaySettings, OpenEndpoint
 from gateway.state_metrics import StateGauges
-from gateway.tenants import is_admin
+from gateway.tenants import bearer, is_admin, match_key
 from gateway.tokens import count_text
 from gateway.upstream import UpstreamClients
 from policies.base import Policy
@@ -164,7 +165,9 @@ def create_app(
         finally:
             await gw.stop()
 
-    app = FastAPI(title="sagegate", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="sagegate", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.state.gateway = gw
 
     @app.exception_handler(GatewayError)
@@ -204,7 +207,8 @@ def create_app(
         return await gw.director.handle(request, Route.COMPLETIONS)
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models(request: Request) -> dict[str, Any]:
+        require_key(request, "models")
         return {"object": "list", "data": gw.pool.models()}
 
     @app.get("/health")
@@ -217,9 +221,22 @@ def create_app(
         status = "ready" if ok else ("draining" if gw.draining else "no_healthy_backend")
         return JSONResponse({"status": status}, status_code=200 if ok else 503)
 
+    for path, probe in (("/health", health), ("/ready", ready)):  # load balancers probe with HEAD
+        app.add_api_route(path, probe, methods=["HEAD"], include_in_schema=False)
+
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        require_key(request, "metrics")
         return Response(gw.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    def require_key(request: Request, endpoint: OpenEndpoint) -> None:
+        """With API keys set, an endpoint not in ``open_endpoints`` needs a client's or the admin key."""
+        if not settings.api_keys or endpoint in settings.open_endpoints:
+            return
+        if is_admin(request.headers, settings.admin_key):
+            return
+        if match_key(bearer(request.headers), settings.api_keys) is None:
+            raise errors.unauthorized()
 
     @app.get("/admin/queue")
     async def admin_queue(request: Request, limit: int = 100) -> Response:
@@ -266,7 +283,21 @@ def create_app(
         )
 
     app.include_router(dashboard_router(gw.feed, lambda: settings.admin_key))
-    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(request: Request) -> Response:
+        require_key(request, "openapi")
+        return JSONResponse(_openapi(app))
+
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "HEAD", "OPTIONS"],
+            allow_headers=["*"],
+            expose_headers=["x-sagegate-reason", "retry-after"],
+            max_age=600,
+        )
     return app
 
 

@@ -22,6 +22,7 @@ from core.distribution import LengthDistribution
 from core.outcomes import CancelStage, LateOutcome, Outcome, PredictionPath, Reason
 from gateway import errors
 from gateway.backends import BackendPool
+from gateway.blame import RetryBudget, Verdicts
 from gateway.disconnect import DisconnectGuard
 from gateway.dispatcher import Dispatcher, QueueFull
 from gateway.intake import ClientRequest, Intake
@@ -63,6 +64,8 @@ class Director:
         self.draining = draining
         self.clock = dispatcher.clock
         self.max_attempts = settings.upstream.max_attempts
+        up = settings.upstream
+        self.retry_budget = RetryBudget(up.tenant_retry_rate, up.tenant_retry_burst, self.clock)
         self.ledger: dict[int, Lifecycle] = {}
         """Every request from enqueue to its end (streams included): empty when the gateway is idle."""
         self.waiting: set[asyncio.Task[Any]] = set()
@@ -244,30 +247,65 @@ class Director:
 
     async def forward_with_retry(self, lc: Lifecycle, inp: PredictInput) -> Response:
         """Try the backend the dispatcher picks; on a failure before the first byte, queue again for
-        another, up to ``upstream.max_attempts`` tries (then 502, or 429 if a backend throttled)."""
+        another, up to ``upstream.max_attempts`` tries (then 502, or 429 if a backend throttled). A
+        failure the request may have caused waits for the next try's verdict (``gateway.blame``)."""
         req = lc.req
         throttled: Failed | None = None
+        verdicts = Verdicts()
         while True:
             idx = await self.wait_for_dispatch(lc)
             backend = self.pool.backends[idx]
             outcome = await self.proxy.attempt(lc, backend, inp)
             if not isinstance(outcome, Failed):
+                if verdicts.suspects and outcome.status_code == 200:
+                    self.charge(verdicts)
                 return outcome
             if outcome.throttled:
                 throttled = outcome
+            if outcome.suspect is not None and verdicts.failed(outcome.suspect):
+                lc.reject()  # the request is the cause: no more tries, no backend charged
+                answer = verdicts.answer()
+                self.metrics.suspect_failures.labels("request").inc(len(verdicts.suspects))
+                self.metrics.rejected(str(answer.reason))
+                raise answer
             req.attempt += 1
             req.excluded.add(idx)
-            if req.attempt >= self.max_attempts or not self._others_healthy(req):
+            out_of_tries = req.attempt >= self.max_attempts or not self._others_healthy(req)
+            suspect = outcome.suspect is not None
+            spent = not out_of_tries and suspect and not self.retry_budget.take(req.tenant)
+            if out_of_tries or spent:
                 lc.reject()
+                self.metrics.suspect_failures.labels("none").inc(len(verdicts.suspects))
                 if throttled is not None:
                     self.metrics.rejected(Reason.UPSTREAM_RATE_LIMITED)
                     raise errors.rate_limited(
                         f"the backend is over its rate limit ({throttled.why})", throttled.retry_after
                     )
+                if spent:
+                    self.metrics.rejected(Reason.RETRY_BUDGET_SPENT)
+                    raise errors.upstream_failed(
+                        f"backend failed: {outcome.why}; not retried (this tenant's retry budget is spent)",
+                        Reason.RETRY_BUDGET_SPENT,
+                    )
                 self.metrics.rejected(Reason.UPSTREAM_FAILED)
                 raise errors.upstream_failed(f"backends failed: {outcome.why}")
             self.metrics.retries.labels(backend.name).inc()
             lc.retry()
+
+    def charge(self, verdicts: Verdicts) -> None:
+        """Another backend served the request: charge the suspect backends that answered no one else
+        since they failed it."""
+        by_name = {b.name: b for b in self.pool.backends}
+
+        def answered_since(name: str, since: float) -> bool:
+            at = by_name[name].answered_at
+            return at is not None and at > since
+
+        charged = verdicts.charged_on_success(answered_since)
+        for name in charged:
+            self.pool.request_failed(by_name[name], hard=False)
+        self.metrics.suspect_failures.labels("backend").inc(len(charged))
+        self.metrics.suspect_failures.labels("this_input").inc(len(verdicts.suspects) - len(charged))
 
     def _others_healthy(self, req: GatewayRequest) -> bool:
         """Whether a backend ``req`` has not tried yet could take it now."""

@@ -97,8 +97,8 @@ def timeout(message: str) -> GatewayError:
     return GatewayError(408, message, reason=Reason.REQUEST_TIMEOUT, close=True)
 
 
-def upstream_failed(message: str) -> GatewayError:
-    return GatewayError(502, message, type="upstream_error", reason=Reason.UPSTREAM_FAILED)
+def upstream_failed(message: str, reason: str = Reason.UPSTREAM_FAILED) -> GatewayError:
+    return GatewayError(502, message, type="upstream_error", reason=reason)
 
 
 def sse_error_event(message: str, code: str = Reason.UPSTREAM_FAILED, type: str = "upstream_error") -> bytes:

@@ -62,10 +62,13 @@ class Intake:
         """The body, at most ``limits.max_body_bytes``. A body over the limit is refused with ``413``
         after reading (and dropping) up to ``DRAIN_FACTOR`` × the limit of it: a server that answers
         while the client is still sending and then closes resets the connection, and the client sees
-        a connection error instead of the ``413``."""
+        a connection error instead of the ``413``. A client that waits for ``100 Continue`` gets the
+        ``413`` at once instead (the server sends ``100`` only when the body is first read)."""
         limit = self.settings.limits.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
+            if request.headers.get("expect", "").lower() == "100-continue":
+                raise errors.too_large(limit)  # before ``100 Continue``: the client sends nothing more
             if int(declared) <= DRAIN_FACTOR * limit:
                 async for _ in request.stream():
                     pass

@@ -45,6 +45,15 @@ class GatewayMetrics:
         self.retries = Counter(
             "sagegate_retries", "Requests retried on another backend.", ["backend"], registry=r
         )
+        self.suspect_failures = Counter(
+            "sagegate_suspect_failures",
+            "Tries that failed in a way the request may have caused (a 5xx, dropped before the first "
+            "byte), by verdict: backend (charged to its breaker), this_input (another request was "
+            "answered there meanwhile: not charged), request (it failed on two backends: not charged), "
+            "none (no other try: not charged).",
+            ["verdict"],
+            registry=r,
+        )
         self.cancellations = Counter(
             "sagegate_cancellations", "Requests whose client went away, by stage.", ["stage"], registry=r
         )
@@ -71,6 +80,17 @@ class GatewayMetrics:
             buckets=RATIO_BUCKETS, registry=r,
         )  # fmt: skip
         self._rejection_log = RateLimitedLog(log, "rejected %d request(s): %s")
+        self.connections_closed = Counter(
+            "sagegate_client_connections_closed",
+            "Client connections the gateway closed or lost, by why: idle (past limits.keep_alive_s), "
+            "lost_mid_request (closed by the client's side with a request unanswered), head_timeout, "
+            "head_too_large.",
+            ["why"],
+            registry=r,
+        )
+        self._connection_log = RateLimitedLog(
+            log, "client connection(s) closed or lost: %d x %s", level=logging.INFO
+        )
         self.predictor_paths = Counter(
             "sagegate_predictor_path", "Predictions by the path the predictor took.", ["path"], registry=r
         )
@@ -113,6 +133,13 @@ class GatewayMetrics:
         self.rejections.labels(reason).inc()
         self._rejection_log.note(reason)
 
+    def connection_event(self, why: str) -> None:
+        """A client connection closed by the gateway or lost (``gateway.client_guard``): counted, and
+        logged at INFO (rate-limited) but for idle ones, which a keep-alive closes as a matter of course."""
+        self.connections_closed.labels(why).inc()
+        if why != "idle":
+            self._connection_log.note(why)
+
     def first_token(self, ttft_s: float) -> None:
         """The backend's first byte, ``ttft_s`` after the request arrived."""
         self.ttft.observe(ttft_s)
@@ -134,8 +161,9 @@ class GatewayMetrics:
 
 
 class RateLimitedLog:
-    """One WARNING per key at most every ``every_s``: the first occurrence at once, the ones after
-    it summed into the next line (written when the next occurrence comes after the interval)."""
+    """One line (WARNING unless ``level``) per key at most every ``every_s``: the first occurrence at
+    once, the ones after it summed into the next line (written when the next occurrence comes after
+    the interval)."""
 
     def __init__(
         self,
@@ -143,9 +171,11 @@ class RateLimitedLog:
         fmt: str,
         every_s: float = LOG_EVERY_S,
         clock: Callable[[], float] = time.monotonic,
+        level: int = logging.WARNING,
     ) -> None:
         self.logger = logger
         self.fmt = fmt
+        self.level = level
         self.every_s = every_s
         self.clock = clock
         self._last: dict[str, float] = {}
@@ -159,7 +189,7 @@ class RateLimitedLog:
             return
         self._last[key] = now
         self._held[key] = 0
-        self.logger.warning(self.fmt, held, key)
+        self.logger.log(self.level, self.fmt, held, key)
 
 
 class _StateCollector(Collector):

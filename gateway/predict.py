@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from core.distribution import LengthDistribution
+from core.outcomes import PredictionPath
 from core.predictor import LengthPredictor
 from core.request import PredictionQuery
 from gateway.settings import DEFAULT_BUDGET_S, PredictorSettings
-from predictor.embedder import PromptLike
+from predictor.embedder import PromptLike, readable_text
 from predictor.factory import make_predictor
 from predictor.history import WindowBounds
 from predictor.redis_store import RedisStore
@@ -137,6 +138,9 @@ class SemanticAdapter:
         return self.face.core
 
     async def predict(self, inp: PredictInput) -> tuple[LengthDistribution | None, str]:
+        if readable_text(inp.prompt) is None:  # token ids: nothing to embed
+            pred = self.face.core.fallback(inp.prompt_tokens, inp.model)
+            return pred.distribution, PredictionPath.NO_TEXT
         job = self.face.begin_features(inp.prompt, self.budget_s)
         task = job.task
         try:
@@ -166,6 +170,8 @@ class SemanticAdapter:
         return self.face.core.predict_features(feats, inp.prompt_tokens, inp.model).distribution
 
     async def record(self, inp: PredictInput, output_tokens: int) -> None:
+        if readable_text(inp.prompt) is None:
+            return
         given: PromptLike | PromptFeatures = inp.prompt  # one embedding per request
         if isinstance(inp.features, asyncio.Future):
             try:

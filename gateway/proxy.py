@@ -23,6 +23,7 @@ from starlette.responses import Response
 
 from core.outcomes import Outcome
 from gateway.backends import Backend, BackendPool
+from gateway.blame import MAX_ERROR_BYTES, Suspect, error_object
 from gateway.continuation import Transcript, pausable
 from gateway.dispatcher import Dispatcher
 from gateway.lifecycle import Lifecycle
@@ -44,11 +45,14 @@ THROTTLED = 429
 
 @dataclass(slots=True)
 class Failed:
-    """Why one try failed before the first byte; ``retry_after`` is set when the backend said 429."""
+    """Why one try failed before the first byte; ``retry_after`` is set when the backend said 429.
+    ``suspect``: the request may be the cause (see ``gateway.blame``); the backend is not charged
+    until the request's next try gives the verdict."""
 
     why: str
     throttled: bool = False
     retry_after: str | None = None
+    suspect: Suspect | None = None
 
 
 class Proxy:
@@ -120,22 +124,28 @@ class Proxy:
         """Send ``lc``'s request to ``b``: the open response, or why it failed before the first byte
         (unreachable, throttled, a server error)."""
         req = lc.req
+        sent_at = self.dispatcher.clock()
         try:
             resp = await self.client.send(self._build(req, b, stream), stream=True)
-        except Exception as exc:
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # never the request's fault
             lc.attempt_failed()
             self.pool.request_failed(b, hard=isinstance(exc, httpx.ConnectError))
-            return self._failed(b, "", exc)
+            return self._failed(b, "", exc, None)
+        except Exception as exc:
+            lc.attempt_failed()
+            return self._failed(b, "", exc, sent_at)
         if resp.status_code == THROTTLED:  # the backend is busy, not broken: no breaker
             await close_quietly(resp)
             lc.attempt_failed()
             retry = resp.headers.get("retry-after") or str(self.settings.queue.retry_after_s)
             return Failed(f"{b.name}: HTTP 429", True, retry)
         if resp.status_code in RETRYABLE:
-            await close_quietly(resp)
+            error = error_object(await _head_of_body(resp))
             lc.attempt_failed()
-            self.pool.request_failed(b, hard=False)
-            return Failed(f"{b.name}: HTTP {resp.status_code}")
+            why = f"{b.name}: HTTP {resp.status_code}"
+            if error is not None and error.get("message"):
+                why += f" ({str(error['message'])[:200]})"
+            return Failed(why, suspect=Suspect(b.name, why, sent_at, error))
         return resp
 
     async def first_chunk(
@@ -147,16 +157,20 @@ class Proxy:
             first = await anext(chunks)
         except Exception as exc:  # StopAsyncIteration included
             lc.attempt_failed()
-            self.pool.request_failed(b, hard=False)
-            return self._failed(b, "stream ended before its first chunk", exc)
+            return self._failed(b, "stream ended before its first chunk", exc, self.dispatcher.clock())
         return chunks, first
 
     @staticmethod
-    def _failed(b: Backend, what: str, exc: Exception) -> Failed:
+    def _failed(b: Backend, what: str, exc: Exception, suspect_since: float | None) -> Failed:
+        """The try failed with ``exc``; with ``suspect_since`` the request may be the cause, and the
+        verdict waits for its next try (was the backend answering others after ``suspect_since``?)."""
         name = type(exc).__name__
         if not isinstance(exc, httpx.HTTPError | StopAsyncIteration):
             log.warning("backend %s: unexpected %s from the upstream client: %s", b.name, name, exc)
-        return Failed(f"{b.name}: {what} ({name})" if what else f"{b.name}: {name}")
+        why = f"{b.name}: {what} ({name})" if what else f"{b.name}: {name}"
+        if suspect_since is None:
+            return Failed(why)
+        return Failed(why, suspect=Suspect(b.name, why, suspect_since))
 
     async def _whole(
         self, lc: Lifecycle, b: Backend, resp: httpx.Response, inp: PredictInput
@@ -166,8 +180,7 @@ class Proxy:
             body = await resp.aread()
         except Exception as exc:
             lc.attempt_failed()
-            self.pool.request_failed(b, hard=False)
-            return self._failed(b, "body failed", exc)
+            return self._failed(b, "body failed", exc, self.dispatcher.clock())
         self.answered(lc, b)
         status = resp.status_code
         output = None
@@ -233,6 +246,23 @@ class Proxy:
         if outcome is Outcome.OK and output is not None:
             self.metrics.outcome(req.prediction, output, self.dispatcher.clock() - req.arrival_s)
             self.recorder.record(inp, output)
+
+
+async def _head_of_body(resp: httpx.Response) -> bytes:
+    """Up to ``MAX_ERROR_BYTES`` of an error answer's body (then the response is closed)."""
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in resp.aiter_raw():
+            parts.append(chunk)
+            size += len(chunk)
+            if size >= MAX_ERROR_BYTES:
+                break
+    except Exception:  # a body that breaks off says no more about why
+        pass
+    finally:
+        await close_quietly(resp)
+    return b"".join(parts)
 
 
 def _completion_tokens(body: bytes) -> object:

@@ -43,6 +43,9 @@ class BackendSettings(BaseModel):
 
 _ADMISSION = AdmissionConfig()
 
+OpenEndpoint = Literal["metrics", "models", "openapi"]
+OPEN_BY_DEFAULT: tuple[OpenEndpoint, ...] = ("metrics", "models", "openapi")
+
 
 LIVE_MAX_WAITING_TOKENS = 8192
 
@@ -213,7 +216,14 @@ class UpstreamSettings(BaseModel):
     """Idle pooled connections are dropped after this, before the backend's own keep-alive (uvicorn's
     is 5 s) closes them: reusing a connection the server is closing fails before the first byte."""
     max_attempts: int = Field(default=2, ge=1)
-    """Tries per request across backends when one fails before sending anything."""
+    """Tries per request across backends when one fails before sending anything. A request that
+    fails with a 5xx (or is dropped before its first byte) on two backends is taken as the cause and
+    not tried again, whatever this says (``gateway.blame``)."""
+    tenant_retry_rate: float = Field(default=2.0, ge=0.0)
+    """Retries per second each tenant may have after failures its own request may have caused (a 5xx,
+    a try dropped before its first byte); failures to connect are retried outside this budget."""
+    tenant_retry_burst: int = Field(default=20, ge=0)
+    """... and at most this many at once. A tenant past its budget gets the first failure's 502."""
     force_usage: bool = True
     """Ask streaming backends for a usage chunk (hidden from clients that did not ask) to learn
     the exact output length."""
@@ -246,6 +256,12 @@ class LimitSettings(BaseModel):
     """Open client connections (and requests) at most, beyond which uvicorn answers ``503``
     (``limit_concurrency``). Off by default: the queue bounds requests and the timeouts above bound
     idle sockets; set it below the process's file-descriptor limit."""
+    keep_alive_s: float = Field(default=75.0, gt=0.0)
+    """How long an idle client connection stays open for its next request (uvicorn's
+    ``timeout_keep_alive``, 5 s by default). Longer than common client pools keep idle connections
+    (aiohttp 15 s, httpx 5 s, Go 90 s is the exception): a server that closes a pooled connection
+    just as the client reuses it fails that request with no status (measured at uvicorn's 5 s:
+    14 of 750 requests from a pool idling 4.9-5.1 s)."""
     max_json_depth: int = Field(default=64, ge=2, le=500)
     """Deepest nesting of arrays and objects a body may have (``400`` beyond): OpenAI bodies, tool
     schemas included, rarely pass 20; the bound keeps parsing off Python's recursion limit."""
@@ -294,6 +310,13 @@ class GatewaySettings(BaseSettings):
     """API key → tenant. Empty: no authentication, tenant from ``x-tenant``."""
     admin_key: str | None = None
     """Bearer key for ``/admin/*``; admin routes are closed when unset."""
+    open_endpoints: list[OpenEndpoint] = Field(default_factory=lambda: list(OPEN_BY_DEFAULT))
+    """With ``api_keys`` set, the read-only endpoints that still answer without a key: ``metrics``
+    (``/metrics``, for Prometheus), ``models`` (``/v1/models``), ``openapi`` (``/openapi.json``).
+    The others need a client's key or the admin key (401 otherwise). ``/health`` and ``/ready``
+    always answer (load balancers probe them); generation always needs a key."""
+    cors_origins: list[str] = Field(default_factory=list)
+    """Origins browsers may call the gateway from (``["*"]`` for any); empty: no CORS headers."""
     log_prompts: bool = False
     drain_timeout_s: float = Field(default=30.0, ge=0.0)
     """On SIGTERM, how long in-flight and queued requests may take to finish. Then the gateway ends

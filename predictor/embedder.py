@@ -73,11 +73,27 @@ PromptLike = str | Sequence[Mapping[str, Any]]
 
 def flatten_prompt(prompt: PromptLike) -> str:
     """Text the embedder sees: a plain prompt as is; chat messages as ``role: content`` lines of the
-    system and user turns (what a chat template feeds the model, less the assistant's own words)."""
+    system and user turns (what a chat template feeds the model, less the assistant's own words); a
+    one-prompt list as that prompt; token ids as nothing (see :func:`readable_text`)."""
+    return readable_text(prompt) or ""
+
+
+def readable_text(prompt: PromptLike | Sequence[Any]) -> str | None:
+    """The prompt's text, or None when it has none to read: a completion prompt of token ids (or a
+    list of them). Never raises on a prompt the OpenAI API accepts."""
     if isinstance(prompt, str):
         return prompt
+    if not prompt:
+        return ""
+    first = prompt[0]
+    if isinstance(first, str):  # a list of text prompts
+        return "\n".join(p for p in prompt if isinstance(p, str))
+    if not isinstance(first, Mapping):  # token ids, or lists of them
+        return None
     lines = []
     for msg in prompt:
+        if not isinstance(msg, Mapping):
+            continue
         role = str(msg.get("role", "user"))
         if role not in ("system", "developer", "user"):
             continue

@@ -124,7 +124,7 @@ def run(settings: Any, *, reuse_port: bool = False) -> None:
         port=settings.port,
         log_level=settings.log_level.lower(),
         access_log=False,
-        **uvicorn_options(settings),
+        **uvicorn_options(settings, gateway.metrics.connection_event),
     )
     names = ", ".join(b.url for b in settings.backends)
     typer.echo(

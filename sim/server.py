@@ -165,6 +165,18 @@ class Backend:
             return body.max_completion_tokens
         return body.max_tokens
 
+    def encode_input(self, text: str) -> list[int]:
+        """The input's token ids; an input the tokenizer refuses is the client's error (400), as vLLM
+        answers an input beyond the model's context, never a 500."""
+        try:
+            return encode(text)
+        except ValueError as exc:
+            raise ApiError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, your "
+                f"request has about {len(text) // 4} input tokens ({exc}). Please reduce the length "
+                "of the input."
+            ) from None
+
     def prompt_of(self, prompt: Any) -> _Prompt:
         """A completion prompt: text, token ids, or a one-element list of either."""
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
@@ -172,7 +184,7 @@ class Backend:
                 raise ApiError("batched prompts are not supported by the simulated backend", param="prompt")
             prompt = prompt[0]
         if isinstance(prompt, str):
-            ids = encode(prompt)
+            ids = self.encode_input(prompt)
         else:
             ids = list(prompt)
             bad = next((t for t in ids if not 0 <= t < self.vocab), None)
@@ -203,7 +215,7 @@ class Backend:
                     param="continue_final_message",
                 )
             written = written_before(last.content) if isinstance(last.content, str) else 0
-        ids = encode(flatten_messages([m.model_dump() for m in messages]))
+        ids = self.encode_input(flatten_messages([m.model_dump() for m in messages]))
         return _Prompt(max(1, len(ids)), _pack(ids or [0]), written)
 
     def check_length(self, prompt: _Prompt, max_tokens: int) -> None:
@@ -356,9 +368,9 @@ def create_app(settings: BackendSettings | None = None) -> FastAPI:
         if body.model is not None and body.model != be.model_name:
             raise ApiError(f"The model `{body.model}` does not exist.", param="model")
         if body.messages is not None:
-            ids = encode(flatten_messages([m.model_dump() for m in body.messages]))
+            ids = be.encode_input(flatten_messages([m.model_dump() for m in body.messages]))
         elif isinstance(body.prompt, str):
-            ids = encode(body.prompt)
+            ids = be.encode_input(body.prompt)
         elif body.prompt is not None:
             ids = list(body.prompt)
         else:

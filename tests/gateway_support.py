@@ -135,6 +135,9 @@ class FakeState:
     block_size: int = 16
     model: str = "fake"
     list_models: bool = True
+    poison: str | None = None
+    """A request whose body holds this text is answered 500 (a poison input), with ``poison_type``."""
+    poison_type: str = "InternalServerError"
     requests: int = 0
     completed: int = 0
     disconnects: int = 0
@@ -187,6 +190,9 @@ class FakeBackend:
         s.bodies.append(body)
         if s.mode == "fail500":
             return JSONResponse({"error": {"message": "boom"}}, status_code=500)
+        if s.poison is not None and s.poison in json.dumps(body):
+            err = {"message": "the engine failed on this input", "type": s.poison_type, "code": 500}
+            return JSONResponse({"error": err}, status_code=500)
         if body.get("stream"):
             return StreamingResponse(self._stream(body), media_type="text/event-stream")
         gone = asyncio.ensure_future(_wait_disconnect(request))

@@ -67,8 +67,9 @@ def test_nesting_within_the_limit_is_forwarded(stack: tuple[str, FakeBackend]) -
     assert levels == 60
 
 
-@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity", "1e400", "-2.5E+999"])
 def test_nan_and_infinity_are_refused(stack: tuple[str, FakeBackend], constant: str) -> None:
+    """Also numbers that overflow to infinity when parsed (``1e400`` was forwarded as ``inf``)."""
     url, fake = stack
     before = fake.state.requests
     raw = f'{{"model":"fake","messages":[{{"role":"user","content":"hi"}}],"temperature":{constant}}}'
@@ -76,6 +77,14 @@ def test_nan_and_infinity_are_refused(stack: tuple[str, FakeBackend], constant: 
     err = _openai_error(r, 400)
     assert constant in str(err["message"]) and err["code"] == "invalid_request"
     assert fake.state.requests == before
+
+
+def test_large_finite_numbers_still_pass(stack: tuple[str, FakeBackend]) -> None:
+    url, fake = stack
+    raw = '{"model":"fake","messages":[{"role":"user","content":"hi"}],"max_tokens":3,"x":1e300,"y":1e-400}'
+    r = httpx.post(url + "/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    assert fake.state.bodies[-1]["x"] == 1e300 and fake.state.bodies[-1]["y"] == 0.0
 
 
 def test_bad_query_parameter_is_openai_shaped(stack: tuple[str, FakeBackend]) -> None:
@@ -120,3 +129,96 @@ def test_aborted_uploads_are_quiet_cancellations(
     assert not noisy, [r.getMessage() for r in noisy]
     assert fake.state.requests == before
     assert httpx.get(url + "/health").status_code == 200
+
+
+# --- operators' conventions (issue 35) ---------------------------------------------------------------
+def test_health_and_ready_answer_head_probes(stack: tuple[str, FakeBackend]) -> None:
+    url, _ = stack
+    for path in ("/health", "/ready"):
+        r = httpx.head(url + path)
+        assert r.status_code == 200 and r.content == b""
+
+
+def test_without_cors_origins_no_cors_headers_are_sent(stack: tuple[str, FakeBackend]) -> None:
+    url, _ = stack
+    r = httpx.get(url + "/health", headers={"origin": "https://app.example"})
+    assert "access-control-allow-origin" not in r.headers
+
+
+def test_cors_origins_answer_preflights_and_tag_answers() -> None:
+    fake = FakeBackend(tokens=3)
+    with ServerThread(fake.app) as be:
+        settings = settings_for([be.url], cors_origins=["https://app.example"])
+        with ServerThread(create_app(settings)) as gw:
+            pre = httpx.options(
+                gw.url + "/v1/chat/completions",
+                headers={
+                    "origin": "https://app.example",
+                    "access-control-request-method": "POST",
+                    "access-control-request-headers": "authorization, content-type",
+                },
+            )
+            assert pre.status_code == 200
+            assert pre.headers["access-control-allow-origin"] == "https://app.example"
+            r = httpx.post(
+                gw.url + "/v1/chat/completions",
+                json={"model": "fake", "messages": [{"role": "user", "content": "hi"}]},
+                headers={"origin": "https://app.example"},
+            )
+            assert r.status_code == 200
+            assert r.headers["access-control-allow-origin"] == "https://app.example"
+            other = httpx.options(
+                gw.url + "/v1/chat/completions",
+                headers={"origin": "https://evil.example", "access-control-request-method": "POST"},
+            )
+            assert other.headers.get("access-control-allow-origin") != "https://evil.example"
+
+
+@pytest.mark.parametrize(
+    ("open_endpoints", "closed"),
+    [
+        (["metrics", "models", "openapi"], []),  # the default
+        ([], ["/metrics", "/v1/models", "/openapi.json"]),
+        (["metrics"], ["/v1/models", "/openapi.json"]),
+    ],
+)
+def test_which_read_only_endpoints_need_a_key_is_a_setting(
+    open_endpoints: list[str], closed: list[str]
+) -> None:
+    fake = FakeBackend(tokens=3)
+    with ServerThread(fake.app) as be:
+        settings = settings_for([be.url], api_keys={"k-1": "team"}, open_endpoints=open_endpoints)
+        with ServerThread(create_app(settings)) as gw:
+            for path in ("/metrics", "/v1/models", "/openapi.json"):
+                anon = httpx.get(gw.url + path)
+                if path in closed:
+                    assert _openai_error(anon, 401)["code"] == "unauthorized"
+                    for key in ("k-1", "admin-secret"):  # a client's key or the admin's
+                        auth = {"authorization": f"Bearer {key}"}
+                        assert httpx.get(gw.url + path, headers=auth).status_code == 200
+                else:
+                    assert anon.status_code == 200
+            for path in ("/health", "/ready"):  # load balancers' probes never need a key
+                assert httpx.get(gw.url + path).status_code == 200
+
+
+def test_token_id_prompts_are_predicted_from_the_prior_without_an_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The semantic predictor on prompts with no text (token ids) answers from the length prior,
+    says so in the path metric, and logs no error (it logged ~30 traceback lines per request)."""
+    fake = FakeBackend(tokens=3)
+    with ServerThread(fake.app) as be:
+        settings = settings_for([be.url], predictor="semantic", policy="sagesched")
+        with caplog.at_level(logging.WARNING), ServerThread(create_app(settings)) as gw:
+            prompts: list[object] = [[1, 2, 3, 4], [[5, 6, 7]], ["a text prompt in a list"], "plain"]
+            for prompt in prompts:
+                r = httpx.post(
+                    gw.url + "/v1/completions", json={"model": "fake", "prompt": prompt}, timeout=30
+                )
+                assert r.status_code == 200, r.text
+            assert _metric(gw.url, 'sagegate_predictor_path_total{path="no_text"}') == 2
+            assert _metric(gw.url, 'sagegate_predictor_path_total{path="error"}') == 0
+            time.sleep(0.5)  # the outcomes are recorded in the background
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]

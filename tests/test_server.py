@@ -313,6 +313,19 @@ def test_context_limit_is_inclusive(small: str) -> None:
     assert _post(small, "/v1/completions", body).status_code == 200
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/tokenize"])
+def test_an_input_too_long_to_tokenize_is_a_400_not_a_500(small: str, path: str) -> None:
+    """A 2 MB prompt: the tokenizer refuses it, and the backend answers as vLLM does for an input past
+    its context (it answered 500, which a gateway reads as the backend failing)."""
+    text = "hello world " * 180_000
+    body: dict[str, Any] = {"prompt": text} if path != "/v1/chat/completions" else {}
+    if path == "/v1/chat/completions":
+        body["messages"] = [{"role": "user", "content": text}]
+    r = _post(small, path, body)
+    assert_openai_error(r)
+    assert "maximum context length" in r.json()["error"]["message"]
+
+
 def test_openai_client_raises_bad_request(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=SERVED, prompt="hi", max_tokens=0)
