@@ -32,6 +32,7 @@ from gateway.dispatcher import Dispatcher, PauseVerdict
 from gateway.errors import GatewayError
 from gateway.intake import Intake
 from gateway.ledger import SharedLedger
+from gateway.locality import Locality
 from gateway.metrics import GatewayMetrics
 from gateway.openai_schema import ChatCompletionRequest, CompletionRequest, ErrorBody, Route
 from gateway.predict import GatewayPredictor, Recorder, build_predictor
@@ -94,6 +95,7 @@ class Gateway:
             clock=self.clock,
             ledger=self.ledger,
             pause=settings.pause.config(),
+            locality=Locality(settings.placement, self.pool.backends, self.metrics),
         )
         self.dispatcher.pause_enabled = settings.pause.enabled
         self.recorder = Recorder(self.predictor)

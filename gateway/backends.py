@@ -19,10 +19,11 @@ from typing import Any
 
 import httpx
 
-from gateway.scrape import EngineMetrics, parse_metrics
+from gateway.scrape import EngineMetrics, parse_metrics, restarted
 from gateway.settings import BackendSettings, GatewaySettings, HealthSettings
 from gateway.upstream import Upstream
 from policies.admission import BackendLoad
+from policies.prefix_index import PrefixIndex
 from policies.prompt_share import PromptShare
 
 log = logging.getLogger("sagegate.gateway")
@@ -114,16 +115,21 @@ class Backend:
         self.held_generated = 0
         self._held_at_scrape = (0, 0)
         self.prompt_share = PromptShare()
+        self.prefix = PrefixIndex(self.load.capacity_tokens // 16)
+        """The prompt blocks predicted cached here (``gateway.locality``; resized from the capacity)."""
 
     @property
     def healthy(self) -> bool:
         return self.load.healthy
 
     def update_health(self) -> bool:
-        """Recompute ``load.healthy``; returns whether it changed."""
+        """Recompute ``load.healthy``; returns whether it changed. A backend that goes down is
+        predicted to come back with an empty cache."""
         healthy = self.probe_ok and not self.breaker.is_open
         changed = healthy != self.load.healthy
         self.load.healthy = healthy
+        if changed and not healthy:
+            self.prefix.clear()
         return changed
 
     def serves(self, model: str) -> bool:
@@ -185,6 +191,8 @@ class Backend:
         """The engine reports ``m.waiting`` requests waiting. An engine starts requests in arrival
         order, so ours among them are the most recently sent of those still without a byte; any
         beyond ours (other clients') count as the running mean prompt sent here."""
+        if restarted(self.metrics, m):
+            self.prefix.clear()
         self.metrics = m
         self.in_scrape.clear()
         still = [rid for rid in self._snapshot if rid in self.unstarted]

@@ -91,7 +91,8 @@ class Director:
             self.resolve_model(client)
             inp = await self.count_tokens(client, who)
             prediction, path = await self.predict(inp)
-            lc = self.enqueue(self.describe(client, who, inp, prediction, path, arrival))
+            session = request.headers.get(self.settings.placement.session_header)
+            lc = self.enqueue(self.describe(client, who, inp, prediction, path, arrival, session))
             self.follow_late_prediction(lc, inp)
             return await self.serve(lc, inp)
         return self.client_gone(route)
@@ -148,13 +149,14 @@ class Director:
         prediction: LengthDistribution | None,
         path: str,
         arrival: float,
+        session: str | None = None,
     ) -> GatewayRequest:
-        """The request as the policy and the dispatcher see it."""
+        """The request as the policy and the dispatcher see it (its prompt blocks keyed for placement)."""
         rid = next(self._ids)
         if self.settings.log_prompts:
             log.info("request %d from %s: %r", rid, who.tenant, client.prompt)
         max_tokens = client.max_tokens
-        return GatewayRequest(
+        req = GatewayRequest(
             rid,
             arrival,
             inp.prompt_tokens,
@@ -171,6 +173,10 @@ class Director:
             want_usage=client.want_usage,
             max_tokens=max_tokens,
         )
+        locality = self.dispatcher.locality
+        if locality is not None:
+            locality.describe(req, session)
+        return req
 
     def capped(self, dist: LengthDistribution | None, max_tokens: int | None) -> LengthDistribution | None:
         """The prediction as the request carries it: capped at its ``max_tokens`` unless

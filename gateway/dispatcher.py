@@ -38,12 +38,14 @@ from typing import Protocol
 from core.distribution import LengthDistribution
 from gateway.backends import BackendPool
 from gateway.ledger import QueueHead, SharedLedger
+from gateway.locality import Locality
 from gateway.metrics import GatewayMetrics
 from gateway.queue import BoundedQueue, DispatchRefused, GatewayRequest
 from policies.admission import AdmissionConfig, Charge
 from policies.base import Capability, Policy
 from policies.dispatch_loop import Decision, DispatchLoop
 from policies.pause import PauseConfig
+from policies.placement import CacheView
 from policies.prompt_share import charged_prompt
 from policies.rank_threshold import threshold_mask
 
@@ -90,8 +92,11 @@ class Dispatcher:
         clock: Callable[[], float] = time.monotonic,
         ledger: SharedLedger | None = None,
         pause: PauseConfig | None = None,
+        locality: Locality | None = None,
     ) -> None:
         self.policy = policy
+        self.locality = locality
+        """Where prompts are predicted cached (None: placement by room alone)."""
         self.ledger = ledger
         """The admission ledger shared with other replicas (None: this replica owns every backend)."""
         self._committing: dict[int, GatewayRequest] = {}
@@ -289,6 +294,8 @@ class Dispatcher:
         self.flying.pop(id(req), None)
         b = self.pool.backends[idx]
         b.left(req.rid, req.upstream_prompt, req.generated - req.resumed_from)
+        if self.locality is not None:
+            self.locality.left(req, idx)
         if req.charge is not None:
             b.load.release(req.charge)
             if self.ledger is not None:
@@ -329,6 +336,10 @@ class _GatewayDriver:
             d.held_for_others += 1
         return held
 
+    def cached(self, req: GatewayRequest) -> CacheView | None:
+        loc = self.d.locality
+        return None if loc is None else loc.cached(req)
+
     def dispatched(self, req: GatewayRequest, backend: int, charge: Charge, now: float) -> None:
         """Chosen: sent at once, or (shared ledger) once Redis has charged it fleet-wide."""
         d = self.d
@@ -368,6 +379,8 @@ class _GatewayDriver:
         req.backend = backend
         d.flying[id(req)] = req
         b.sent(req.rid, req.upstream_prompt)
+        if d.locality is not None:
+            d.locality.sent(req, backend)
         req.t_dispatch = now
         asyncio.get_running_loop().call_later(d.pending_s, d._expire, req, backend, req.attempt)
         if d.metrics is not None:

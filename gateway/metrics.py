@@ -54,6 +54,21 @@ class GatewayMetrics:
             ["verdict"],
             registry=r,
         )
+        self.placements = Counter(
+            "sagegate_placements",
+            "Dispatches by how the prefix cache placed them: sticky (where most of the prompt is "
+            "predicted cached), broke_away (another backend holds more, but waiting there costs more), "
+            "no_hit (cached nowhere).",
+            ["kind"],
+            registry=r,
+        )
+        self.prefix_tokens = Counter(
+            "sagegate_prefix_tokens",
+            "Prompt tokens dispatched to each backend (what=sent) and of those predicted cached there "
+            "(what=predicted_cached); the backend's own vllm:prefix_cache_hits/queries say what it found.",
+            ["backend", "what"],
+            registry=r,
+        )
         self.cancellations = Counter(
             "sagegate_cancellations", "Requests whose client went away, by stage.", ["stage"], registry=r
         )
@@ -132,6 +147,12 @@ class GatewayMetrics:
         how many the line stands for, so a flood of refusals cannot flood the log)."""
         self.rejections.labels(reason).inc()
         self._rejection_log.note(reason)
+
+    def placed(self, backend: str, kind: str, prompt_tokens: int, cached: int) -> None:
+        """A dispatch placed by ``gateway.locality``."""
+        self.placements.labels(kind).inc()
+        self.prefix_tokens.labels(backend, "sent").inc(prompt_tokens)
+        self.prefix_tokens.labels(backend, "predicted_cached").inc(cached)
 
     def connection_event(self, why: str) -> None:
         """A client connection closed by the gateway or lost (``gateway.client_guard``): counted, and

@@ -32,6 +32,7 @@ class GatewayRequest(SchedRequest):
     __slots__ = (
         "attempt",
         "backend",
+        "block_tokens",
         "body",
         "charge",
         "charged_prompt",
@@ -40,10 +41,14 @@ class GatewayRequest(SchedRequest):
         "max_tokens",
         "model",
         "pauses",
+        "predicted_cached",
         "prediction_path",
+        "prefix_hits",
+        "prefix_keys",
         "prompt",
         "resumed_from",
         "route",
+        "session",
         "stream",
         "t_dispatch",
         "t_enqueue",
@@ -98,6 +103,14 @@ class GatewayRequest(SchedRequest):
         self.resumed_from = 0
         """Tokens it had generated when its current try was dispatched (a continuation's prompt holds
         them: the backend prefills ``prompt_tokens + resumed_from``)."""
+        # Cache-aware placement (``gateway.locality``): the prompt's block keys, the tokens one block
+        # stands for, the client's session, each backend's predicted cached tokens at the last
+        # decision, and those of the backend it was sent to.
+        self.prefix_keys: list[int] = []
+        self.block_tokens = 0.0
+        self.session: str | None = None
+        self.prefix_hits: list[int] | None = None
+        self.predicted_cached = 0
 
     @property
     def upstream_prompt(self) -> int:

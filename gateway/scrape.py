@@ -21,6 +21,12 @@ class EngineMetrics:
     preemptions: int = 0
     capacity_tokens: int | None = None
     """``num_gpu_blocks × block_size`` from ``vllm:cache_config_info``."""
+    prefix_queries: float | None = None
+    """``vllm:prefix_cache_queries_total`` (tokens looked up in the prefix cache; None: not reported)."""
+    prefix_hits: float | None = None
+    """``vllm:prefix_cache_hits_total`` (tokens found there)."""
+    prompt_tokens: float | None = None
+    """``vllm:prompt_tokens_total``: with the two above, a counter that falls says the engine restarted."""
 
 
 _NAMES = {
@@ -30,6 +36,9 @@ _NAMES = {
     "vllm:gpu_cache_usage_perc": "kv_usage",
     "vllm:num_preemptions_total": "preemptions",
     "vllm:num_preemptions": "preemptions",
+    "vllm:prefix_cache_queries_total": "prefix_queries",
+    "vllm:prefix_cache_hits_total": "prefix_hits",
+    "vllm:prompt_tokens_total": "prompt_tokens",
 }
 
 
@@ -69,4 +78,19 @@ def parse_metrics(text: str) -> EngineMetrics:
     out.preemptions = int(sums.get("preemptions", 0))
     out.kv_usage = max(kv) if kv else None
     out.capacity_tokens = blocks or None
+    out.prefix_queries = sums.get("prefix_queries")
+    out.prefix_hits = sums.get("prefix_hits")
+    out.prompt_tokens = sums.get("prompt_tokens")
     return out
+
+
+def restarted(before: EngineMetrics | None, after: EngineMetrics) -> bool:
+    """Whether a counter fell between two scrapes (the engine restarted, its cache empty)."""
+    if before is None:
+        return False
+    pairs = (
+        (before.prefix_queries, after.prefix_queries),
+        (before.prompt_tokens, after.prompt_tokens),
+        (float(before.preemptions), float(after.preemptions)),
+    )
+    return any(a is not None and b is not None and b < a for a, b in pairs)

@@ -190,6 +190,22 @@ class QueueSettings(BaseModel):
     retry_after_s: int = Field(default=1, ge=0)
 
 
+class PlacementSettings(BaseModel):
+    """Where a dispatched request goes (``policies.placement``, ``gateway.locality``)."""
+
+    mode: Literal["cache_aware", "least_loaded"] = "cache_aware"
+    """``cache_aware``: weigh each backend's predicted cached prefix of the prompt against the work
+    queued there; with no hit anywhere this is ``least_loaded``: the backend with the most room."""
+    block_tokens: int = Field(default=64, ge=1, le=4096)
+    """Tokens per block of the gateway's prefix index (about 4 characters a token). Larger blocks cost
+    less CPU per request and predict hits up to one block short."""
+    session_header: str = "x-session-id"
+    """A client's session id: a session's next turn is credited, on the backend of its last turn,
+    with that turn's prompt."""
+    max_sessions: int = Field(default=100_000, ge=1)
+    """Sessions remembered at most (least recently seen dropped first)."""
+
+
 class HealthSettings(BaseModel):
     """Health probing, metrics scraping and the circuit breaker."""
 
@@ -304,6 +320,7 @@ class GatewaySettings(BaseSettings):
     """A shared admission ledger across replicas (needs ``redis_url``; see docs/gateway.md)."""
     queue: QueueSettings = Field(default_factory=QueueSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
+    placement: PlacementSettings = Field(default_factory=PlacementSettings)
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
     api_keys: dict[str, str] = Field(default_factory=dict)

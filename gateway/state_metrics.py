@@ -45,10 +45,25 @@ class StateGauges:
             "Backend's waiting requests (scraped, plus sent since).",
             labels=labels,
         )
+        hit_rate = GaugeMetricFamily(
+            "sagegate_backend_prefix_hit_rate",
+            "The backend's own prefix cache hit rate since it started (vllm:prefix_cache_hits / "
+            "queries, as last scraped; absent when it reports none).",
+            labels=labels,
+        )
+        indexed = GaugeMetricFamily(
+            "sagegate_backend_prefix_index_blocks",
+            "Prompt blocks the gateway predicts cached on the backend (its prefix index).",
+            labels=labels,
+        )
         for b in self.pool.backends:
+            m = b.metrics
+            if m is not None and m.prefix_queries and m.prefix_hits is not None:
+                hit_rate.add_metric([b.name], m.prefix_hits / m.prefix_queries)
+            indexed.add_metric([b.name], len(b.prefix))
             inflight.add_metric([b.name], b.inflight)
             reserved.add_metric([b.name], b.load.charged_tokens)
             capacity.add_metric([b.name], b.load.capacity_tokens)
             healthy.add_metric([b.name], 1.0 if b.healthy else 0.0)
             waiting.add_metric([b.name], b.load.waiting)
-        return [depth, tokens, share, inflight, reserved, capacity, healthy, waiting]
+        return [depth, tokens, share, inflight, reserved, capacity, healthy, waiting, hit_rate, indexed]

@@ -35,6 +35,8 @@ BACKEND_HEADER = "x-sagegate-backend"
 REQUEST_ID_HEADER = "x-sagegate-request-id"
 """The gateway's id of the request (what ``POST /admin/requests/{id}/pause`` takes)."""
 PREDICTED_HEADER = "x-sagegate-predicted-tokens"
+PREFIX_HIT_HEADER = "x-sagegate-prefix-hit"
+"""The prompt tokens predicted cached on the backend the request went to (cache-aware placement)."""
 SHUTDOWN_MESSAGE = "the gateway is shutting down"
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -305,6 +307,8 @@ def answer_headers(req: GatewayRequest, b: Backend) -> dict[str, str]:
     out = {BACKEND_HEADER: b.name, REQUEST_ID_HEADER: str(req.rid)}
     if req.prediction is not None:
         out[PREDICTED_HEADER] = str(round(req.prediction.mean))
+    if req.prefix_hits is not None:
+        out[PREFIX_HIT_HEADER] = str(req.predicted_cached)
     return out
 
 

@@ -300,15 +300,24 @@ def choose_backend(
     best: int | None = None
     best_room = float("-inf")
     for i, b in enumerate(backends):
-        waiting = b.waiting + b.foreign_waiting
-        if not b.healthy or waiting >= cfg.max_waiting or (allowed is not None and not allowed[i]):
-            continue
-        if waiting and b.waiting_tokens + b.foreign_waiting_tokens + prompt_tokens > cfg.max_waiting_tokens:
+        if not eligible(b, i, cfg, prompt_tokens, allowed):
             continue
         room = b.room(cfg.target)
         if room > best_room and b.admits(charge, cfg):
             best, best_room = i, room
     return best
+
+
+def eligible(
+    b: BackendLoad, i: int, cfg: AdmissionConfig, prompt_tokens: int, allowed: Sequence[bool] | None
+) -> bool:
+    """Whether backend ``b`` (index ``i``) may take a request now, memory aside: healthy, allowed,
+    and its waiting list within ``max_waiting`` requests and ``max_waiting_tokens`` prompt tokens."""
+    waiting = b.waiting + b.foreign_waiting
+    if not b.healthy or waiting >= cfg.max_waiting or (allowed is not None and not allowed[i]):
+        return False
+    backlog = b.waiting_tokens + b.foreign_waiting_tokens + prompt_tokens
+    return not (waiting and backlog > cfg.max_waiting_tokens)
 
 
 def usage_after(charge: float, idx: int | None, loads: Sequence[BackendLoad]) -> float:

@@ -1,7 +1,8 @@
 """One dispatch pass of the admission rule, the same code for the live gateway and the simulated one.
 
 A pass takes the queue's best-ranked request, charges it, picks the backend that admits it
-(``policies.admission.choose_backend``), lets the policy screen it, and then dispatches it and goes
+(``policies.placement.choose_placement``: the admission rule's choice, moved to where its prefix is
+cached when that pays), lets the policy screen it, and then dispatches it and goes
 on, refuses it and goes on, or stops (the head waits: the policy holds it or no backend has room).
 Written once so that what the simulator measures is what the gateway runs. What the two drivers do
 differently lies outside the rule and is theirs, behind :class:`AdmissionDriver`: where a charge comes
@@ -24,9 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from policies.admission import AdmissionConfig, BackendLoad, Charge, choose_backend, usage_after
+from policies.admission import AdmissionConfig, BackendLoad, Charge, usage_after
 from policies.base import ADMIT, Capability, LoadView, Policy, SchedRequest, Verdict
 from policies.pause import PauseConfig, choose_pause
+from policies.placement import CacheView, Placement, choose_placement
 
 R = TypeVar("R", bound=SchedRequest)
 
@@ -70,6 +72,9 @@ class AdmissionDriver(Protocol[R]):
     * ``charge(req)`` is the request's charge, the same object while nothing it depends on moved (a
       held head asked again on every pass costs nothing; ``Holdings.fits`` remembers it).
     * ``allowed(req)`` masks the backends ``req`` may not use (None: all may serve it).
+    * ``cached(req)`` is how many of ``req``'s prompt tokens each backend is predicted to hold in its
+      prefix cache, and how much each holds in all (None: not known, or cache-aware placement off):
+      ``policies.placement`` weighs it.
     * ``dispatched(req, backend, charge, now)`` hands the request to ``backend``; on return
       ``loads[backend].waiting`` counts it and ``waiting_tokens`` its prompt (it waits there until it
       starts), so the next head of the same pass sees it.
@@ -83,6 +88,8 @@ class AdmissionDriver(Protocol[R]):
     def charge(self, req: R) -> Charge: ...
 
     def allowed(self, req: R) -> Sequence[bool] | None: ...
+
+    def cached(self, req: R) -> CacheView | None: ...
 
     def dispatched(self, req: R, backend: int, charge: Charge, now: float) -> None: ...
 
@@ -129,6 +136,8 @@ class Decision(Generic[R]):
     """Where it went (DISPATCH) or would go (HOLD); None when no backend admits it."""
     reason: str = ""
     """Why it was refused (REJECT, NO_HEALTHY_BACKEND) or held (HOLD: the policy's reason)."""
+    placement: Placement | None = None
+    """How its backend was chosen (the prefix cache's part in it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +191,10 @@ class DispatchLoop(Generic[R]):
         driver, loads = self.driver, self.driver.loads
         charge = driver.charge(req)
         self.decisions += 1
-        idx = choose_backend(charge, loads, self.admission, req.prompt_tokens, driver.allowed(req))
+        placement = choose_placement(
+            charge, loads, self.admission, req.prompt_tokens, driver.allowed(req), driver.cached(req)
+        )
+        idx = placement.backend
         if self.screens:
             view = LoadView(
                 kv_usage=usage_after(charge.value, idx, loads),
@@ -198,10 +210,10 @@ class DispatchLoop(Generic[R]):
         if idx is None and not any(b.healthy for b in loads):
             return Decision(DecisionKind.NO_HEALTHY_BACKEND, req, charge, reason=NO_HEALTHY_BACKEND)
         if verdict is Verdict.HOLD:
-            return Decision(DecisionKind.HOLD, req, charge, idx, screening.reason)
+            return Decision(DecisionKind.HOLD, req, charge, idx, screening.reason, placement)
         if idx is None:
             return Decision(DecisionKind.NO_ROOM, req, charge)
-        return Decision(DecisionKind.DISPATCH, req, charge, idx)
+        return Decision(DecisionKind.DISPATCH, req, charge, idx, placement=placement)
 
     def run(self, now: float) -> PassResult[R]:
         """Dispatch queued requests, best rank first, while a backend admits the head."""

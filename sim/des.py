@@ -27,6 +27,7 @@ from policies.admission import AdmissionConfig
 from policies.base import ENGINE, GATEWAY, Capability, Policy
 from policies.fifo import FCFS
 from policies.pause import PauseConfig
+from policies.placement import LEAST_LOADED
 from policies.queue import PolicyQueue
 from sim.config import EngineConfig
 from sim.engine import Engine, EngineRequest, SchedulerOutput
@@ -64,6 +65,10 @@ class SimSetup:
     """The live gateway's queue bounds at gateway level (None: an unbounded queue, no timeout)."""
     pause: PauseConfig = field(default_factory=PauseConfig)
     """Gateway level: pause running requests for better-ranked waiting work (``policies.pause``; off)."""
+    placement: str = LEAST_LOADED
+    """Gateway level: ``cache_aware`` weighs each engine's predicted cached prefix (``policies.placement``,
+    the live gateway's default); ``least_loaded`` (the default here, so the study's runs stay as they
+    were) is the most-room rule alone."""
 
     def __post_init__(self) -> None:
         if self.level not in (ENGINE, GATEWAY):
@@ -118,6 +123,8 @@ class Simulation:
                 refuse=self._reject,
                 pause=setup.pause,
                 evict=self._evict,
+                placement=setup.placement,
+                block_size=setup.engine.block_size,
             )
         self.queue: PolicyQueue[EngineRequest] = self.gw.queue if self.gw is not None else PolicyQueue(FCFS())
         """The gateway's queue (always empty at engine level)."""

@@ -64,6 +64,11 @@ class Engine:
         self.num_pauses = 0  # requests the gateway paused here
         self.resumed_tokens = 0  # tokens paused continuations computed again on resume
         self.prompt_tokens_total = 0
+        self.prefix_queries_tokens = 0
+        """Tokens of the requests admitted (a preempted one again on re-admission), each looked up in the
+        prefix cache: vLLM's ``vllm:prefix_cache_queries``."""
+        self.prefix_hits_tokens = 0
+        """Of those, the tokens found cached (not computed again): ``vllm:prefix_cache_hits``."""
         self.generation_tokens_total = 0
         self.finished_total = 0
         self._on_preempt = on_preempt
@@ -318,6 +323,8 @@ class Engine:
             if not pool.fits(revived, -(-(computed + n) // bs) - len(hits)):
                 break
             self.waiting.pop(now)
+            self.prefix_queries_tokens += total
+            self.prefix_hits_tokens += computed
             if req.state is PREEMPTED:
                 self.recomputed_tokens += total - computed
             elif req.generated:  # a paused continuation resuming

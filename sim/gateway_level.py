@@ -13,7 +13,7 @@ the engine resumes it by prefilling its prompt and generated tokens, less what i
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,9 +21,12 @@ from policies.admission import AdmissionConfig, BackendLoad, Charge
 from policies.base import Policy
 from policies.dispatch_loop import DispatchLoop, PassResult
 from policies.pause import PauseConfig
+from policies.placement import CACHE_AWARE, LEAST_LOADED, CacheView
+from policies.prefix_index import PrefixIndex
 from policies.queue import PolicyQueue
 from sim.engine import EngineRequest
 from sim.engine_request import RUNNING
+from sim.prefix import BlockKeys, block_keys
 
 
 @dataclass(frozen=True)
@@ -84,8 +87,19 @@ class SimGateway:
         refuse: Refuse,
         pause: PauseConfig | None = None,
         evict: Evict | None = None,
+        placement: str = LEAST_LOADED,
+        block_size: int = 16,
     ) -> None:
         self.policy = policy
+        self.block_size = block_size
+        self.prefixes: list[PrefixIndex] | None = None
+        """Cache-aware placement (``placement="cache_aware"``): the prompt blocks predicted cached on
+        each engine, as the live gateway keeps them (``gateway.locality``), here keyed by the engine's
+        own block content keys."""
+        if placement == CACHE_AWARE:
+            self.prefixes = [PrefixIndex(c // block_size) for c in capacities]
+        elif placement != LEAST_LOADED:
+            raise ValueError(f"placement must be {CACHE_AWARE!r} or {LEAST_LOADED!r}, not {placement!r}")
         self.queue: PolicyQueue[EngineRequest] = PolicyQueue(policy)
         self.loads = [BackendLoad(c) for c in capacities]
         self.admission = admission
@@ -139,9 +153,11 @@ class SimGateway:
             loads[flight.backend].progress(flight.charge, req.generated)
 
     def finish(self, req: EngineRequest, now: float) -> None:
-        """A dispatched request finished: free its charge."""
+        """A dispatched request finished: free its charge (its blocks join the engine's cache last)."""
         flight = self.flights.pop(req)
         self.loads[flight.backend].release(flight.charge)
+        if self.prefixes is not None:
+            self.prefixes[flight.backend].touch(self._content_keys(req))
         self.policy.on_finish(req, now)
 
     def _expire(self, now: float) -> None:
@@ -172,11 +188,30 @@ class SimGateway:
     def allowed(self, req: EngineRequest) -> Sequence[bool] | None:
         return None
 
+    def cached(self, req: EngineRequest) -> CacheView | None:
+        """Each engine's predicted cached prompt tokens (None: placement by room alone)."""
+        if self.prefixes is None:
+            return None
+        keys = self._content_keys(req)
+        bs = self.block_size
+        most = (req.prompt_tokens + req.generated - 1) // bs  # the last token is always computed
+        hits = [min(most, p.match(keys)) * bs for p in self.prefixes]
+        return CacheView(hits, [len(p) * bs for p in self.prefixes])
+
+    def _content_keys(self, req: EngineRequest) -> list[Hashable]:
+        """The content keys of ``req``'s shareable blocks (the engine's own, resolved once here)."""
+        keys = req.keys
+        if not isinstance(keys, BlockKeys):
+            keys = req.keys = block_keys(req.rid, req.prompt_tokens, self.block_size, *keys)
+        return keys.first(keys.shared_blocks)[: keys.shared_blocks]
+
     def dispatched(self, req: EngineRequest, backend: int, charge: Charge, now: float) -> None:
         """Sent: it waits in engine ``backend`` (counted so the rest of the pass sees it; the engine's
         own count is read again before the next pass)."""
         self._unqueue(req)
         self.flights[req] = req.user = Flight(backend, charge)
+        if self.prefixes is not None:
+            self.prefixes[backend].touch(self._content_keys(req))
         load = self.loads[backend]
         load.waiting += 1
         load.waiting_tokens += req.prompt_tokens
@@ -200,6 +235,8 @@ class SimGateway:
             return False
         flight = self.flights.pop(req)
         self.loads[flight.backend].release(flight.charge)
+        if self.prefixes is not None:
+            self.prefixes[flight.backend].touch(self._content_keys(req))
         self.queue.push(req, now)
         if self.limits is not None:
             self.queued_tokens += req.prompt_tokens

@@ -8,11 +8,11 @@ request, which still lets a preempted request find its own blocks again).
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Hashable
 
+from core.prefix import CHARS_PER_TOKEN, text_block_keys
+
 MOONCAKE_BLOCK = 512
-CHARS_PER_TOKEN = 4
 
 
 class BlockKeys:
@@ -69,9 +69,6 @@ def block_keys(
                 chain = hash((chain, hash_ids[h]))
             content.append(("m", chain, within))
     elif prompt:
-        span = block_size * CHARS_PER_TOKEN
-        chain = 0
-        for j in range(min(full, len(prompt) // span)):
-            chain = zlib.crc32(prompt[j * span : (j + 1) * span].encode(), chain)
-            content.append(("t", chain, j))
+        keys = text_block_keys(prompt, block_size * CHARS_PER_TOKEN, full)
+        content.extend(("t", chain, j) for j, chain in enumerate(keys))
     return BlockKeys(rid, content)

@@ -92,6 +92,12 @@ class _EngineCollector:
             ("vllm:num_preemptions", "Preemptions by recompute.", eng.num_preemptions),
             ("vllm:prompt_tokens", "Prompt tokens prefilled.", eng.prompt_tokens_total),
             ("vllm:generation_tokens", "Tokens generated.", eng.generation_tokens_total),
+            (
+                "vllm:prefix_cache_queries",
+                "Prefix cache queries, in tokens: every admitted request's tokens, looked up.",
+                eng.prefix_queries_tokens,
+            ),
+            ("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", eng.prefix_hits_tokens),
         )
         for metric, doc, value in counters:
             c = CounterMetricFamily(metric, doc, labels=["model_name"])

@@ -20,12 +20,14 @@ from hypothesis import strategies as st
 from core.distribution import LengthDistribution
 from gateway.backends import BackendPool
 from gateway.dispatcher import Dispatcher
+from gateway.locality import Locality
 from gateway.queue import BoundedQueue, DispatchRefused, GatewayRequest
-from gateway.settings import GatewaySettings
+from gateway.settings import GatewaySettings, PlacementSettings
 from policies.admission import RULES, AdmissionConfig, BackendLoad
 from policies.base import GATEWAY
 from policies.dispatch_loop import Decision, DecisionKind
 from policies.pause import PauseConfig
+from policies.placement import LEAST_LOADED, PLACEMENTS
 from policies.registry import names, parse_policy
 from sim.engine import EngineRequest
 from sim.engine_request import ABORTED, RUNNING
@@ -47,6 +49,8 @@ class Arrive:
     deadline_in: float | None
     priority: int
     tenant: str
+    group: int | None = None
+    """Prompts of one group share their first ``GROUP_TOKENS`` tokens (cache-aware placement)."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +101,23 @@ arrivals = st.builds(
     deadline_in=st.none() | st.floats(0.0, 20.0),
     priority=st.integers(1, 3),
     tenant=st.sampled_from(["a", "b"]),
+    group=st.none() | st.integers(0, 2),
 )
+GROUP_TOKENS = 320
+
+
+def prompt_text(rid: int, event: Arrive) -> str:
+    """``event.prompt`` tokens of text (4 characters a token): its group's shared head, then its own."""
+    chars = 4 * event.prompt
+    head = (
+        ""
+        if event.group is None
+        else "".join(chr(65 + (event.group * 7 + i) % 26) for i in range(4 * GROUP_TOKENS))
+    )
+    own = f"<{rid}>" * chars
+    return (head + own)[:chars]
+
+
 events = st.one_of(
     arrivals,
     arrivals,
@@ -139,7 +159,7 @@ class StandInEngine:
 
 
 def _seen(log: list[Decision[GatewayRequest]] | list[Decision[EngineRequest]]) -> list[tuple[object, ...]]:
-    return [(d.kind, d.request.rid, d.backend, d.reason) for d in log]
+    return [(d.kind, d.request.rid, d.backend, d.reason, d.placement) for d in log]
 
 
 def _ledgers(loads: Sequence[BackendLoad]) -> list[tuple[float, int, int, bool]]:
@@ -172,11 +192,18 @@ class PausingDispatcher(Dispatcher):
     admissions,
     st.lists(st.integers(100, 2500), min_size=1, max_size=4),
     st.lists(st.tuples(events, st.floats(0.0, 2.0)), min_size=15, max_size=80),
+    st.sampled_from(PLACEMENTS),
 )
 def test_gateway_and_simulator_decide_alike(
-    policy_name: str, cfg: AdmissionConfig, capacities: list[int], script: list[tuple[Event, float]]
+    policy_name: str,
+    cfg: AdmissionConfig,
+    capacities: list[int],
+    script: list[tuple[Event, float]],
+    placement: str,
 ) -> None:
-    play(policy_name, cfg, capacities, script, None)
+    """Also where they place by the prefix cache each predicts (the same prompts, keyed each its own
+    way: the gateway from text, the simulator by its engine's block keys)."""
+    play(policy_name, cfg, capacities, script, None, placement)
 
 
 pauses = st.builds(
@@ -234,6 +261,7 @@ def play(
     capacities: list[int],
     script: list[tuple[Event, float]],
     pause: PauseConfig | None,
+    placement: str = LEAST_LOADED,
 ) -> list[Decision[GatewayRequest]]:
     """Play ``script`` to both drivers, checking after every event; returns the gateway's decisions."""
     out: list[Decision[GatewayRequest]] = []
@@ -249,6 +277,7 @@ def play(
             b.load.healthy = True
         gpolicy = parse_policy(policy_name)
         queue = BoundedQueue(gpolicy, 10**6, 10**12)
+        locality = Locality(PlacementSettings(mode=placement, block_tokens=16), pool.backends)
         d = PausingDispatcher(
             gpolicy,
             pool,
@@ -258,6 +287,7 @@ def play(
             pending_s=1e9,
             clock=lambda: clock[0],
             pause=pause,
+            locality=locality,
         )
         glog = out
         d.dispatch_loop.log = glog
@@ -286,6 +316,8 @@ def play(
             refuse=lambda req, reason: refused.__setitem__(req.rid, reason),
             pause=pause,
             evict=evict,
+            placement=placement,
+            block_size=16,
         )
         slog: list[Decision[EngineRequest]] = []
         sg.dispatch_loop.log = slog
@@ -300,12 +332,15 @@ def play(
                 rid = step
                 deadline = None if event.deadline_in is None else now + event.deadline_in
                 who = {"tenant": event.tenant, "priority": event.priority}
-                g = GatewayRequest(rid, now, event.prompt, body={}, route="chat", model="m", prompt="",
-                                   deadline_s=deadline, prediction=event.prediction, **who)  # fmt: skip
+                text = prompt_text(rid, event)
+                g = GatewayRequest(rid, now, event.prompt, body={}, route="completions", model="m",
+                                   prompt=text, deadline_s=deadline, prediction=event.prediction,
+                                   **who)  # fmt: skip
                 g.true_output = event.output
                 greqs[rid] = g
+                locality.describe(g, None)
                 d.submit(g)
-                sr = EngineRequest(rid, now, event.prompt, event.output, deadline_s=deadline,
+                sr = EngineRequest(rid, now, event.prompt, event.output, deadline_s=deadline, prompt=text,
                                    prediction=event.prediction, true_output=event.output, **who)  # fmt: skip
                 sreqs[rid] = sr
                 sg.enqueue(sr, now)

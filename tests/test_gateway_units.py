@@ -414,3 +414,21 @@ def test_prompt_share_is_off_unless_asked_for() -> None:
         pool.backends[0].load.healthy = True
         pool.update_share()
         assert pool.prompt_share == expected, admission
+
+
+def test_a_counter_that_falls_between_scrapes_is_a_restart() -> None:
+    from gateway.scrape import parse_metrics, restarted
+
+    before = parse_metrics(
+        'vllm:prefix_cache_queries_total{model_name="m"} 5000\n'
+        'vllm:prefix_cache_hits_total{model_name="m"} 3000\n'
+        'vllm:prompt_tokens_total{model_name="m"} 5000\n'
+    )
+    assert (before.prefix_queries, before.prefix_hits, before.prompt_tokens) == (5000, 3000, 5000)
+    later = parse_metrics(
+        'vllm:prefix_cache_queries_total{model_name="m"} 7000\nvllm:prompt_tokens_total 7000\n'
+    )
+    fresh = parse_metrics('vllm:prefix_cache_queries_total{model_name="m"} 40\nvllm:prompt_tokens_total 40\n')
+    assert not restarted(before, later) and restarted(later, fresh) and not restarted(None, fresh)
+    silent = parse_metrics('vllm:num_requests_waiting{model_name="m"} 0\n')  # a backend without counters
+    assert silent.prefix_queries is None and not restarted(before, silent)

@@ -29,6 +29,8 @@ METRIC_NAMES = (
     "vllm:num_preemptions_total",
     "vllm:prompt_tokens_total",
     "vllm:generation_tokens_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
     "vllm:request_success_total",
     "vllm:time_to_first_token_seconds",
     "vllm:inter_token_latency_seconds",
@@ -191,6 +193,29 @@ def test_metrics_count_one_request(server: str, client: openai.OpenAI) -> None:
     # Simulated seconds: at least the front end's 10 ms plus eight steps.
     assert delta("vllm:e2e_request_latency_seconds_sum") > 0.010
     assert after["vllm:num_requests_running"] == 0 and after["vllm:kv_cache_usage_perc"] == 0
+
+
+def test_prefix_cache_counters_follow_the_engines_own_hits(server: str, client: openai.OpenAI) -> None:
+    """vLLM's ``prefix_cache_queries``/``hits`` (tokens): a repeated prompt hits every full block but
+    the one holding its last token (always computed: it yields the first output's logits)."""
+    before = metrics(server)
+    prompt = list(range(2000, 2000 + 16 * 10 + 5))  # 165 tokens: ten full blocks and five more
+    client.completions.create(model=SERVED, prompt=prompt, max_tokens=1)
+    mid = metrics(server)
+    client.completions.create(model=SERVED, prompt=prompt, max_tokens=1)
+    after = metrics(server)
+
+    def delta(a: dict[str, Any], b: dict[str, Any], name: str) -> float:
+        return float(b[name]) - float(a[name])
+
+    assert delta(before, mid, "vllm:prefix_cache_queries_total") == 165
+    assert delta(before, mid, "vllm:prefix_cache_hits_total") == 0  # never seen: nothing cached
+    assert delta(mid, after, "vllm:prefix_cache_queries_total") == 165
+    assert delta(mid, after, "vllm:prefix_cache_hits_total") == 160  # (165 - 1) // 16 blocks of 16
+    other = list(range(2000, 2000 + 16 * 4)) + [7] * 40  # the first four blocks shared, then not
+    client.completions.create(model=SERVED, prompt=other, max_tokens=1)
+    last = metrics(server)
+    assert delta(after, last, "vllm:prefix_cache_hits_total") == 64
 
 
 # --- cancellation ----------------------------------------------------------------------------------

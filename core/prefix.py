@@ -1,0 +1,35 @@
+"""Content keys of a prompt's leading blocks, for predicting what a backend's prefix cache holds.
+
+A block's key stands for its text *and everything before it* (a chained CRC-32), so two prompts share
+their first ``n`` keys exactly when they share their first ``n`` blocks of text: turn k+1 of a
+conversation, re-sending turn k's history, extends turn k's keys block for block. The keys are stable
+across processes (no ``hash()`` salt), so replicas can share them. About four characters stand for a
+token (``CHARS_PER_TOKEN``), as in the simulated engine's own text keys.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+CHARS_PER_TOKEN = 4
+
+
+def text_block_keys(text: str, block_chars: int, max_blocks: int | None = None) -> list[int]:
+    """The chained CRC-32 of each whole ``block_chars`` span of ``text`` (a partial last span has no
+    key: an engine caches only full blocks), at most ``max_blocks`` of them."""
+    n = len(text) // block_chars
+    if max_blocks is not None:
+        n = min(n, max_blocks)
+    keys: list[int] = []
+    chain = 0
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) == len(text):  # ASCII: byte spans are character spans (the common case, sliced once)
+        for j in range(n):
+            chain = zlib.crc32(data[j * block_chars : (j + 1) * block_chars], chain)
+            keys.append(chain)
+        return keys
+    for j in range(n):
+        span = text[j * block_chars : (j + 1) * block_chars]
+        chain = zlib.crc32(span.encode("utf-8", "surrogatepass"), chain)
+        keys.append(chain)
+    return keys

@@ -1,0 +1,102 @@
+"""Where prompts are cached across the fleet, as the gateway predicts it, for cache-aware placement.
+
+Each backend keeps a :class:`policies.prefix_index.PrefixIndex` of the prompt blocks sent to it
+(``Backend.prefix``, cleared when the backend goes down or restarts). A request's blocks are keyed
+from its prompt as the engine will see it, chat messages rendered in order (``core.tokens``), so turn
+k+1 of a conversation extends turn k block for block (``core.prefix``). For each queued head the
+dispatch loop asks how many of its prompt tokens each backend holds (:meth:`Locality.cached`) and
+``policies.placement`` weighs that against the work queued there.
+
+A client that names its session (``x-session-id``, as vllm-router and llm-d accept) is also credited,
+on the backend its last turn went to, with that turn's prompt, where the index holds less (a
+conversation whose rendered text is not an extension of the last turn still finds its KV).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from core.prefix import CHARS_PER_TOKEN, text_block_keys
+from core.tokens import flatten_messages
+from gateway.backends import Backend
+from gateway.metrics import GatewayMetrics
+from gateway.queue import GatewayRequest
+from gateway.settings import PlacementSettings
+from policies.placement import CacheView, classify
+
+
+def prompt_text(prompt: Any) -> str:
+    """The prompt as the engine prefills it, as text: chat messages rendered in order, a completion
+    prompt as is (token ids written out: equal ids, equal text)."""
+    if isinstance(prompt, str):
+        return prompt
+    if prompt and isinstance(prompt[0], dict):
+        return flatten_messages(prompt)
+    if prompt and isinstance(prompt[0], str | list):
+        return "\n".join(prompt_text(p) for p in prompt)
+    return ",".join(str(t) for t in prompt)
+
+
+class Locality:
+    def __init__(
+        self, settings: PlacementSettings, backends: Sequence[Backend], metrics: GatewayMetrics | None = None
+    ) -> None:
+        self.on = settings.mode == "cache_aware"
+        self.block_chars = settings.block_tokens * CHARS_PER_TOKEN
+        self.block_tokens = settings.block_tokens
+        self.backends = backends
+        self.metrics = metrics
+        self.max_sessions = settings.max_sessions
+        self.sessions: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        """Session → (the backend its last turn went to, that turn's prompt tokens), oldest first."""
+        for b in backends:
+            b.prefix.resize(b.load.capacity_tokens // self.block_tokens)
+
+    def describe(self, req: GatewayRequest, session: str | None) -> None:
+        """Key ``req``'s prompt blocks (at enqueue: once per request, not per dispatch pass)."""
+        if not self.on:
+            return
+        text = prompt_text(req.prompt)
+        req.prefix_keys = text_block_keys(text, self.block_chars)
+        req.block_tokens = req.prompt_tokens * self.block_chars / max(1, len(text))
+        req.session = session
+
+    def cached(self, req: GatewayRequest) -> CacheView | None:
+        """The prompt tokens each backend is predicted to hold (None: placement is not cache-aware)."""
+        if not self.on:
+            return None
+        per = req.block_tokens
+        # whole blocks only, and not the one holding the last token (always computed), as an engine
+        most = int((req.prompt_tokens - 1) // per) if per > 0 else 0
+        keys = req.prefix_keys
+        hits = [int(min(most, b.prefix.match(keys)) * per) for b in self.backends]
+        if req.session is not None:
+            last = self.sessions.get(req.session)
+            if last is not None and last[0] < len(hits):
+                hits[last[0]] = max(hits[last[0]], min(int(most * per), last[1]))
+        req.prefix_hits = hits
+        return CacheView(hits, [len(b.prefix) * self.block_tokens for b in self.backends])
+
+    def sent(self, req: GatewayRequest, backend: int) -> None:
+        """``req`` went to ``backend``: its blocks are now (or soon) cached there."""
+        if not self.on:
+            return
+        b = self.backends[backend]
+        hits = req.prefix_hits
+        req.predicted_cached = hits[backend] if hits is not None else 0
+        if self.metrics is not None:
+            self.metrics.placed(b.name, classify(hits, backend), req.prompt_tokens, req.predicted_cached)
+        b.prefix.resize(b.load.capacity_tokens // self.block_tokens)
+        b.prefix.touch(req.prefix_keys)
+        if req.session is not None:
+            self.sessions[req.session] = (backend, req.prompt_tokens)
+            self.sessions.move_to_end(req.session)
+            if len(self.sessions) > self.max_sessions:
+                self.sessions.popitem(last=False)
+
+    def left(self, req: GatewayRequest, backend: int) -> None:
+        """``req`` left ``backend``: the engine freed its blocks, which join its eviction order last."""
+        if self.on and req.prefix_keys:
+            self.backends[backend].prefix.touch(req.prefix_keys)
