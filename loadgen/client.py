@@ -157,7 +157,8 @@ def request_body(req: TraceRequest, cfg: ReplayConfig, model: str | None) -> byt
     if model is not None:
         body["model"] = model
     if cfg.api == "chat":
-        body["messages"] = [{"role": "user", "content": req.prompt}]
+        history = req.extra.get("messages")  # a session's turn: its whole conversation so far
+        body["messages"] = history if isinstance(history, list) else [{"role": "user", "content": req.prompt}]
     else:
         body["prompt"] = req.prompt
     cap = req.max_tokens if req.max_tokens is not None else cfg.max_tokens

@@ -539,6 +539,9 @@ def test_detect_format_by_content(tmp_path: Path) -> None:
             tmp_path / "w.jsonl.gz", [{"arrival_s": 0, "prompt_tokens": 1, "output_tokens": 1}], gz=True
         ),
         "sharegpt": write_jsonl(tmp_path / "s.jsonl", sharegpt_rows(1)),
+        "sharegpt-sessions": write_jsonl(
+            tmp_path / "t.jsonl", [{"id": "x", "turns": [{"role": "user", "text": "hi"}]}]
+        ),
         "servegen": make_servegen(tmp_path / "sg"),
     }
     assert {fmt: detect_format(p) for fmt, p in cases.items()} == {fmt: fmt for fmt in cases}
@@ -679,3 +682,63 @@ def test_every_reader_counts_drops_and_stops_the_same_way(
     with pytest.raises(TraceFormatError) as info:
         read_trace(path, fmt, limit=3)
     assert info.value.line == bad_line
+
+
+# --- multi-turn sessions (issue 36) ------------------------------------------------------------------
+def _conversations(path: Path) -> Path:
+    convs = [
+        {"id": "c1", "turns": [
+            {"role": "user", "text": "Plan a trip to Basel."},
+            {"role": "assistant", "text": "Take the train from Zurich; it is an hour. " * 5},
+            {"role": "user", "text": "And back on Sunday?"},
+            {"role": "assistant", "text": "Trains run every half hour on Sundays."},
+            {"role": "user", "text": "Thanks!"},
+        ]},  # the last user turn has no reply: not a request
+        {"id": "c2", "turns": [{"role": "user", "text": "Hello"}, {"role": "assistant", "text": "Hi."}]},
+        {"id": "c3", "turns": [{"role": "assistant", "text": "nobody asked"}]},
+    ]  # fmt: skip
+    out = path / "conv.jsonl.gz"
+    with gzip.open(out, "wt") as f:
+        for c in convs:
+            f.write(json.dumps(c) + "\n")
+    return out
+
+
+def test_sessions_replay_each_answered_turn_with_its_whole_history(tmp_path: Path) -> None:
+    path = _conversations(tmp_path)
+    assert detect_format(path) == "sharegpt-sessions"
+    reqs = read_trace(path, rate=1.0, seed=3, think_s=0.0, decode_s_per_token=0.01)
+    by_session: dict[str, list[TraceRequest]] = {}
+    for r in reqs:
+        by_session.setdefault(str(r.extra["session"]), []).append(r)
+    assert {k: len(v) for k, v in by_session.items()} == {"c1": 2, "c2": 1}
+    t1, t2 = by_session["c1"]
+    assert t1.prompt is not None and t2.prompt is not None
+    assert t2.prompt.startswith(t1.prompt) and "assistant: Take the train" in t2.prompt
+    assert t2.prompt_tokens > t1.prompt_tokens
+    assert t1.output_tokens > 40 and t2.output_tokens < 15  # the real replies' lengths
+    assert t2.arrival_s - t1.arrival_s == pytest.approx(0.01 * t1.output_tokens)  # read, no think time
+    assert [m["role"] for m in t2.extra["messages"]] == ["user", "assistant", "user"]  # type: ignore[index]
+
+
+def test_sessions_leave_out_conversations_a_shipped_part_learned_from(tmp_path: Path) -> None:
+    from core.request import prompt_digest
+
+    path = _conversations(tmp_path)
+    reqs = read_trace(path, "sharegpt-sessions", rate=1.0, exclude=frozenset({prompt_digest("Hello")}))
+    assert {r.extra["session"] for r in reqs} == {"c1"}
+    with pytest.raises(ValueError, match="exactly one of"):
+        read_trace(path, "sharegpt-sessions")
+
+
+def test_a_sessions_turn_is_replayed_as_its_messages() -> None:
+    from loadgen.client import ReplayConfig, request_body
+
+    history = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+    ]
+    req = TraceRequest(0.0, 9, 3, prompt="user: a\nassistant: b\nuser: c", extra={"messages": history})
+    body = json.loads(request_body(req, ReplayConfig("http://x", api="chat"), "m"))
+    assert body["messages"] == history

@@ -7,7 +7,9 @@ clients or windows skipped); ``read_trace`` logs the drops at INFO.
 
 Formats: ``azure`` (2023 and 2024 CSV), ``burstgpt`` (both releases), ``mooncake`` (JSON lines with
 ``hash_ids``), ``jsonl`` (the project's generic JSON lines), ``sharegpt`` (prompt/response pairs; needs
-``rate=`` or ``arrivals_from=``), ``servegen`` (a per-client model folder; options ``start_s``,
+``rate=`` or ``arrivals_from=``), ``sharegpt-sessions`` (multi-turn conversations, each turn's prompt
+its whole history; ``rate=`` sessions a second or ``arrivals_from=``, ``think_s``, ``sessions``),
+``servegen`` (a per-client model folder; options ``start_s``,
 ``duration_s``, ``clients``, ``rate_scale``). ``burstgpt`` also takes ``tenant_column``. Options a
 format does not know raise ``TypeError``.
 """
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from core.request import TraceRequest
-from loadgen.readers import azure, burstgpt, jsonl, mooncake, servegen, sharegpt
+from loadgen.readers import azure, burstgpt, jsonl, mooncake, servegen, sharegpt, sharegpt_sessions
 from loadgen.readers.common import ReadStats, TraceFormatError, check_limit
 from loadgen.readers.detect import detect_format
 from loadgen.readers.retime import retime
@@ -45,8 +47,9 @@ _READERS: dict[str, Callable[..., list[TraceRequest]]] = {
     "jsonl": jsonl.read,
     "sharegpt": sharegpt.read,
     "servegen": servegen.read,
+    "sharegpt-sessions": sharegpt_sessions.read,
 }
-_SEEDED = frozenset({"sharegpt", "servegen"})
+_SEEDED = frozenset({"sharegpt", "servegen", "sharegpt-sessions"})
 
 FORMATS: tuple[str, ...] = ("auto", *_READERS)
 """Values accepted by ``--format`` (``auto`` detects)."""

@@ -45,6 +45,8 @@ def detect_format(path: str | Path) -> str:
         keys = set(obj) if isinstance(obj, dict) else set()
         if "prompt_tokens_cl100k" in keys:
             return "sharegpt"
+        if "turns" in keys:
+            return "sharegpt-sessions"
         if "arrival_s" in keys:
             return "jsonl"
         if {"timestamp", "input_length", "output_length"} <= keys:
