@@ -92,6 +92,10 @@ def summarize(records: Sequence[RequestRecord], slo: Slo | None = None) -> dict[
         out["goodput_req_s"] = len(good) / span if span else 0.0
         out["goodput_tok_s"] = sum(r.output_tokens for r in good) / span if span else 0.0
     out["preemptions"] = float(sum(r.preemptions for r in records))
+    if any(r.cached_tokens for r in done):  # the simulator knows its engines' prefix hits
+        out["prefix_hit_rate"] = sum(r.cached_tokens for r in done) / max(
+            1, sum(r.prompt_tokens for r in done)
+        )
     with_deadline = [r for r in records if r.deadline_s is not None]
     if with_deadline:
         late = sum(1 for r in with_deadline if r.finish_s is None or r.finish_s > (r.deadline_s or 0.0))

@@ -204,6 +204,8 @@ class Backend:
         self.scraped_waiting = m.waiting
         self.scraped_tokens = tokens
         self.load.running = m.running
+        if m.prefix_queries:
+            self.load.prefix_hit_ratio = (m.prefix_hits or 0.0) / m.prefix_queries
         self.kv_usage = m.kv_usage
         capacity = self.configured_capacity or m.capacity_tokens
         if capacity:

@@ -19,6 +19,8 @@ from loadgen.readers import ReadStats, detect_format, read_trace_with_stats, ret
 from loadgen.records import scale_rate, with_client_cap
 
 SYNTHETIC = "synthetic"
+SHARED_PREFIX = "shared-prefix"
+"""A generated workload of shared system prompts (``loadgen.synthetic.shared_prefix_workload``)."""
 SYNTHETIC_RATE = 10.0  # req/s when a synthetic workload is asked for without --rate
 SYNTHETIC_REQUESTS = 1000
 
@@ -62,7 +64,8 @@ def prepare_workload(
     reader_opts: Mapping[str, Any] | None = None,
     max_tokens: int | None = None,
 ) -> Workload:
-    """Read ``trace`` (or generate ``"synthetic"``), time it, cut it, and attach prompts.
+    """Read ``trace`` (or generate ``"synthetic"`` or ``"shared-prefix"``), time it, cut it, and attach
+    prompts.
 
     Timing: the trace's timestamps divided by ``rate_scale``, or, with ``rate``, new arrivals at
     ``rate`` req/s (``arrival`` ``poisson`` or ``gamma`` with ``cv``; the trace's order kept).
@@ -86,12 +89,20 @@ def prepare_workload(
         work = synthetic_workload(n, rate=rate or SYNTHETIC_RATE, arrival=arrival, cv=cv, seed=seed, **opts)
         name = SYNTHETIC
         rate = None  # already at the asked rate
+    elif str(trace) == SHARED_PREFIX:
+        from loadgen.synthetic import shared_prefix_workload
+
+        work = shared_prefix_workload(rate=rate or 1.0, arrival=arrival, cv=cv, seed=seed, **opts)
+        work = work[:limit] if limit is not None else work
+        name = SHARED_PREFIX
+        rate = None
     else:
         name = detect_format(trace) if fmt == "auto" else fmt
-        if name == "sharegpt" and "arrivals_from" not in opts:
+        if name in ("sharegpt", "sharegpt-sessions") and "arrivals_from" not in opts:
             opts.update(rate=rate or 1.0, arrival=arrival, cv=cv)
             if rate is None:
-                notes.append("ShareGPT pairs have no timestamps: Poisson arrivals at 1 req/s (use --rate)")
+                what = "sessions" if name == "sharegpt-sessions" else "pairs"
+                notes.append(f"ShareGPT {what} have no timestamps: Poisson arrivals at 1/s (use --rate)")
             rate = None
         if name == "servegen":
             opts.setdefault("rate_scale", rate_scale)

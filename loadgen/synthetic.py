@@ -116,3 +116,48 @@ def synthetic_workload(
             )
         )
     return out
+
+
+def shared_prefix_workload(
+    *,
+    rate: float,
+    groups: int = 150,
+    per_group: int = 5,
+    system_tokens: int = 6000,
+    question_tokens: int = 1200,
+    output_tokens: int = 1000,
+    arrival: str = "poisson",
+    cv: float = 1.0,
+    seed: int = 0,
+) -> list[TraceRequest]:
+    """RAG- or agent-like traffic with shared system prompts, shaped like llm-d's precise-prefix
+    benchmark: ``groups`` system prompts of ``system_tokens`` tokens, each sent ``per_group`` times
+    with its own question of ``question_tokens``, ``output_tokens`` out; the requests in a seeded
+    random order, arriving at ``rate`` req/s. Real text (``loadgen.prompts.filler_text``), so the
+    shared prefix is in what a backend prefills."""
+    from loadgen.prompts import filler_text
+
+    for name, value in (("groups", groups), ("per_group", per_group), ("output_tokens", output_tokens)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    rng = np.random.default_rng(seed)
+    n = groups * per_group
+    order = rng.permutation(n)
+    times = arrival_times(n, rate=rate, arrival=arrival, cv=cv, rng=rng)
+    systems = [filler_text(system_tokens, seed=seed * 1_000_003 + g) for g in range(groups)]
+    out = []
+    for i in range(n):
+        k = int(order[i])
+        g = k // per_group
+        question = filler_text(question_tokens, seed=(seed + 1) * 7_919_000 + k)
+        out.append(
+            TraceRequest(
+                arrival_s=float(times[i]),
+                prompt_tokens=system_tokens + question_tokens,
+                output_tokens=output_tokens,
+                rid=i,
+                prompt=systems[g] + question,
+                extra={"group": g},
+            )
+        )
+    return out

@@ -249,6 +249,9 @@ class BackendLoad:
     read them): waiting requests this replica's own estimate cannot see yet. Zero alone."""
     foreign_waiting_tokens: int = 0
     """Their prompt tokens."""
+    prefix_hit_ratio: float = 0.0
+    """The share of prompt tokens the backend's prefix cache has served (its own counters): how much of
+    a waiting prompt it will not compute (``policies.placement`` discounts queued work by it)."""
     holdings: Holdings = field(default_factory=Holdings)
 
     def room(self, target: float) -> float:

@@ -6,7 +6,8 @@ holds the least in its cache (distinct prefixes spread instead of evicting each 
 a backend holding part of the prompt saves that much prefill, and one with work queued makes the
 request wait behind it; both
 are tokens of prefill-time, so each admitting backend is scored ``cached - queued`` (its predicted
-cached prompt tokens less the prompt tokens waiting there) and the best score wins over the
+cached prompt tokens less the prompt tokens waiting there that its cache will not serve, by its own
+hit ratio) and the best score wins over the
 most-room choice only when it is strictly better. So a request sticks to the warm backend while
 waiting there costs less than recomputing its prefix elsewhere, and breaks away when it does not
 (or when the warm backend cannot admit it: the memory rule decides first, for every candidate).
@@ -17,6 +18,7 @@ the same backend.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -78,24 +80,48 @@ def choose_placement(
     """The backend for a request charged ``charge`` whose prompt is ``view.hits[i]`` tokens cached on
     backend ``i`` (``view`` None: nothing known), or ``Placement(None)`` when none admits it."""
     default = choose_backend(charge, loads, cfg, prompt_tokens, allowed)
-    if default is None or view is None:
+    if view is None:
         return Placement(default)
     cached = view.hits
     if max(cached, default=0) <= 0:
+        if default is None:
+            return Placement(None)
         return Placement(_least_held(default, charge, loads, cfg, prompt_tokens, allowed, view.held))
 
-    def score(i: int) -> int:
-        b = loads[i]
-        return cached[i] - b.waiting_tokens - b.foreign_waiting_tokens
+    def queued(b: BackendLoad) -> float:
+        """Prompt tokens waiting there that its cache will not serve."""
+        return (b.waiting_tokens + b.foreign_waiting_tokens) * (1.0 - b.prefix_hit_ratio)
 
-    best, best_score = default, score(default)
+    best, best_score = default, -math.inf
+    if default is not None:
+        best_score = cached[default] - queued(loads[default])
+    floor = cached[default] if default is not None else 0
     for i, b in enumerate(loads):
-        if i == default or cached[i] <= cached[default] or not eligible(b, i, cfg, prompt_tokens, allowed):
+        if (
+            i == default
+            or cached[i] <= floor
+            or not takes_prefill(b, i, cfg, prompt_tokens - cached[i], allowed)
+        ):
             continue
-        s = score(i)
+        s = cached[i] - queued(b)
         if s > best_score and b.admits(charge, cfg):
             best, best_score = i, s
+    if best is None:
+        return Placement(None)
     return Placement(best, cached[best], classify(cached, best))
+
+
+def takes_prefill(
+    b: BackendLoad, i: int, cfg: AdmissionConfig, new_prefill: int, allowed: Sequence[bool] | None
+) -> bool:
+    """``policies.admission.eligible`` for a request that brings ``new_prefill`` uncached tokens, its
+    backlog bound counted in prefill the backend will do (waiting prompts less what its cache serves):
+    a warm backend with a waiting request whose prompt is mostly cached still takes one more."""
+    waiting = b.waiting + b.foreign_waiting
+    if not b.healthy or waiting >= cfg.max_waiting or (allowed is not None and not allowed[i]):
+        return False
+    backlog = (b.waiting_tokens + b.foreign_waiting_tokens) * (1.0 - b.prefix_hit_ratio) + new_prefill
+    return not (waiting and backlog > cfg.max_waiting_tokens)
 
 
 def _least_held(

@@ -57,6 +57,10 @@ def simulate(
         bool, typer.Option(help="Gateway level: the live gateway's queue bounds and timeout.")
     ] = True,
     max_wait_s: Annotated[float, typer.Option(help="Gateway level: queue timeout, engine seconds.")] = 60.0,
+    placement: Annotated[
+        str,
+        typer.Option(help="Gateway level: cache_aware (weigh each engine's cached prefix) or least_loaded."),
+    ] = "cache_aware",
     slo_ttft_ms: Annotated[float | None, typer.Option(help="Goodput SLO on TTFT, ms.")] = None,
     slo_tpot_ms: Annotated[float | None, typer.Option(help="Goodput SLO on TPOT, ms.")] = None,
     slo_ttlt_ms: Annotated[float | None, typer.Option(help="Goodput SLO on TTLT, ms.")] = None,
@@ -98,6 +102,7 @@ def simulate(
             predictor=make_predictor(predictor, policy, level, prediction_error, seed, workload),
             admission=AdmissionConfig(rule=admission_rule),  # type: ignore[arg-type]  # checked inside
             queue_limits=QueueLimits(max_wait_s=max_wait_s) if queue_limits else None,
+            placement=placement,
         )
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)

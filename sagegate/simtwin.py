@@ -68,14 +68,16 @@ def simulate_run(
     pause: bool = False,
     pause_options: Mapping[str, float] | None = None,
     predictor_options: PredictorSettings | None = None,
+    placement: str | None = None,
 ) -> SimResult:
     """``policy`` at the gateway (None: vLLM alone, round robin) in the simulator, with the live
     gateway's admission settings, its queue limits (``max_wait_s`` in engine seconds; None: no
     timeout), the starvation bound the live gateway derives from them (``queue.aged_share``) and the
     front end's cost added as a client sees it. ``pause``: the live gateway's ``pause.enabled``, the
     rule's other settings from ``pause_options``. ``predictor_options``: the gateway's
-    ``predictor_options`` (default its defaults)."""
-    from gateway.settings import AdmissionSettings, PauseSettings, QueueSettings
+    ``predictor_options`` (default its defaults). ``placement``: the gateway's ``placement.mode``
+    (None: its default)."""
+    from gateway.settings import AdmissionSettings, PauseSettings, PlacementSettings, QueueSettings
     from policies.registry import parse_policy
     from predictor.semantic_sim import SemanticLengthPredictor
     from sim.des import QueueLimits, SimSetup, client_view, simulate
@@ -98,6 +100,7 @@ def simulate_run(
             admission=AdmissionSettings().config(),  # the live gateway's admission, backlog included
             queue_limits=QueueLimits(q.max_requests, q.max_tokens, max_wait_s if max_wait_s else 1e18),
             pause=PauseSettings.model_validate({"enabled": pause, **(pause_options or {})}).config(),
+            placement=placement or PlacementSettings().mode,
         )
     result = simulate(work, setup)
     client_view(result, perf.frontend_s)

@@ -86,6 +86,12 @@ class Engine:
         return sum(r.prompt_tokens + r.generated for r in self.waiting)
 
     @property
+    def prefix_hit_ratio(self) -> float:
+        """The share of admitted tokens the prefix cache has served so far (``vllm:prefix_cache_hits``
+        over ``queries``)."""
+        return self.prefix_hits_tokens / self.prefix_queries_tokens if self.prefix_queries_tokens else 0.0
+
+    @property
     def num_running(self) -> int:
         return len(self.running)
 

@@ -53,6 +53,9 @@ class EngineBacklog(Protocol):
     @property
     def num_running(self) -> int: ...
 
+    @property
+    def prefix_hit_ratio(self) -> float: ...
+
 
 class Flight:
     """The gateway's view of one dispatched request: its KV charge and where it went."""
@@ -143,6 +146,7 @@ class SimGateway:
             load.waiting = eng.num_waiting
             load.waiting_tokens = eng.waiting_tokens
             load.running = eng.num_running
+            load.prefix_hit_ratio = eng.prefix_hit_ratio
         return self.dispatch_loop.run(now)
 
     def progressed(self, emitted: Sequence[EngineRequest]) -> None:

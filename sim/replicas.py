@@ -130,6 +130,10 @@ class _Backlog:
     def num_running(self) -> int:
         return self.engine.num_running
 
+    @property
+    def prefix_hit_ratio(self) -> float:
+        return self.engine.prefix_hit_ratio
+
 
 class ReplicaGateway(SimGateway):
     """One replica: a :class:`SimGateway` over the fleet's shared ledger, whose ``allowed`` hook

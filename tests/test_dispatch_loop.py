@@ -157,6 +157,8 @@ class StandInEngine:
     def num_running(self) -> int:
         return len(self.running)
 
+    prefix_hit_ratio = 0.0
+
 
 def _seen(log: list[Decision[GatewayRequest]] | list[Decision[EngineRequest]]) -> list[tuple[object, ...]]:
     return [(d.kind, d.request.rid, d.backend, d.reason, d.placement) for d in log]

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from core.prefix import text_block_keys
 from core.request import TraceRequest
 from policies.admission import AdmissionConfig, BackendLoad, Charge, choose_backend, eligible
-from policies.placement import CACHE_AWARE, CacheView, PlacementKind, choose_placement
+from policies.placement import CACHE_AWARE, CacheView, PlacementKind, choose_placement, takes_prefill
 from policies.prefix_index import PrefixIndex
 from policies.registry import parse_policy
 from sim.config import EngineConfig
@@ -113,13 +113,18 @@ def test_placement_only_ever_chooses_a_backend_the_rule_admits(
     charge = Charge(prompt, None, CFG)
     p = choose_placement(charge, loads, CFG, prompt, None, CacheView(cached, [0] * len(cached)))
     default = choose_backend(charge, loads, CFG, prompt)
-    if default is None:
-        assert p.backend is None
+    if p.backend is None:
+        assert default is None  # a backend the most-room rule admits is never refused
         return
-    assert p.backend is not None
     chosen = loads[p.backend]
-    assert eligible(chosen, p.backend, CFG, prompt, None) and chosen.admits(charge, CFG)
-    assert p.cached_tokens == cached[p.backend]
+    assert chosen.admits(charge, CFG) and p.cached_tokens == cached[p.backend]
+    # its backlog bound is met in prefill: the whole prompt, or (a warm backend) the uncached part
+    assert eligible(chosen, p.backend, CFG, prompt, None) or (
+        cached[p.backend] > 0 and takes_prefill(chosen, p.backend, CFG, prompt - cached[p.backend], None)
+    )
+    if default is None:
+        assert cached[p.backend] > 0  # only what it holds can take it past the whole-prompt rule
+        return
 
     def score(i: int) -> int:
         return cached[i] - loads[i].waiting_tokens
