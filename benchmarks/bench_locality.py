@@ -122,7 +122,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="write the figures here as JSON")
     args = ap.parse_args()
 
-    from sagegate.simtwin import capacity, simulate_run
+    from sagegate.simtwin import capacity, offered_rate, scale_for, simulate_run
 
     build = builder(args)
     mix = build(1.0)
@@ -131,7 +131,10 @@ def main() -> None:
           f"({cap['tok_s']:.0f} tok/s) on two {args.model}/{args.gpu}")  # fmt: skip
     results: dict[str, dict[str, dict[str, float]]] = {}
     for load in (float(x) for x in args.loads.split(",")):
-        work = build(load * cap["req_s"])
+        # bisection on the offered rate: a session's turns keep their think and read times, so the
+        # offered rate is not proportional to the sessions' rate
+        scale, _ = scale_for(build, load, mix, model=args.model, gpu=args.gpu)
+        work = build(scale)
         row: dict[str, dict[str, float]] = {}
         for name, policy, placement in SETUPS:
             res = simulate_run(work, policy, model=args.model, gpu=args.gpu, predictor=args.predictor,
@@ -141,9 +144,8 @@ def main() -> None:
             s.setdefault("prefix_hit_rate", 0.0)
             row[name] = {k: float(s[k]) for k in METRICS} | {"completed": s["completed"]}
         results[f"{load:g}"] = row
-        print(
-            f"\nutilisation {load:g} ({len(work)} requests); ratios to round robin (its figure in brackets)"
-        )
+        util = offered_rate(work) / cap["req_s"]
+        print(f"\nutilisation {util:.2f} ({len(work)} requests); ratios to round robin (its own figures)")
         rr = row["round robin"]
         print("| set-up | " + " | ".join(METRICS) + " | completed |")
         print("|---|" + "---:|" * (len(METRICS) + 1))
