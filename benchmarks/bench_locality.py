@@ -1,7 +1,8 @@
 """KV locality in the simulator (issue 36): what cache-aware placement and the rank buy, apart and together.
 
 Two workloads with real prefix reuse, each at loads stated as utilisation of vLLM-behind-round-robin's
-measured capacity on the mix (``sagegate.simtwin.capacity``), through two simulated backends with
+measured capacity on the mix (``sagegate.simtwin.capacity``; the offered rate read over the first 90% of
+arrivals), through two simulated backends with
 prefix caching on:
 
 * ``shared-prefix``: llm-d's precise-prefix shape (``loadgen.synthetic.shared_prefix_workload``:
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -65,6 +67,25 @@ def loaded_throughput(records: Sequence[Any]) -> float:
     lo, hi = int(0.1 * len(done)), int(0.9 * len(done))
     span = done[hi].finish_s - done[lo].finish_s
     return sum(r.output_tokens for r in done[lo + 1 : hi + 1]) / max(span, 1e-9)
+
+
+def bulk_rate(work: Sequence[TraceRequest]) -> float:
+    """Requests a second over the first 90% of arrivals."""
+    times = sorted(r.arrival_s for r in work)
+    k = int(0.9 * len(times))
+    return k / max(times[k - 1] - times[0], 1e-9)
+
+
+def bisect(rate_at: Callable[[float], float], want: float) -> float:
+    """The scale at which ``rate_at(scale)`` reaches ``want`` (in log space; it grows with the scale)."""
+    lo, hi = math.log(0.01), math.log(1000.0)
+    while hi - lo > 0.005:
+        mid = (lo + hi) / 2
+        if rate_at(math.exp(mid)) < want:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp((lo + hi) / 2)
 
 
 def builder(args: argparse.Namespace) -> Callable[[float], list[TraceRequest]]:
@@ -122,7 +143,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="write the figures here as JSON")
     args = ap.parse_args()
 
-    from sagegate.simtwin import capacity, offered_rate, scale_for, simulate_run
+    from sagegate.simtwin import capacity, simulate_run
 
     build = builder(args)
     mix = build(1.0)
@@ -131,9 +152,10 @@ def main() -> None:
           f"({cap['tok_s']:.0f} tok/s) on two {args.model}/{args.gpu}")  # fmt: skip
     results: dict[str, dict[str, dict[str, float]]] = {}
     for load in (float(x) for x in args.loads.split(",")):
-        # bisection on the offered rate: a session's turns keep their think and read times, so the
-        # offered rate is not proportional to the sessions' rate
-        scale, _ = scale_for(build, load, mix, model=args.model, gpu=args.gpu)
+        # bisection on the offered rate over the first 90% of arrivals: a session's turns keep their
+        # think and read times, and a few long conversations stretch the last arrivals far out, so
+        # neither the sessions' rate nor requests over the whole span measure the load
+        scale = bisect(lambda x: bulk_rate(build(x)), load * cap["req_s"])
         work = build(scale)
         row: dict[str, dict[str, float]] = {}
         for name, policy, placement in SETUPS:
@@ -144,7 +166,7 @@ def main() -> None:
             s.setdefault("prefix_hit_rate", 0.0)
             row[name] = {k: float(s[k]) for k in METRICS} | {"completed": s["completed"]}
         results[f"{load:g}"] = row
-        util = offered_rate(work) / cap["req_s"]
+        util = bulk_rate(work) / cap["req_s"]
         print(f"\nutilisation {util:.2f} ({len(work)} requests); ratios to round robin (its own figures)")
         rr = row["round robin"]
         print("| set-up | " + " | ".join(METRICS) + " | completed |")

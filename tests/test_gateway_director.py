@@ -143,7 +143,7 @@ def test_backend_500_retried_on_another_releases_each_reservation_once() -> None
 def test_every_backend_500_is_a_502_with_each_reservation_released_once() -> None:
     with stack({"mode": "fail500"}, {"mode": "fail500"}) as (url, _gw, seen):
         r = post(url, chat_body())
-        assert r.status_code == 502 and r.headers["x-sagegate-reason"] == Reason.UPSTREAM_FAILED
+        assert r.status_code == 502 and r.headers["x-sagegate-reason"] == Reason.REQUEST_FAILED_TWICE
     assert len(seen.taken) == 2
 
 
