@@ -8,6 +8,7 @@ import statistics
 
 import pytest
 
+from gateway.settings import PlacementSettings
 from loadgen.client import ReplayConfig, replay
 from loadgen.schedule import prepare_workload
 from policies.registry import parse_policy
@@ -42,6 +43,7 @@ def test_live_and_simulated_median_ttlt_agree():
             level="gateway",
             policy=parse_policy("fcfs"),
             predictor=make_predictor("length-bucket"),
+            placement=PlacementSettings().mode,  # the live gateway's
         ),
     )
     client_view(sim, perf.frontend_s)
