@@ -184,3 +184,4 @@ class StandIn:
     num_waiting = 0
     waiting_tokens = 0
     num_running = 0
+    prefix_hit_ratio = 0.0
