@@ -504,7 +504,7 @@ def test_random_pauses_under_concurrency_lose_nothing_and_release_everything() -
         stop = threading.Event()
 
         def one(i: int) -> None:
-            c, n = client(gw.url), 240 + 20 * i  # long enough for a slow operator to pause several
+            c, n = client(gw.url), 400 + 20 * i  # long enough for a slow operator to pause several
             chat, stream, leave = i % 2 == 0, i % 3 != 0, i % 5 == 4
             kw: dict[str, Any] = {"model": "sim", "max_tokens": n}
             if stream:
