@@ -257,6 +257,11 @@ class BackendLoad:
     def room(self, target: float) -> float:
         return target * self.capacity_tokens - self.charged_tokens
 
+    @property
+    def queued_prefill(self) -> float:
+        """Prompt tokens waiting here that the backend's prefix cache will not serve (by its hit ratio)."""
+        return (self.waiting_tokens + self.foreign_waiting_tokens) * (1.0 - self.prefix_hit_ratio)
+
     def charge(self, charge: Charge) -> None:
         """A request was dispatched here."""
         self.charged_tokens += charge.value
@@ -312,14 +317,26 @@ def choose_backend(
 
 
 def eligible(
-    b: BackendLoad, i: int, cfg: AdmissionConfig, prompt_tokens: int, allowed: Sequence[bool] | None
+    b: BackendLoad,
+    i: int,
+    cfg: AdmissionConfig,
+    prompt_tokens: int,
+    allowed: Sequence[bool] | None,
+    cached: int | None = None,
 ) -> bool:
     """Whether backend ``b`` (index ``i``) may take a request now, memory aside: healthy, allowed,
-    and its waiting list within ``max_waiting`` requests and ``max_waiting_tokens`` prompt tokens."""
+    and its waiting list within ``max_waiting`` requests and ``max_waiting_tokens`` prompt tokens.
+    With ``cached`` (the request's prompt tokens predicted cached there, ``policies.placement``) the
+    backlog is counted in prefill the backend will do: a warm backend with a waiting request whose
+    prompt is mostly cached still takes one more."""
     waiting = b.waiting + b.foreign_waiting
     if not b.healthy or waiting >= cfg.max_waiting or (allowed is not None and not allowed[i]):
         return False
-    backlog = b.waiting_tokens + b.foreign_waiting_tokens + prompt_tokens
+    backlog: float
+    if cached is None:
+        backlog = b.waiting_tokens + b.foreign_waiting_tokens + prompt_tokens
+    else:
+        backlog = b.queued_prefill + (prompt_tokens - cached)
     return not (waiting and backlog > cfg.max_waiting_tokens)
 
 

@@ -88,40 +88,19 @@ def choose_placement(
             return Placement(None)
         return Placement(_least_held(default, charge, loads, cfg, prompt_tokens, allowed, view.held))
 
-    def queued(b: BackendLoad) -> float:
-        """Prompt tokens waiting there that its cache will not serve."""
-        return (b.waiting_tokens + b.foreign_waiting_tokens) * (1.0 - b.prefix_hit_ratio)
-
     best, best_score = default, -math.inf
     if default is not None:
-        best_score = cached[default] - queued(loads[default])
+        best_score = cached[default] - loads[default].queued_prefill
     floor = cached[default] if default is not None else 0
     for i, b in enumerate(loads):
-        if (
-            i == default
-            or cached[i] <= floor
-            or not takes_prefill(b, i, cfg, prompt_tokens - cached[i], allowed)
-        ):
+        if i == default or cached[i] <= floor or not eligible(b, i, cfg, prompt_tokens, allowed, cached[i]):
             continue
-        s = cached[i] - queued(b)
+        s = cached[i] - b.queued_prefill
         if s > best_score and b.admits(charge, cfg):
             best, best_score = i, s
     if best is None:
         return Placement(None)
     return Placement(best, cached[best], classify(cached, best))
-
-
-def takes_prefill(
-    b: BackendLoad, i: int, cfg: AdmissionConfig, new_prefill: int, allowed: Sequence[bool] | None
-) -> bool:
-    """``policies.admission.eligible`` for a request that brings ``new_prefill`` uncached tokens, its
-    backlog bound counted in prefill the backend will do (waiting prompts less what its cache serves):
-    a warm backend with a waiting request whose prompt is mostly cached still takes one more."""
-    waiting = b.waiting + b.foreign_waiting
-    if not b.healthy or waiting >= cfg.max_waiting or (allowed is not None and not allowed[i]):
-        return False
-    backlog = (b.waiting_tokens + b.foreign_waiting_tokens) * (1.0 - b.prefix_hit_ratio) + new_prefill
-    return not (waiting and backlog > cfg.max_waiting_tokens)
 
 
 def _least_held(

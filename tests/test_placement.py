@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from core.prefix import text_block_keys
 from core.request import TraceRequest
 from policies.admission import AdmissionConfig, BackendLoad, Charge, choose_backend, eligible
-from policies.placement import CACHE_AWARE, CacheView, PlacementKind, choose_placement, takes_prefill
+from policies.placement import CACHE_AWARE, CacheView, PlacementKind, choose_placement
 from policies.prefix_index import PrefixIndex
 from policies.registry import parse_policy
 from sim.config import EngineConfig
@@ -120,7 +120,7 @@ def test_placement_only_ever_chooses_a_backend_the_rule_admits(
     assert chosen.admits(charge, CFG) and p.cached_tokens == cached[p.backend]
     # its backlog bound is met in prefill: the whole prompt, or (a warm backend) the uncached part
     assert eligible(chosen, p.backend, CFG, prompt, None) or (
-        cached[p.backend] > 0 and takes_prefill(chosen, p.backend, CFG, prompt - cached[p.backend], None)
+        cached[p.backend] > 0 and eligible(chosen, p.backend, CFG, prompt, None, cached[p.backend])
     )
     if default is None:
         assert cached[p.backend] > 0  # only what it holds can take it past the whole-prompt rule
