@@ -44,6 +44,7 @@ from gateway.tenants import bearer, is_admin, match_key
 from gateway.tokens import count_text
 from gateway.upstream import UpstreamClients
 from policies.base import Policy
+from policies.placement import CACHE_AWARE
 from policies.registry import parse_policy
 
 log = logging.getLogger("sagegate.gateway")
@@ -95,7 +96,11 @@ class Gateway:
             clock=self.clock,
             ledger=self.ledger,
             pause=settings.pause.config(),
-            locality=Locality(settings.placement, self.pool.backends, self.metrics),
+            locality=(
+                Locality(settings.placement, self.pool.backends, self.metrics)
+                if settings.placement.mode == CACHE_AWARE
+                else None
+            ),
         )
         self.dispatcher.pause_enabled = settings.pause.enabled
         self.recorder = Recorder(self.predictor)

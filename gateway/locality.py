@@ -40,10 +40,11 @@ def prompt_text(prompt: Any) -> str:
 
 
 class Locality:
+    """Cache-aware placement's gateway half (built only with ``placement.mode: cache_aware``)."""
+
     def __init__(
         self, settings: PlacementSettings, backends: Sequence[Backend], metrics: GatewayMetrics | None = None
     ) -> None:
-        self.on = settings.mode == "cache_aware"
         self.block_chars = settings.block_tokens * CHARS_PER_TOKEN
         self.block_tokens = settings.block_tokens
         self.backends = backends
@@ -56,17 +57,13 @@ class Locality:
 
     def describe(self, req: GatewayRequest, session: str | None) -> None:
         """Key ``req``'s prompt blocks (at enqueue: once per request, not per dispatch pass)."""
-        if not self.on:
-            return
         text = prompt_text(req.prompt)
         req.prefix_keys = text_block_keys(text, self.block_chars)
         req.block_tokens = req.prompt_tokens * self.block_chars / max(1, len(text))
         req.session = session
 
-    def cached(self, req: GatewayRequest) -> CacheView | None:
-        """The prompt tokens each backend is predicted to hold (None: placement is not cache-aware)."""
-        if not self.on:
-            return None
+    def cached(self, req: GatewayRequest) -> CacheView:
+        """The prompt tokens each backend is predicted to hold, and what each holds in all."""
         per = req.block_tokens
         # whole blocks only, and not the one holding the last token (always computed), as an engine
         most = int((req.prompt_tokens - 1) // per) if per > 0 else 0
@@ -81,8 +78,6 @@ class Locality:
 
     def sent(self, req: GatewayRequest, backend: int) -> None:
         """``req`` went to ``backend``: its blocks are now (or soon) cached there."""
-        if not self.on:
-            return
         b = self.backends[backend]
         hits = req.prefix_hits
         req.predicted_cached = hits[backend] if hits is not None else 0
@@ -98,5 +93,5 @@ class Locality:
 
     def left(self, req: GatewayRequest, backend: int) -> None:
         """``req`` left ``backend``: the engine freed its blocks, which join its eviction order last."""
-        if self.on and req.prefix_keys:
+        if req.prefix_keys:
             self.backends[backend].prefix.touch(req.prefix_keys)

@@ -27,7 +27,7 @@ from policies.admission import RULES, AdmissionConfig, BackendLoad
 from policies.base import GATEWAY
 from policies.dispatch_loop import Decision, DecisionKind
 from policies.pause import PauseConfig
-from policies.placement import LEAST_LOADED, PLACEMENTS
+from policies.placement import CACHE_AWARE, LEAST_LOADED, PLACEMENTS
 from policies.registry import names, parse_policy
 from sim.engine import EngineRequest
 from sim.engine_request import ABORTED, RUNNING
@@ -279,7 +279,9 @@ def play(
             b.load.healthy = True
         gpolicy = parse_policy(policy_name)
         queue = BoundedQueue(gpolicy, 10**6, 10**12)
-        locality = Locality(PlacementSettings(mode=placement, block_tokens=16), pool.backends)
+        locality = (
+            Locality(PlacementSettings(block_tokens=16), pool.backends) if placement == CACHE_AWARE else None
+        )
         d = PausingDispatcher(
             gpolicy,
             pool,
@@ -340,7 +342,8 @@ def play(
                                    **who)  # fmt: skip
                 g.true_output = event.output
                 greqs[rid] = g
-                locality.describe(g, None)
+                if locality is not None:
+                    locality.describe(g, None)
                 d.submit(g)
                 sr = EngineRequest(rid, now, event.prompt, event.output, deadline_s=deadline, prompt=text,
                                    prediction=event.prediction, true_output=event.output, **who)  # fmt: skip
