@@ -21,7 +21,7 @@ from core.outcomes import PredictionPath
 from core.predictor import LengthPredictor
 from core.request import PredictionQuery
 from gateway.settings import DEFAULT_BUDGET_S, PredictorSettings
-from predictor.embedder import PromptLike, readable_text
+from predictor.embedder import PromptLike, is_token_ids
 from predictor.factory import make_predictor
 from predictor.history import WindowBounds
 from predictor.redis_store import RedisStore
@@ -138,7 +138,7 @@ class SemanticAdapter:
         return self.face.core
 
     async def predict(self, inp: PredictInput) -> tuple[LengthDistribution | None, str]:
-        if readable_text(inp.prompt) is None:  # token ids: nothing to embed
+        if is_token_ids(inp.prompt):  # nothing to embed
             pred = self.face.core.fallback(inp.prompt_tokens, inp.model)
             return pred.distribution, PredictionPath.NO_TEXT
         job = self.face.begin_features(inp.prompt, self.budget_s)
@@ -170,7 +170,7 @@ class SemanticAdapter:
         return self.face.core.predict_features(feats, inp.prompt_tokens, inp.model).distribution
 
     async def record(self, inp: PredictInput, output_tokens: int) -> None:
-        if readable_text(inp.prompt) is None:
+        if is_token_ids(inp.prompt):
             return
         given: PromptLike | PromptFeatures = inp.prompt  # one embedding per request
         if isinstance(inp.features, asyncio.Future):

@@ -249,11 +249,11 @@ class Proxy:
 
 
 async def _head_of_body(resp: httpx.Response) -> bytes:
-    """Up to ``MAX_ERROR_BYTES`` of an error answer's body (then the response is closed)."""
+    """Up to ``MAX_ERROR_BYTES`` of an error answer's body, decoded (then the response is closed)."""
     parts: list[bytes] = []
     size = 0
     try:
-        async for chunk in resp.aiter_raw():
+        async for chunk in resp.aiter_bytes():
             parts.append(chunk)
             size += len(chunk)
             if size >= MAX_ERROR_BYTES:

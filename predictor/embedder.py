@@ -78,18 +78,23 @@ def flatten_prompt(prompt: PromptLike) -> str:
     return readable_text(prompt) or ""
 
 
+def is_token_ids(prompt: PromptLike | Sequence[Any]) -> bool:
+    """Whether a prompt has no text to read: a completion prompt of token ids (or lists of them).
+    Looks at its first item only: no copy of the prompt's text."""
+    return not isinstance(prompt, str) and bool(prompt) and not isinstance(prompt[0], str | Mapping)
+
+
 def readable_text(prompt: PromptLike | Sequence[Any]) -> str | None:
-    """The prompt's text, or None when it has none to read: a completion prompt of token ids (or a
-    list of them). Never raises on a prompt the OpenAI API accepts."""
+    """The prompt's text, or None when it has none to read (:func:`is_token_ids`). Never raises on a
+    prompt the OpenAI API accepts."""
     if isinstance(prompt, str):
         return prompt
     if not prompt:
         return ""
-    first = prompt[0]
-    if isinstance(first, str):  # a list of text prompts
-        return "\n".join(p for p in prompt if isinstance(p, str))
-    if not isinstance(first, Mapping):  # token ids, or lists of them
+    if is_token_ids(prompt):
         return None
+    if isinstance(prompt[0], str):  # a list of text prompts
+        return "\n".join(p for p in prompt if isinstance(p, str))
     lines = []
     for msg in prompt:
         if not isinstance(msg, Mapping):
