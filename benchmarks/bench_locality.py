@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -74,18 +73,6 @@ def bulk_rate(work: Sequence[TraceRequest]) -> float:
     times = sorted(r.arrival_s for r in work)
     k = int(0.9 * len(times))
     return k / max(times[k - 1] - times[0], 1e-9)
-
-
-def bisect(rate_at: Callable[[float], float], want: float) -> float:
-    """The scale at which ``rate_at(scale)`` reaches ``want`` (in log space; it grows with the scale)."""
-    lo, hi = math.log(0.01), math.log(1000.0)
-    while hi - lo > 0.005:
-        mid = (lo + hi) / 2
-        if rate_at(math.exp(mid)) < want:
-            lo = mid
-        else:
-            hi = mid
-    return math.exp((lo + hi) / 2)
 
 
 def builder(args: argparse.Namespace) -> Callable[[float], list[TraceRequest]]:
@@ -143,7 +130,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="write the figures here as JSON")
     args = ap.parse_args()
 
-    from sagegate.simtwin import capacity, simulate_run
+    from sagegate.simtwin import capacity, scale_at, simulate_run
 
     build = builder(args)
     mix = build(1.0)
@@ -155,7 +142,7 @@ def main() -> None:
         # bisection on the offered rate over the first 90% of arrivals: a session's turns keep their
         # think and read times, and a few long conversations stretch the last arrivals far out, so
         # neither the sessions' rate nor requests over the whole span measure the load
-        scale = bisect(lambda x: bulk_rate(build(x)), load * cap["req_s"])
+        scale = scale_at(lambda x: bulk_rate(build(x)), load * cap["req_s"], highest=1000.0)
         work = build(scale)
         row: dict[str, dict[str, float]] = {}
         for name, policy, placement in SETUPS:

@@ -162,15 +162,20 @@ def scale_for(
     capacity, measured on ``mix``: a large sample of the same request mix (a burst of a few hundred
     requests reads low and noisy). The trace's rate varies within its window, so the multiplier is
     found by bisection (in log space) on the offered rate."""
+    cap = capacity(mix, model=model, gpu=gpu, step_time_scale=step_time_scale)
+    return scale_at(lambda x: offered_rate(build(x)), target * cap["req_s"]), cap
+
+
+def scale_at(rate_at: Callable[[float], float], want: float, highest: float = 100.0) -> float:
+    """The scale in [0.01, ``highest``] at which ``rate_at(scale)`` (growing with the scale) reaches
+    ``want``, by bisection in log space."""
     import math
 
-    cap = capacity(mix, model=model, gpu=gpu, step_time_scale=step_time_scale)
-    want = target * cap["req_s"]
-    lo, hi = math.log(0.01), math.log(100.0)
+    lo, hi = math.log(0.01), math.log(highest)
     while hi - lo > 0.005:
         mid = (lo + hi) / 2
-        if offered_rate(build(math.exp(mid))) < want:
+        if rate_at(math.exp(mid)) < want:
             lo = mid
         else:
             hi = mid
-    return math.exp((lo + hi) / 2), cap
+    return math.exp((lo + hi) / 2)
