@@ -16,9 +16,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO, TYPE_CHECKING, TypeVar
 
 from core.request import TraceRequest
+
+if TYPE_CHECKING:
+    import numpy as np
 
 Row = TypeVar("Row")
 
@@ -181,3 +184,31 @@ def collect_requests(
             continue
         out.append(req)
     return out
+
+
+def check_clock(arrivals_from: Sequence[float] | None, rate: float | None, what: str) -> None:
+    """A reader of ``what`` (records without timestamps) needs exactly one clock: times or a rate."""
+    if (arrivals_from is None) == (rate is None):
+        raise ValueError(f"{what} have no timestamps: pass exactly one of rate= or arrivals_from=")
+
+
+def attach_times(
+    n: int,
+    *,
+    arrivals_from: Sequence[float] | None,
+    rate: float | None,
+    arrival: str,
+    cv: float,
+    rng: np.random.Generator,
+) -> list[float]:
+    """``n`` arrival times: the first ``n`` of ``arrivals_from`` (every one finite), or drawn from
+    ``rng`` at ``rate`` a second (``arrival`` poisson, or gamma with ``cv``)."""
+    if arrivals_from is not None:
+        times = [float(t) for t in arrivals_from[:n]]
+        if not all(math.isfinite(t) for t in times):
+            raise ValueError("arrivals_from holds a non-finite time")
+        return times
+    from loadgen.synthetic import arrival_times
+
+    assert rate is not None
+    return arrival_times(n, rate=rate, arrival=arrival, cv=cv, rng=rng).tolist()

@@ -8,12 +8,19 @@ seeded arrival process at ``rate`` req/s (Poisson, or gamma with ``cv``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
 from core.request import TraceRequest
-from loadgen.readers.common import ReadStats, collect_requests, iter_json_lines, json_tokens, require_keys
+from loadgen.readers.common import (
+    ReadStats,
+    attach_times,
+    check_clock,
+    collect_requests,
+    iter_json_lines,
+    json_tokens,
+    require_keys,
+)
 
 REQUIRED = ("prompt", "prompt_tokens_cl100k", "response_tokens_cl100k")
 _EXTRA = ("id", "n_turns", "prompt_chars", "response_chars", "response_words")
@@ -46,22 +53,13 @@ def read(
     cv: float = 1.0,
 ) -> list[TraceRequest]:
     """Pairs in file order with arrivals attached (first pair at the first arrival), not rebased."""
-    if (arrivals_from is None) == (rate is None):
-        raise ValueError("sharegpt pairs have no timestamps: pass exactly one of rate= or arrivals_from=")
+    check_clock(arrivals_from, rate, "sharegpt pairs")
     cap = limit
     if arrivals_from is not None:
         cap = len(arrivals_from) if cap is None else min(cap, len(arrivals_from))
     pairs = collect_requests(path, stats, iter_json_lines(path), _parse, limit=cap)
-    if arrivals_from is not None:
-        times = [float(t) for t in arrivals_from[: len(pairs)]]
-        if not all(math.isfinite(t) for t in times):
-            raise ValueError("arrivals_from holds a non-finite time")
-    else:
-        import numpy as np
+    import numpy as np
 
-        from loadgen.synthetic import arrival_times
-
-        assert rate is not None
-        rng = np.random.default_rng(seed)
-        times = arrival_times(len(pairs), rate=rate, arrival=arrival, cv=cv, rng=rng).tolist()
+    rng = np.random.default_rng(seed)
+    times = attach_times(len(pairs), arrivals_from=arrivals_from, rate=rate, arrival=arrival, cv=cv, rng=rng)
     return [pair.with_arrival(t) for t, pair in zip(times, pairs, strict=True)]

@@ -18,14 +18,13 @@ out (those a shipped predictor part learned from).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from core.request import TraceRequest, prompt_digest
 from core.tokens import count_tokens, flatten_messages
-from loadgen.readers.common import ReadStats, iter_json_lines
+from loadgen.readers.common import ReadStats, attach_times, check_clock, iter_json_lines
 
 ROLES = {"user", "assistant", "system"}
 
@@ -85,10 +84,7 @@ def read(
     conversations read (default: as many as ``arrivals_from`` has times, else all)."""
     import numpy as np
 
-    from loadgen.synthetic import arrival_times
-
-    if (arrivals_from is None) == (rate is None):
-        raise ValueError("sessions have no timestamps: pass exactly one of rate= or arrivals_from=")
+    check_clock(arrivals_from, rate, "sessions")
     if think_s < 0 or decode_s_per_token < 0:
         raise ValueError("think_s and decode_s_per_token must be >= 0")
     cap = sessions if arrivals_from is None else min(sessions or len(arrivals_from), len(arrivals_from))
@@ -103,13 +99,7 @@ def read(
         if cap is not None and len(convs) >= cap:
             break
     rng = np.random.default_rng(seed)
-    if arrivals_from is not None:
-        starts = [float(x) for x in arrivals_from[: len(convs)]]
-        if not all(math.isfinite(x) for x in starts):
-            raise ValueError("arrivals_from holds a non-finite time")
-    else:
-        assert rate is not None
-        starts = arrival_times(len(convs), rate=rate, arrival=arrival, cv=cv, rng=rng).tolist()
+    starts = attach_times(len(convs), arrivals_from=arrivals_from, rate=rate, arrival=arrival, cv=cv, rng=rng)
     requests: list[TraceRequest] = []
     for (sid, messages), start in zip(convs, starts, strict=True):
         think = rng.exponential(think_s, size=64).tolist() if think_s > 0 else [0.0]
