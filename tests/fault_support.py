@@ -238,11 +238,3 @@ def read_until_closed(s: socket.socket) -> bytes:
     while chunk := s.recv(65536):
         out += chunk
     return out
-
-
-def metric(url: str, line_prefix: str) -> float:
-    """The value of the first ``/metrics`` sample starting with ``line_prefix`` (0 if absent)."""
-    for line in httpx.get(url + "/metrics", timeout=5).text.splitlines():
-        if line.startswith(line_prefix):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0

@@ -12,7 +12,8 @@ import json
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +100,14 @@ def idle(url: str) -> bool:
     return snap["queued"] == 0 and all(
         b["inflight"] == 0 and b["reserved_tokens"] == 0 for b in snap["backends"]
     )
+
+
+def metric(url: str, prefix: str) -> float:
+    """The value of the first ``/metrics`` sample starting with ``prefix`` (0 if absent)."""
+    for line in httpx.get(url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith(prefix):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def wait_until(cond: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
@@ -240,3 +249,20 @@ async def _wait_disconnect(request: Request) -> None:
 
 
 REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+@contextmanager
+def fleet(*states: dict[str, Any], **kw: Any) -> Iterator[tuple[list[FakeBackend], str]]:
+    """Fake backends (one per ``states``) and a gateway in front of them (``kw``: gateway settings),
+    every backend healthy."""
+    from gateway.app import create_app  # here: a fake backend's own process need not load the gateway
+
+    fakes = [FakeBackend(**s) for s in states]
+    servers = [ServerThread(f.app).start() for f in fakes]
+    try:
+        with ServerThread(create_app(settings_for([s.url for s in servers], **kw))) as gw:
+            wait_until(lambda: all(b["healthy"] for b in admin(gw.url)["backends"]), what="backends up")
+            yield fakes, gw.url
+    finally:
+        for s in servers:
+            s.stop()

@@ -5,31 +5,13 @@ per-tenant retry budget; the verdict rules themselves."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
 
 import httpx
 
-from gateway.app import create_app
 from gateway.blame import RetryBudget, Suspect, Verdicts, error_object, refused_input
-from tests.gateway_support import FakeBackend, ServerThread, admin, chat_body, idle, settings_for, wait_until
+from tests.gateway_support import admin, chat_body, fleet, idle, metric, wait_until
 
 POISON = "POISON-INPUT"
-
-
-@contextmanager
-def fleet(*states: dict[str, Any], **kw: Any) -> Iterator[tuple[list[FakeBackend], str]]:
-    """Fake backends and a gateway in front of them (``kw``: gateway settings)."""
-    fakes = [FakeBackend(**s) for s in states]
-    servers = [ServerThread(f.app).start() for f in fakes]
-    try:
-        with ServerThread(create_app(settings_for([s.url for s in servers], **kw))) as gw:
-            wait_until(lambda: all(b["healthy"] for b in admin(gw.url)["backends"]), what="backends up")
-            yield fakes, gw.url
-    finally:
-        for s in servers:
-            s.stop()
 
 
 def post(url: str, text: str, tenant: str = "default") -> httpx.Response:
@@ -40,13 +22,6 @@ def post(url: str, text: str, tenant: str = "default") -> httpx.Response:
 
 def circuits(url: str) -> list[bool]:
     return [b["circuit_open"] for b in admin(url)["backends"]]
-
-
-def metric(url: str, prefix: str) -> float:
-    for line in httpx.get(url + "/metrics", timeout=5).text.splitlines():
-        if line.startswith(prefix):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 # --- the verdict over HTTP -------------------------------------------------------------------------

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.fault_support import gateway_process, metric, raw_socket, read_until_closed, stop_and_log
-from tests.gateway_support import FakeBackend, ServerThread, chat_body, wait_until
+from tests.fault_support import gateway_process, raw_socket, read_until_closed, stop_and_log
+from tests.gateway_support import FakeBackend, ServerThread, chat_body, metric, wait_until
 
 
 @pytest.fixture(scope="module")

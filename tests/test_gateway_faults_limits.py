@@ -16,12 +16,11 @@ from gateway.backends import CircuitBreaker
 from tests.fault_support import (
     BadBackend,
     gateway_process,
-    metric,
     raw_socket,
     read_until_closed,
     stop_and_log,
 )
-from tests.gateway_support import FakeBackend, ServerThread, admin, chat_body, wait_until
+from tests.gateway_support import FakeBackend, ServerThread, admin, chat_body, metric, wait_until
 from tests.test_gateway_faults_stream import idle, stack
 
 

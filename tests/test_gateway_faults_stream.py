@@ -16,8 +16,17 @@ import pytest
 
 from gateway.app import create_app
 from gateway.sse import EventTooLarge, SseScanner
-from tests.fault_support import BadBackend, FaultyTransport, backend_process, gateway_process, metric
-from tests.gateway_support import FakeBackend, ServerThread, admin, chat_body, idle, settings_for, wait_until
+from tests.fault_support import BadBackend, FaultyTransport, backend_process, gateway_process
+from tests.gateway_support import (
+    FakeBackend,
+    ServerThread,
+    admin,
+    chat_body,
+    idle,
+    metric,
+    settings_for,
+    wait_until,
+)
 
 
 @contextmanager

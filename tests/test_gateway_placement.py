@@ -4,30 +4,12 @@ sticky traffic, a client's session is credited where its last turn went, and eve
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
-
 import httpx
 
-from gateway.app import create_app
-from tests.gateway_support import FakeBackend, ServerThread, admin, settings_for, wait_until
+from tests.gateway_support import admin, fleet, metric, wait_until
 
 SYSTEM_A = "You are a careful assistant for the railway company. " * 150  # ~2,000 tokens
 SYSTEM_B = "You translate customer letters into formal German prose. " * 150
-
-
-@contextmanager
-def fleet(**kw: Any) -> Iterator[tuple[list[FakeBackend], str]]:
-    fakes = [FakeBackend(), FakeBackend()]
-    servers = [ServerThread(f.app).start() for f in fakes]
-    try:
-        with ServerThread(create_app(settings_for([s.url for s in servers], **kw))) as gw:
-            wait_until(lambda: all(b["healthy"] for b in admin(gw.url)["backends"]), what="backends up")
-            yield fakes, gw.url
-    finally:
-        for s in servers:
-            s.stop()
 
 
 def ask(url: str, system: str, question: str, session: str | None = None) -> httpx.Response:
@@ -42,15 +24,8 @@ def ask(url: str, system: str, question: str, session: str | None = None) -> htt
     return r
 
 
-def metric(url: str, prefix: str) -> float:
-    for line in httpx.get(url + "/metrics", timeout=5).text.splitlines():
-        if line.startswith(prefix):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 def test_a_shared_prefix_sticks_and_distinct_prefixes_spread() -> None:
-    with fleet() as (_, url):
+    with fleet({}, {}) as (_, url):
         first = ask(url, SYSTEM_A, "When does the first train leave?")
         home = first.headers["x-sagegate-backend"]
         assert first.headers["x-sagegate-prefix-hit"] == "0"
@@ -69,7 +44,7 @@ def test_a_shared_prefix_sticks_and_distinct_prefixes_spread() -> None:
 
 
 def test_a_backend_that_went_down_keeps_no_sticky_traffic() -> None:
-    with fleet() as (fakes, url):
+    with fleet({}, {}) as (fakes, url):
         home = ask(url, SYSTEM_A, "first").headers["x-sagegate-backend"]
         idx = int(home.rsplit("-", 1)[1])
         assert int(ask(url, SYSTEM_A, "second").headers["x-sagegate-prefix-hit"]) > 0
@@ -86,7 +61,7 @@ def test_a_backend_that_went_down_keeps_no_sticky_traffic() -> None:
 
 
 def test_a_session_is_credited_where_its_last_turn_went() -> None:
-    with fleet() as (_, url):
+    with fleet({}, {}) as (_, url):
         turn1 = ask(url, SYSTEM_A, "Plan a trip to Basel.", session="s-1")
         home = turn1.headers["x-sagegate-backend"]
         ask(url, SYSTEM_B, "Guten Tag.")  # the other backend now holds something too
@@ -100,7 +75,7 @@ def test_a_session_is_credited_where_its_last_turn_went() -> None:
 
 
 def test_least_loaded_placement_ignores_the_cache() -> None:
-    with fleet(placement={"mode": "least_loaded"}) as (_, url):
+    with fleet({}, {}, placement={"mode": "least_loaded"}) as (_, url):
         r = ask(url, SYSTEM_A, "one")
         assert "x-sagegate-prefix-hit" not in r.headers
         assert metric(url, 'sagegate_placements_total{kind="sticky"}') == 0
