@@ -207,7 +207,7 @@ class SimGateway:
         keys = req.keys
         if not isinstance(keys, BlockKeys):
             keys = req.keys = block_keys(req.rid, req.prompt_tokens, self.block_size, *keys)
-        return keys.first(keys.shared_blocks)[: keys.shared_blocks]
+        return keys.content
 
     def dispatched(self, req: EngineRequest, backend: int, charge: Charge, now: float) -> None:
         """Sent: it waits in engine ``backend`` (counted so the rest of the pass sees it; the engine's

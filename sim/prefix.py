@@ -38,6 +38,11 @@ class BlockKeys:
             keys.extend([(rid, j) for j in range(have, n)])
         return keys
 
+    @property
+    def content(self) -> list[Hashable]:
+        """The keys of the blocks whose content is shareable (what another request can hit)."""
+        return self._content
+
     def __call__(self, j: int) -> Hashable:
         if j < len(self._content):
             return self._content[j]
