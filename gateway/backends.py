@@ -115,8 +115,10 @@ class Backend:
         self.held_generated = 0
         self._held_at_scrape = (0, 0)
         self.prompt_share = PromptShare()
-        self.prefix = PrefixIndex(self.load.capacity_tokens // 16)
-        """The prompt blocks predicted cached here (``gateway.locality``; resized from the capacity)."""
+        self.prefix_block_tokens = 16
+        """Tokens per block of :attr:`prefix` (``gateway.locality`` sets its own)."""
+        self.prefix = PrefixIndex(self.load.capacity_tokens // self.prefix_block_tokens)
+        """The prompt blocks predicted cached here (``gateway.locality``), bounded by the capacity."""
 
     @property
     def healthy(self) -> bool:
@@ -210,6 +212,7 @@ class Backend:
         capacity = self.configured_capacity or m.capacity_tokens
         if capacity:
             self.load.capacity_tokens = capacity
+            self.prefix.resize(capacity // self.prefix_block_tokens)
         if m.kv_usage is not None and m.capacity_tokens:
             # Ours that the engine runs: those in flight when the scrape began, less those it waits on.
             prompt, generated = self._held_at_scrape

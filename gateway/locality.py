@@ -53,6 +53,7 @@ class Locality:
         self.sessions: OrderedDict[str, tuple[int, int]] = OrderedDict()
         """Session → (the backend its last turn went to, that turn's prompt tokens), oldest first."""
         for b in backends:
+            b.prefix_block_tokens = self.block_tokens
             b.prefix.resize(b.load.capacity_tokens // self.block_tokens)
 
     def describe(self, req: GatewayRequest, session: str | None) -> None:
@@ -83,7 +84,6 @@ class Locality:
         req.predicted_cached = hits[backend] if hits is not None else 0
         if self.metrics is not None:
             self.metrics.placed(b.name, classify(hits, backend), req.prompt_tokens, req.predicted_cached)
-        b.prefix.resize(b.load.capacity_tokens // self.block_tokens)
         b.prefix.touch(req.prefix_keys)
         if req.session is not None:
             self.sessions[req.session] = (backend, req.prompt_tokens)
