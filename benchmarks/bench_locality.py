@@ -14,7 +14,8 @@ prefix caching on:
 
 Set-ups, one run each on the same requests: vLLM behind round robin (engine level); the gateway with
 ``fcfs`` placing by room alone (admission only), ``fcfs`` cache-aware (placement alone), ``sagesched``
-by room (the rank alone: the gateway before issue 36) and ``sagesched`` cache-aware (both). The
+by room (the rank alone: the gateway before issue 36) and ``sagesched`` cache-aware (both), and the
+same two with the cache-aware rank (``sagesched:shared_prefix=true``). The
 figures are ratios to round robin, side by side. A cache-aware *router* (vllm-router's
 ``cache_aware``) is not simulated here: the live comparison (``benchmarks/neutral_client.py``) is.
 
@@ -43,7 +44,11 @@ SETUPS: list[tuple[str, str | None, str]] = [
     ("fcfs, cache-aware", "fcfs", "cache_aware"),
     ("sagesched, by room", "sagesched", "least_loaded"),
     ("sagesched, cache-aware", "sagesched", "cache_aware"),
+    ("sagesched+shared, by room", "sagesched:shared_prefix=true", "least_loaded"),
+    ("sagesched+shared, cache-aware", "sagesched:shared_prefix=true", "cache_aware"),
 ]
+"""``+shared``: the rank prices memory without the prompt tokens a request in flight already holds
+(``sagesched:shared_prefix=true``, the cache-aware rank)."""
 METRICS = (
     "ttft_mean_s",
     "ttft_p90_s",

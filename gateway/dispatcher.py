@@ -41,13 +41,14 @@ from gateway.ledger import QueueHead, SharedLedger
 from gateway.locality import Locality
 from gateway.metrics import GatewayMetrics
 from gateway.queue import BoundedQueue, DispatchRefused, GatewayRequest
-from policies.admission import AdmissionConfig, Charge
+from policies.admission import AdmissionConfig, Charge, resident_prefix
 from policies.base import Capability, Policy
 from policies.dispatch_loop import Decision, DispatchLoop
 from policies.pause import PauseConfig
 from policies.placement import CacheView
 from policies.prompt_share import charged_prompt
 from policies.rank_threshold import threshold_mask
+from policies.resident import PromptBlocks
 
 
 class PauseVerdict(StrEnum):
@@ -147,7 +148,7 @@ class Dispatcher:
             raise QueueFull(reason)
         now = self.clock()
         req.future = asyncio.get_running_loop().create_future()
-        self._charge(req)
+        req.shared_tokens = resident_prefix(self._charge(req), self.pool.loads)
         req.t_enqueue = now
         self.policy.on_arrival(req, now)
         self.queue.push(req, now)
@@ -252,7 +253,10 @@ class Dispatcher:
         prompt = charged_prompt(req.prompt_tokens, self.pool.prompt_share)
         charge = req.charge
         if charge is None or req.charged_prompt != prompt:
-            charge = req.charge = Charge(prompt, req.prediction, self.cfg)
+            blocks = None
+            if self.locality is not None and req.prefix_keys:  # a prefix in flight is charged once
+                blocks = PromptBlocks(req.prefix_keys, req.block_tokens * prompt / max(1, req.prompt_tokens))
+            charge = req.charge = Charge(prompt, req.prediction, self.cfg, blocks)
             req.charged_prompt = prompt
             if req.generated:  # a continuation: it holds prompt + generated, conditioned on having gone on
                 charge.update(req.generated)
@@ -343,6 +347,7 @@ class _GatewayDriver:
     def dispatched(self, req: GatewayRequest, backend: int, charge: Charge, now: float) -> None:
         """Chosen: sent at once, or (shared ledger) once Redis has charged it fleet-wide."""
         d = self.d
+        req.charge = charge  # what it was charged there (less a prefix in flight there holds)
         if d.ledger is None:
             self.send(req, backend, now)
             return

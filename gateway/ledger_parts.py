@@ -35,6 +35,8 @@ class RemoteCharge(Charge):
     def __init__(self, held: int, remaining: int) -> None:  # nothing to predict: no Charge.__init__
         self.held = held
         self.remaining = remaining
+        self.blocks = None
+        self.started = True
         self.value = float(held + remaining)
 
 

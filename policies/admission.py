@@ -22,6 +22,7 @@ from itertools import accumulate
 from typing import Literal, get_args
 
 from core.distribution import LengthDistribution
+from policies.resident import PromptBlocks, ResidentBlocks
 
 Rule = Literal["sum", "peak"]
 RULES: tuple[str, ...] = get_args(Rule)
@@ -101,20 +102,74 @@ class Charge:
     that folds many decode steps into one event charges exactly what a token-by-token stream does.
     """
 
-    __slots__ = ("_cfg", "_next", "_pred", "_prompt", "_total", "held", "remaining", "value")
+    __slots__ = (
+        "_cfg",
+        "_next",
+        "_pred",
+        "_prompt",
+        "_sharing",
+        "_total",
+        "_whole",
+        "blocks",
+        "held",
+        "remaining",
+        "started",
+        "value",
+    )
 
-    def __init__(self, prompt_tokens: int, pred: LengthDistribution | None, cfg: AdmissionConfig) -> None:
+    def __init__(
+        self,
+        prompt_tokens: int,
+        pred: LengthDistribution | None,
+        cfg: AdmissionConfig,
+        blocks: PromptBlocks | None = None,
+    ) -> None:
         self._prompt = prompt_tokens
         self._pred = pred
         self._cfg = cfg
         self._next = 0
         self._total = 0
+        self._sharing: Charge | None = None
+        self._whole: Charge | None = None  # the charge this one leaves shared blocks out of
+        self.blocks = blocks
+        """Its prompt's cacheable blocks (None: not known, no prefix sharing is charged for)."""
         self.held = prompt_tokens
         """KV it holds now: its prompt and what it has generated."""
         self.remaining = 0
         """Predicted tokens still to generate (the charge less what it holds now)."""
         self.value = 0.0
+        self.started = False
+        """It has produced a token where it is charged (its prompt's blocks are computed there)."""
         self._recompute(0)
+
+    def sharing(self, shared: int) -> Charge:
+        """This charge on a backend where a request in flight already holds its first ``shared``
+        blocks: without them (the last prompt token is always its own). The same object while
+        ``shared`` and the progress stay (a held head asked again costs nothing)."""
+        blocks = self.blocks
+        if blocks is None:
+            return self
+        whole = self._whole
+        if whole is not None:
+            return whole.sharing(shared)
+        if shared <= 0:
+            return self
+        memo = self._sharing
+        generated = self.held - self._prompt
+        if (
+            memo is not None
+            and memo.blocks is not None
+            and memo.blocks.shared == shared
+            and memo.held - memo._prompt == generated
+        ):
+            return memo
+        prompt = self._prompt - min(self._prompt - 1, round(shared * blocks.tokens))
+        memo = Charge(prompt, self._pred, self._cfg, PromptBlocks(blocks.keys, blocks.tokens, shared))
+        if generated:
+            memo.update(generated)
+        memo._whole = self
+        self._sharing = memo
+        return memo
 
     def _recompute(self, generated: int) -> None:
         cfg = self._cfg
@@ -253,6 +308,9 @@ class BackendLoad:
     """The share of prompt tokens the backend's prefix cache has served (its own counters): how much of
     a waiting prompt it will not compute (``policies.placement`` discounts queued work by it)."""
     holdings: Holdings = field(default_factory=Holdings)
+    resident: ResidentBlocks = field(default_factory=ResidentBlocks)
+    """The prompt blocks its charged requests hold, each charged once (``charged_tokens`` includes
+    ``resident.pinned_tokens``: blocks whose payer left and that others still use)."""
 
     def room(self, target: float) -> float:
         return target * self.capacity_tokens - self.charged_tokens
@@ -266,6 +324,8 @@ class BackendLoad:
         """A request was dispatched here."""
         self.charged_tokens += charge.value
         self.holdings.add(charge)
+        if charge.blocks is not None:
+            self.charged_tokens += self.resident.enter(charge.blocks)
 
     def progress(self, charge: Charge, generated: int) -> float:
         """One of its requests has generated ``generated`` tokens so far; returns how much its charge
@@ -273,12 +333,18 @@ class BackendLoad:
         moved = charge.update(generated)
         self.charged_tokens += moved
         self.holdings.changed()
+        if not charge.started and generated > 0:
+            charge.started = True
+            if charge.blocks is not None:
+                self.resident.started(charge.blocks)
         return moved
 
     def release(self, charge: Charge) -> None:
         """One of its requests left."""
         self.charged_tokens -= charge.value
         self.holdings.discard(charge)
+        if charge.blocks is not None:
+            self.charged_tokens += self.resident.leave(charge.blocks, charge.started)
         if not len(self.holdings):
             self.charged_tokens = 0.0  # no float drift on an idle backend
 
@@ -291,11 +357,11 @@ class BackendLoad:
         limit = cfg.peak_target * self.capacity_tokens
         if self.charged_tokens + charge.value <= limit:
             return True  # the peak never exceeds the sum of footprints
-        return self.holdings.fits(charge, limit)
+        return self.holdings.fits(charge, limit - self.resident.pinned_tokens)
 
 
 def choose_backend(
-    charge: Charge,
+    charge: Charge | Sequence[Charge],
     backends: Sequence[BackendLoad],
     cfg: AdmissionConfig,
     prompt_tokens: int = 0,
@@ -303,6 +369,7 @@ def choose_backend(
 ) -> int | None:
     """Index of the healthy backend with the most room that admits ``charge``, or None.
 
+    ``charge`` may be one per backend (what the request costs on each: ``shared_charges``).
     ``allowed``, if given, masks out backends this request may not use.
     """
     best: int | None = None
@@ -311,9 +378,35 @@ def choose_backend(
         if not eligible(b, i, cfg, prompt_tokens, allowed):
             continue
         room = b.room(cfg.target)
-        if room > best_room and b.admits(charge, cfg):
+        if room > best_room and b.admits(charge if isinstance(charge, Charge) else charge[i], cfg):
             best, best_room = i, room
     return best
+
+
+def shared_charges(charge: Charge, backends: Sequence[BackendLoad]) -> list[Charge] | None:
+    """``charge`` on each backend, without the leading blocks a request in flight there already
+    holds (``policies.resident``); None when no backend holds any (the one charge everywhere)."""
+    blocks = charge.blocks
+    if blocks is None or not blocks.keys:
+        return None
+    out: list[Charge] | None = None
+    for i, b in enumerate(backends):
+        n = b.resident.shared(blocks.keys)
+        if n:
+            if out is None:
+                out = [charge] * len(backends)
+            out[i] = charge.sharing(n)
+    return out
+
+
+def resident_prefix(charge: Charge, backends: Sequence[BackendLoad]) -> int:
+    """The most of ``charge``'s prompt a request in flight on some backend already holds (computed):
+    the prompt tokens it would not add to that backend's KV (0 where its blocks are not known)."""
+    blocks = charge.blocks
+    if blocks is None or not blocks.keys:
+        return 0
+    n = max((b.resident.shared(blocks.keys) for b in backends), default=0)
+    return min(charge.held - 1, round(n * blocks.tokens)) if n else 0
 
 
 def eligible(

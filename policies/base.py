@@ -45,6 +45,7 @@ class SchedRequest:
         "prompt_tokens",
         "pstate",
         "rid",
+        "shared_tokens",
         "tenant",
         "true_output",
     )
@@ -74,6 +75,10 @@ class SchedRequest:
         self.key_cache: Any = None
         self.pauses = 0
         """Times the gateway paused it (``policies.pause``); a continuation has ``pauses > 0``."""
+        self.shared_tokens = 0
+        """Its leading prompt tokens a request in flight already holds where it would run (set at
+        arrival by a driver whose charges know prompt blocks, ``policies.admission.resident_prefix``):
+        KV it will not add there."""
 
     def predicted_output(self) -> float:
         """Point prediction (the distribution's mean); 1 token when there is no prediction."""

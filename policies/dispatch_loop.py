@@ -195,6 +195,8 @@ class DispatchLoop(Generic[R]):
             charge, loads, self.admission, req.prompt_tokens, driver.allowed(req), driver.cached(req)
         )
         idx = placement.backend
+        if placement.charge is not None:  # cheaper there: a request in flight holds its leading blocks
+            charge = placement.charge
         if self.screens:
             view = LoadView(
                 kv_usage=usage_after(charge.value, idx, loads),

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from policies.admission import AdmissionConfig, BackendLoad, Charge, choose_backend, eligible
+from policies.admission import AdmissionConfig, BackendLoad, Charge, choose_backend, eligible, shared_charges
 
 CACHE_AWARE = "cache_aware"
 LEAST_LOADED = "least_loaded"
@@ -59,6 +59,9 @@ class Placement:
     cached_tokens: int = 0
     """Its prompt tokens predicted cached on ``backend``."""
     kind: PlacementKind = PlacementKind.NO_HIT
+    charge: Charge | None = None
+    """What it is charged on ``backend``, where that is less than its whole charge (a request in
+    flight there already holds its leading blocks); None: the whole charge."""
 
 
 def classify(cached: Sequence[int] | None, backend: int) -> PlacementKind:
@@ -78,15 +81,19 @@ def choose_placement(
     view: CacheView | None,
 ) -> Placement:
     """The backend for a request charged ``charge`` whose prompt is ``view.hits[i]`` tokens cached on
-    backend ``i`` (``view`` None: nothing known), or ``Placement(None)`` when none admits it."""
-    default = choose_backend(charge, loads, cfg, prompt_tokens, allowed)
+    backend ``i`` (``view`` None: nothing known), or ``Placement(None)`` when none admits it. Where a
+    request in flight on a backend already holds its leading blocks, it is judged (and charged) there
+    without them."""
+    per = shared_charges(charge, loads)
+    judged: Charge | Sequence[Charge] = charge if per is None else per
+    default = choose_backend(judged, loads, cfg, prompt_tokens, allowed)
     if view is None:
-        return Placement(default)
+        return _placed(default, per)
     cached = view.hits
     if max(cached, default=0) <= 0:
         if default is None:
             return Placement(None)
-        return Placement(_least_held(default, charge, loads, cfg, prompt_tokens, allowed, view.held))
+        return _placed(_least_held(default, judged, loads, cfg, prompt_tokens, allowed, view.held), per)
 
     best, best_score = default, -math.inf
     if default is not None:
@@ -96,16 +103,26 @@ def choose_placement(
         if i == default or cached[i] <= floor or not eligible(b, i, cfg, prompt_tokens, allowed, cached[i]):
             continue
         s = cached[i] - b.queued_prefill
-        if s > best_score and b.admits(charge, cfg):
+        if s > best_score and b.admits(charge if per is None else per[i], cfg):
             best, best_score = i, s
     if best is None:
         return Placement(None)
-    return Placement(best, cached[best], classify(cached, best))
+    return _placed(best, per, cached[best], classify(cached, best))
+
+
+def _placed(
+    backend: int | None,
+    per: Sequence[Charge] | None,
+    cached: int = 0,
+    kind: PlacementKind = PlacementKind.NO_HIT,
+) -> Placement:
+    charge = per[backend] if per is not None and backend is not None else None
+    return Placement(backend, cached, kind, charge)
 
 
 def _least_held(
     default: int,
-    charge: Charge,
+    charge: Charge | Sequence[Charge],
     loads: Sequence[BackendLoad],
     cfg: AdmissionConfig,
     prompt_tokens: int,
@@ -122,7 +139,7 @@ def _least_held(
             held[i] < held[best]
             and b.room(cfg.target) == room
             and eligible(b, i, cfg, prompt_tokens, allowed)
-            and b.admits(charge, cfg)
+            and b.admits(charge if isinstance(charge, Charge) else charge[i], cfg)
         ):
             best = i
     return best

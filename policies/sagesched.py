@@ -49,8 +49,13 @@ class _GittinsPolicy(Policy):
         max_points: Annotated[int, Range(ge=1)] = 64,
         preempt: bool = True,
         preempt_pays: bool = True,
+        shared_prefix: bool = False,
     ) -> None:
         self.bucket_base = buckets or None
+        self.shared_prefix = shared_prefix
+        """Price memory on the prompt tokens a request adds where it runs: less its leading tokens a
+        request in flight there already holds (``SchedRequest.shared_tokens``, prefix caching keeps
+        one copy), so a request whose prefix is resident is cheaper to serve now."""
         self.max_points = max_points
         self.preempt_pays = preempt and preempt_pays
         self._resumed_until: dict[Hashable, int] = {}  # rid → generated tokens it is held until
@@ -69,8 +74,9 @@ class _GittinsPolicy(Policy):
     def tracker(self, req: SchedRequest) -> GittinsTracker:
         tr = req.pstate
         if tr is None:
+            prompt = req.prompt_tokens - req.shared_tokens if self.shared_prefix else req.prompt_tokens
             table = GittinsTable(
-                self.distribution(req), req.prompt_tokens, base=self.bucket_base, length_only=self.length_only
+                self.distribution(req), prompt, base=self.bucket_base, length_only=self.length_only
             )
             tr = req.pstate = GittinsTracker(table, req.generated)
         return tr
@@ -147,8 +153,9 @@ class SageSched(_GittinsPolicy):
         preempt: bool = True,
         max_wait_s: Positive | None = None,
         preempt_pays: bool = True,
+        shared_prefix: bool = False,
     ) -> None:
-        super().__init__(buckets, max_points, preempt, preempt_pays)
+        super().__init__(buckets, max_points, preempt, preempt_pays, shared_prefix)
         self.max_wait_s = max_wait_s
         if max_wait_s is not None:  # the key ages with the clock
             self.declare(self.capabilities | {Capability.DYNAMIC_KEY, Capability.LANE_KEY})

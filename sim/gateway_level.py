@@ -17,13 +17,14 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from policies.admission import AdmissionConfig, BackendLoad, Charge
+from policies.admission import AdmissionConfig, BackendLoad, Charge, resident_prefix
 from policies.base import Policy
 from policies.dispatch_loop import DispatchLoop, PassResult
 from policies.pause import PauseConfig
 from policies.placement import CACHE_AWARE, LEAST_LOADED, CacheView
 from policies.prefix_index import PrefixIndex
 from policies.queue import PolicyQueue
+from policies.resident import PromptBlocks
 from sim.engine import EngineRequest
 from sim.engine_request import RUNNING
 from sim.prefix import BlockKeys, block_keys
@@ -103,6 +104,9 @@ class SimGateway:
             self.prefixes = [PrefixIndex(c // block_size) for c in capacities]
         elif placement != LEAST_LOADED:
             raise ValueError(f"placement must be {CACHE_AWARE!r} or {LEAST_LOADED!r}, not {placement!r}")
+        self.track_blocks = self.prefixes is not None or getattr(policy, "shared_prefix", False)
+        """Charges know their prompt blocks (a prefix held in flight is charged once, and a policy
+        pricing it reads ``shared_tokens``): with cache-aware placement, or a policy that asks."""
         self.queue: PolicyQueue[EngineRequest] = PolicyQueue(policy)
         self.loads = [BackendLoad(c) for c in capacities]
         self.admission = admission
@@ -132,6 +136,8 @@ class SimGateway:
 
     def enqueue(self, req: EngineRequest, now: float) -> None:
         """``req`` arrived (and fits the bounds): it waits in the queue."""
+        if self.track_blocks:
+            req.shared_tokens = resident_prefix(self.charge(req), self.loads)
         self.policy.on_arrival(req, now)
         self.queue.push(req, now)
         if self.limits is not None:
@@ -184,7 +190,12 @@ class SimGateway:
     def charge(self, req: EngineRequest) -> Charge:
         charge = self.head_charges.get(req)
         if charge is None:  # a fresh charge depends only on the request: build it once
-            charge = self.head_charges[req] = Charge(req.prompt_tokens, req.prediction, self.admission)
+            blocks = None
+            if self.track_blocks:  # a prefix in flight on a backend is charged once
+                blocks = PromptBlocks(self._content_keys(req), self.block_size)
+            charge = self.head_charges[req] = Charge(
+                req.prompt_tokens, req.prediction, self.admission, blocks
+            )
             if req.generated:  # a paused continuation: charged at its progress
                 charge.update(req.generated)
         return charge

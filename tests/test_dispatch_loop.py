@@ -27,7 +27,7 @@ from policies.admission import RULES, AdmissionConfig, BackendLoad
 from policies.base import GATEWAY
 from policies.dispatch_loop import Decision, DecisionKind
 from policies.pause import PauseConfig
-from policies.placement import CACHE_AWARE, LEAST_LOADED, PLACEMENTS
+from policies.placement import CACHE_AWARE, LEAST_LOADED, PLACEMENTS, Placement
 from policies.registry import names, parse_policy
 from sim.engine import EngineRequest
 from sim.engine_request import ABORTED, RUNNING
@@ -161,7 +161,14 @@ class StandInEngine:
 
 
 def _seen(log: list[Decision[GatewayRequest]] | list[Decision[EngineRequest]]) -> list[tuple[object, ...]]:
-    return [(d.kind, d.request.rid, d.backend, d.reason, d.placement) for d in log]
+    return [(d.kind, d.request.rid, d.backend, d.reason, _placed(d.placement), d.charge.value) for d in log]
+
+
+def _placed(p: Placement | None) -> tuple[object, ...] | None:
+    """A placement, its charge by value (each driver builds its own charge objects)."""
+    if p is None:
+        return None
+    return (p.backend, p.cached_tokens, p.kind, None if p.charge is None else p.charge.value)
 
 
 def _ledgers(loads: Sequence[BackendLoad]) -> list[tuple[float, int, int, bool]]:

@@ -79,3 +79,48 @@ def test_least_loaded_placement_ignores_the_cache() -> None:
         r = ask(url, SYSTEM_A, "one")
         assert "x-sagegate-prefix-hit" not in r.headers
         assert metric(url, 'sagegate_placements_total{kind="sticky"}') == 0
+
+
+def test_a_prefix_a_running_request_holds_is_charged_once() -> None:
+    """A request whose system prompt a started request on the same backend holds is charged without
+    it (the engine keeps one copy); one with a prompt of its own is charged whole; and when all have
+    left, nothing stays charged."""
+    import threading
+
+    def stream(system: str, question: str, streaming: threading.Event) -> None:
+        body = {
+            "model": "fake",
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+            "max_tokens": 40,
+            "stream": True,
+        }
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=30) as r:
+            assert r.status_code == 200
+            for n, _ in enumerate(r.iter_lines()):
+                if n == 4:  # a few tokens relayed: it has started
+                    streaming.set()
+
+    def reserved() -> float:
+        return float(admin(url)["backends"][0]["reserved_tokens"])
+
+    def send(system: str, question: str) -> threading.Event:
+        started = threading.Event()
+        t = threading.Thread(target=stream, args=(system, question, started))
+        t.start()
+        threads.append(t)
+        return started
+
+    threads: list[threading.Thread] = []
+    with fleet({"tokens": 40, "delay_s": 0.05}, placement={"mode": "cache_aware"}) as (_, url):
+        assert send(SYSTEM_A, "first").wait(10)
+        one = reserved()
+        send(SYSTEM_A, "second, the same system prompt")
+        wait_until(lambda: admin(url)["backends"][0]["inflight"] == 2, what="second in")
+        shared = reserved() - one
+        send(SYSTEM_B, "third, a prompt of its own")
+        wait_until(lambda: admin(url)["backends"][0]["inflight"] == 3, what="third in")
+        whole = reserved() - one - shared
+        assert 0 < shared < whole - 1000  # ~1,300 tokens of system prompt not charged again
+        for t in threads:
+            t.join(timeout=30)
+        wait_until(lambda: reserved() == 0, what="all released")
