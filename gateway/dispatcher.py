@@ -374,6 +374,7 @@ class _GatewayDriver:
             assert d.ledger is not None
             d.ledger.released(charge, backend)
         elif waiting:
+            req.charge = None  # charged afresh (this one may have given blocks to the backend)
             d.queue.push(req, d.clock())
         d.kick()
 

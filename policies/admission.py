@@ -104,6 +104,7 @@ class Charge:
 
     __slots__ = (
         "_cfg",
+        "_generated",
         "_next",
         "_pred",
         "_prompt",
@@ -124,7 +125,9 @@ class Charge:
         cfg: AdmissionConfig,
         blocks: PromptBlocks | None = None,
     ) -> None:
-        self._prompt = prompt_tokens
+        self._prompt: float = prompt_tokens
+        """Its prompt tokens charged to it (less blocks it gave to the backend, :meth:`drop`)."""
+        self._generated = 0
         self._pred = pred
         self._cfg = cfg
         self._next = 0
@@ -155,21 +158,33 @@ class Charge:
         if shared <= 0:
             return self
         memo = self._sharing
-        generated = self.held - self._prompt
+        generated = self._generated
         if (
             memo is not None
             and memo.blocks is not None
             and memo.blocks.shared == shared
-            and memo.held - memo._prompt == generated
+            and memo._generated == generated
         ):
             return memo
-        prompt = self._prompt - min(self._prompt - 1, round(shared * blocks.tokens))
+        prompt = round(self._prompt - min(self._prompt - 1, shared * blocks.tokens))
         memo = Charge(prompt, self._pred, self._cfg, PromptBlocks(blocks.keys, blocks.tokens, shared))
         if generated:
             memo.update(generated)
         memo._whole = self
         self._sharing = memo
         return memo
+
+    def drop(self, tokens: float) -> float:
+        """Stop charging ``tokens`` of its prompt: blocks it brought that others now share, charged to
+        the backend instead (``policies.resident``). Returns how much the charge fell (the caller
+        moves the backend's books)."""
+        old = self.value
+        whole = self._whole
+        if whole is not None and whole._sharing is self:
+            whole._sharing = None  # no longer what the whole charge costs there
+        self._prompt -= tokens
+        self._set(self._generated)
+        return old - self.value
 
     def _recompute(self, generated: int) -> None:
         cfg = self._cfg
@@ -186,10 +201,12 @@ class Charge:
         self._set(generated)
 
     def _set(self, generated: int) -> None:
+        self._generated = generated
         total = self._total
-        self.held = self._prompt + generated
+        prompt = round(self._prompt)  # whole tokens (the shared ledger's wire carries integers)
+        self.held = prompt + generated
         self.remaining = total - generated if total > generated else 0
-        self.value = float(self._prompt + (total if total > generated else generated))
+        self.value = float(prompt + (total if total > generated else generated))
 
     def update(self, generated: int) -> float:
         """New charge after ``generated`` tokens; returns the change."""
@@ -325,7 +342,10 @@ class BackendLoad:
         self.charged_tokens += charge.value
         self.holdings.add(charge)
         if charge.blocks is not None:
-            self.charged_tokens += self.resident.enter(charge.blocks)
+            moved = self.resident.enter(charge, charge.blocks)
+            if moved is not None:  # charges it shares blocks with gave them to the backend
+                self.charged_tokens += moved
+                self.holdings.changed()
 
     def progress(self, charge: Charge, generated: int) -> float:
         """One of its requests has generated ``generated`` tokens so far; returns how much its charge
@@ -344,7 +364,7 @@ class BackendLoad:
         self.charged_tokens -= charge.value
         self.holdings.discard(charge)
         if charge.blocks is not None:
-            self.charged_tokens += self.resident.leave(charge.blocks, charge.started)
+            self.charged_tokens += self.resident.leave(charge, charge.blocks, charge.started)
         if not len(self.holdings):
             self.charged_tokens = 0.0  # no float drift on an idle backend
 
