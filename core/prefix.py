@@ -5,11 +5,18 @@ their first ``n`` keys exactly when they share their first ``n`` blocks of text:
 conversation, re-sending turn k's history, extends turn k's keys block for block. The keys are stable
 across processes (no ``hash()`` salt), so replicas can share them. About four characters stand for a
 token (``CHARS_PER_TOKEN``), as in the simulated engine's own text keys.
+
+Where token ids are known (an engine's KV events carry them, ``gateway.kv_events``), blocks are keyed
+by their ids instead (:func:`token_block_keys`): a 64-bit chained BLAKE2b, the same for the blocks an
+engine reports stored and for a request's prompt tokenised as the engine tokenises it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import struct
 import zlib
+from collections.abc import Sequence
 
 CHARS_PER_TOKEN = 4
 
@@ -32,4 +39,19 @@ def text_block_keys(text: str, block_chars: int, max_blocks: int | None = None) 
         span = text[j * block_chars : (j + 1) * block_chars]
         chain = zlib.crc32(span.encode("utf-8", "surrogatepass"), chain)
         keys.append(chain)
+    return keys
+
+
+def token_block_keys(ids: Sequence[int], block_tokens: int, parent: int = 0) -> list[int]:
+    """The chained 64-bit key of each whole ``block_tokens`` span of token ``ids`` (a partial last span
+    has none), the chain starting from ``parent`` (0: the first block of a sequence). Raises
+    ``struct.error`` for an id outside ``[0, 2**32)``."""
+    n = len(ids) // block_tokens
+    data = struct.pack(f"<{n * block_tokens}I", *ids[: n * block_tokens])
+    width = 4 * block_tokens
+    keys: list[int] = []
+    chain = parent.to_bytes(8, "little")
+    for j in range(n):
+        chain = hashlib.blake2b(chain + data[j * width : (j + 1) * width], digest_size=8).digest()
+        keys.append(int.from_bytes(chain, "little"))
     return keys

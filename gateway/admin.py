@@ -72,4 +72,5 @@ def _backend(b: Backend) -> dict[str, Any]:
         "prompt_share": b.prompt_share.value,
         "prompt_share_samples": b.prompt_share.samples,
         "circuit_open": b.breaker.is_open,
+        "kv_events": b.kv.state if b.kv is not None else None,
     }

@@ -31,6 +31,7 @@ from gateway.director import Director
 from gateway.dispatcher import Dispatcher, PauseVerdict
 from gateway.errors import GatewayError
 from gateway.intake import Intake
+from gateway.kv_events import KVEventHub
 from gateway.ledger import SharedLedger
 from gateway.locality import Locality
 from gateway.metrics import GatewayMetrics
@@ -97,11 +98,17 @@ class Gateway:
             ledger=self.ledger,
             pause=settings.pause.config(),
             locality=(
-                Locality(settings.placement, self.pool.backends, self.metrics)
+                Locality(settings.placement, self.pool.backends, self.metrics, self.client)
                 if settings.placement.mode == CACHE_AWARE
                 else None
             ),
         )
+        self.kv_events: KVEventHub | None = None
+        """Followers of the backends' KV-cache events (precise placement; cache-aware mode only)."""
+        if self.dispatcher.locality is not None and any(b.kv_events for b in settings.backends):
+            self.kv_events = KVEventHub(
+                self.pool.backends, [b.kv_events for b in settings.backends], settings.placement.kv_events
+            )
         self.dispatcher.pause_enabled = settings.pause.enabled
         self.recorder = Recorder(self.predictor)
         self.proxy = Proxy(settings, self.dispatcher, self.pool, self.client, self.metrics, self.recorder)
@@ -117,6 +124,8 @@ class Gateway:
             lambda: self.draining,
         )
         self.metrics.attach_state(StateGauges(self.queue, self.pool))
+        if self.kv_events is not None:
+            self.metrics.attach_state(self.kv_events.collect)
         cfg = self.dispatcher.cfg
         self.feed = FeedCache(lambda now: build_feed(self, cfg, now), self.clock, FEED_TTL_S)
         self.sampler = Sampler(self, lambda: len(self.queue), self.clock)
@@ -134,6 +143,8 @@ class Gateway:
         await asyncio.to_thread(count_text, "warm up", self.settings.tokenizer)  # loads the BPE (~1 s)
         await self.predictor.astart()
         await self.pool.start()
+        if self.kv_events is not None:
+            self.kv_events.start()
         if self.ledger is not None:
             await self.ledger.start()
         self.sampler.start()
@@ -144,6 +155,8 @@ class Gateway:
         self.draining = True
         await self.sampler.stop()
         await self.pool.stop()
+        if self.kv_events is not None:
+            await self.kv_events.stop()
         if self.ledger is not None:
             await self.ledger.stop()
         await self.recorder.drain()

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -25,6 +25,9 @@ from gateway.upstream import Upstream
 from policies.admission import BackendLoad
 from policies.prefix_index import PrefixIndex
 from policies.prompt_share import PromptShare
+
+if TYPE_CHECKING:
+    from gateway.kv_events import KVEventFollower
 
 log = logging.getLogger("sagegate.gateway")
 
@@ -119,6 +122,8 @@ class Backend:
         """Tokens per block of :attr:`prefix` (``gateway.locality`` sets its own)."""
         self.prefix = PrefixIndex(self.load.capacity_tokens // self.prefix_block_tokens)
         """The prompt blocks predicted cached here (``gateway.locality``), bounded by the capacity."""
+        self.kv: KVEventFollower | None = None
+        """Its KV-cache events, when it publishes them (``gateway.kv_events``: the exact index)."""
 
     @property
     def healthy(self) -> bool:
@@ -131,8 +136,14 @@ class Backend:
         changed = healthy != self.load.healthy
         self.load.healthy = healthy
         if changed and not healthy:
-            self.prefix.clear()
+            self.forget_cache()
         return changed
+
+    def forget_cache(self) -> None:
+        """It went down or restarted: predict its cache empty (both indexes)."""
+        self.prefix.clear()
+        if self.kv is not None:
+            self.kv.lost()
 
     def serves(self, model: str) -> bool:
         return not self.models or any(m.get("id") == model for m in self.models)
@@ -194,7 +205,7 @@ class Backend:
         order, so ours among them are the most recently sent of those still without a byte; any
         beyond ours (other clients') count as the running mean prompt sent here."""
         if restarted(self.metrics, m):
-            self.prefix.clear()
+            self.forget_cache()
         self.metrics = m
         self.in_scrape.clear()
         still = [rid for rid in self._snapshot if rid in self.unstarted]
@@ -213,6 +224,10 @@ class Backend:
         if capacity:
             self.load.capacity_tokens = capacity
             self.prefix.resize(capacity // self.prefix_block_tokens)
+            if self.kv is not None:
+                self.kv.resize(capacity)
+        if self.kv is not None:
+            self.kv.engine_block_size(m.block_size)
         if m.kv_usage is not None and m.capacity_tokens:
             # Ours that the engine runs: those in flight when the scrape began, less those it waits on.
             prompt, generated = self._held_at_scrape

@@ -35,7 +35,7 @@ from gateway.queue import DispatchRefused, GatewayRequest
 from gateway.settings import GatewaySettings
 from gateway.stream import SHUTDOWN_MESSAGE
 from gateway.tenants import Identity, identify
-from gateway.tokens import count_prompt
+from gateway.tokens import ExactKeys, count_prompt
 
 log = logging.getLogger("sagegate.gateway")
 
@@ -92,7 +92,10 @@ class Director:
             inp = await self.count_tokens(client, who)
             prediction, path = await self.predict(inp)
             session = request.headers.get(self.settings.placement.session_header)
-            lc = self.enqueue(self.describe(client, who, inp, prediction, path, arrival, session))
+            locality = self.dispatcher.locality
+            chat = client.route is Route.CHAT
+            exact = await locality.exact_keys(client.body, chat) if locality is not None else None
+            lc = self.enqueue(self.describe(client, who, inp, prediction, path, arrival, session, exact))
             self.follow_late_prediction(lc, inp)
             return await self.serve(lc, inp)
         return self.client_gone(route)
@@ -150,6 +153,7 @@ class Director:
         path: str,
         arrival: float,
         session: str | None = None,
+        exact: ExactKeys | None = None,
     ) -> GatewayRequest:
         """The request as the policy and the dispatcher see it (its prompt blocks keyed for placement)."""
         rid = next(self._ids)
@@ -175,7 +179,7 @@ class Director:
         )
         locality = self.dispatcher.locality
         if locality is not None:
-            locality.describe(req, session)
+            locality.describe(req, session, exact)
         return req
 
     def capped(self, dist: LengthDistribution | None, max_tokens: int | None) -> LengthDistribution | None:

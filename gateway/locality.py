@@ -7,6 +7,11 @@ k+1 of a conversation extends turn k block for block (``core.prefix``). For each
 dispatch loop asks how many of its prompt tokens each backend holds (:meth:`Locality.cached`) and
 ``policies.placement`` weighs that against the work queued there.
 
+A backend that publishes its KV-cache events (``gateway.kv_events``) and is following them whole is
+*precise*: it answers from the blocks its engine reports cached, matched against the request's token
+ids (keyed at enqueue, only while some backend is precise); the others answer from the approximate
+index, which every backend keeps all along.
+
 A client that names its session (``x-session-id``, as vllm-router and llm-d accept) is also credited,
 on the backend its last turn went to, with that turn's prompt, where the index holds less (a
 conversation whose rendered text is not an extension of the last turn still finds its KV).
@@ -24,6 +29,8 @@ from gateway.backends import Backend
 from gateway.metrics import GatewayMetrics
 from gateway.queue import GatewayRequest
 from gateway.settings import PlacementSettings
+from gateway.tokens import ExactKeys, backend_keys, exact_keys
+from gateway.upstream import UpstreamClients
 from policies.placement import CacheView, classify
 
 
@@ -43,25 +50,45 @@ class Locality:
     """Cache-aware placement's gateway half (built only with ``placement.mode: cache_aware``)."""
 
     def __init__(
-        self, settings: PlacementSettings, backends: Sequence[Backend], metrics: GatewayMetrics | None = None
+        self,
+        settings: PlacementSettings,
+        backends: Sequence[Backend],
+        metrics: GatewayMetrics | None = None,
+        client: UpstreamClients | None = None,
     ) -> None:
         self.block_chars = settings.block_tokens * CHARS_PER_TOKEN
         self.block_tokens = settings.block_tokens
         self.backends = backends
         self.metrics = metrics
         self.max_sessions = settings.max_sessions
+        self.kv_events = settings.kv_events
+        self.client = client
+        """For ``kv_events.tokenizer: backend`` (a backend's ``/tokenize``)."""
         self.sessions: OrderedDict[str, tuple[int, int]] = OrderedDict()
         """Session → (the backend its last turn went to, that turn's prompt tokens), oldest first."""
         for b in backends:
             b.prefix_block_tokens = self.block_tokens
             b.prefix.resize(b.load.capacity_tokens // self.block_tokens)
 
-    def describe(self, req: GatewayRequest, session: str | None) -> None:
-        """Key ``req``'s prompt blocks (at enqueue: once per request, not per dispatch pass)."""
+    async def exact_keys(self, body: dict[str, Any], chat: bool) -> ExactKeys | None:
+        """The prompt's token-id keys for the precise backends' block sizes (None while none is)."""
+        precise = [b for b in self.backends if b.kv is not None and b.kv.block_size and b.kv.precise]
+        if not precise:
+            return None
+        sizes = frozenset(b.kv.block_size for b in precise if b.kv is not None and b.kv.block_size)
+        if self.kv_events.tokenizer == "local" or self.client is None:
+            return await exact_keys(body.get("messages") if chat else body.get("prompt"), sizes)
+        b = next((b for b in precise if b.serves(str(body.get("model")))), precise[0])
+        return await backend_keys(self.client, b.url, body, chat, sizes, self.kv_events.tokenize_timeout_s)
+
+    def describe(self, req: GatewayRequest, session: str | None, exact: ExactKeys | None = None) -> None:
+        """Key ``req``'s prompt blocks (at enqueue: once per request, not per dispatch pass);
+        ``exact``: its token-id keys (:meth:`exact_keys`)."""
         text = prompt_text(req.prompt)
         req.prefix_keys = text_block_keys(text, self.block_chars)
         req.block_tokens = req.prompt_tokens * self.block_chars / max(1, len(text))
         req.session = session
+        req.exact = exact
 
     def cached(self, req: GatewayRequest) -> CacheView:
         """The prompt tokens each backend is predicted to hold, and what each holds in all."""
@@ -70,12 +97,28 @@ class Locality:
         most = int((req.prompt_tokens - 1) // per) if per > 0 else 0
         keys = req.prefix_keys
         hits = [int(min(most, b.prefix.match(keys)) * per) for b in self.backends]
+        exact = req.exact
+        known: set[int] = set()
+        """The precise backends: what they hold is known, no session credit is needed."""
+        if exact is not None:
+            for i, b in enumerate(self.backends):
+                kv = b.kv
+                if kv is not None and kv.block_size in exact.keys and kv.precise:
+                    bs = kv.block_size
+                    hits[i] = min((exact.tokens - 1) // bs, kv.index.match(exact.keys[bs])) * bs
+                    known.add(i)
         if req.session is not None:
             last = self.sessions.get(req.session)
-            if last is not None and last[0] < len(hits):
+            if last is not None and last[0] < len(hits) and last[0] not in known:
                 hits[last[0]] = max(hits[last[0]], min(int(most * per), last[1]))
         req.prefix_hits = hits
-        return CacheView(hits, [len(b.prefix) * self.block_tokens for b in self.backends])
+        return CacheView(hits, [self._held(b) for b in self.backends])
+
+    def _held(self, b: Backend) -> int:
+        kv = b.kv
+        if kv is not None and kv.block_size is not None and kv.precise:
+            return len(kv.index) * kv.block_size
+        return len(b.prefix) * self.block_tokens
 
     def sent(self, req: GatewayRequest, backend: int) -> None:
         """``req`` went to ``backend``: its blocks are now (or soon) cached there."""
@@ -85,6 +128,8 @@ class Locality:
         if self.metrics is not None:
             self.metrics.placed(b.name, classify(hits, backend), req.prompt_tokens, req.predicted_cached)
         b.prefix.touch(req.prefix_keys)
+        if b.kv is not None:
+            b.kv.note_sent()
         if req.session is not None:
             self.sessions[req.session] = (backend, req.prompt_tokens)
             self.sessions.move_to_end(req.session)

@@ -7,13 +7,16 @@ and prompt tokens) and the future a waiting handler sleeps on.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.distribution import LengthDistribution
 from core.outcomes import PredictionPath
 from policies.admission import Charge
 from policies.base import Policy, SchedRequest
 from policies.queue import PolicyQueue
+
+if TYPE_CHECKING:
+    from gateway.tokens import ExactKeys
 
 
 class DispatchRefused(Exception):
@@ -36,6 +39,7 @@ class GatewayRequest(SchedRequest):
         "body",
         "charge",
         "charged_prompt",
+        "exact",
         "excluded",
         "future",
         "max_tokens",
@@ -111,6 +115,8 @@ class GatewayRequest(SchedRequest):
         self.session: str | None = None
         self.prefix_hits: list[int] | None = None
         self.predicted_cached = 0
+        self.exact: ExactKeys | None = None
+        """Its prompt's token-id block keys, while some backend is precise (``gateway.kv_events``)."""
 
     @property
     def upstream_prompt(self) -> int:

@@ -21,6 +21,8 @@ class EngineMetrics:
     preemptions: int = 0
     capacity_tokens: int | None = None
     """``num_gpu_blocks × block_size`` from ``vllm:cache_config_info``."""
+    block_size: int | None = None
+    """``block_size`` from ``vllm:cache_config_info`` (the first engine's, if several)."""
     prefix_queries: float | None = None
     """``vllm:prefix_cache_queries_total`` (tokens looked up in the prefix cache; None: not reported)."""
     prefix_hits: float | None = None
@@ -61,6 +63,7 @@ def parse_metrics(text: str) -> EngineMetrics:
             labels = dict(_LABEL.findall(line[brace:end])) if labelled else {}
             with contextlib.suppress(KeyError, ValueError):
                 blocks += int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+                out.block_size = out.block_size or int(labels["block_size"])
             continue
         field = _NAMES.get(name)
         if field is None:

@@ -18,11 +18,20 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from gateway.settings_kv_events import BackendKVEvents, KVEventsSettings
 from gateway.settings_predictor import DEFAULT_BUDGET_S, PREDICTORS, PredictorSettings
 from policies.admission import AdmissionConfig, Rule
 from policies.pause import PauseConfig
 
-__all__ = ["DEFAULT_BUDGET_S", "PREDICTORS", "GatewaySettings", "PredictorSettings", "load_settings"]
+__all__ = [
+    "DEFAULT_BUDGET_S",
+    "PREDICTORS",
+    "BackendKVEvents",
+    "GatewaySettings",
+    "KVEventsSettings",
+    "PredictorSettings",
+    "load_settings",
+]
 
 
 class BackendSettings(BaseModel):
@@ -31,6 +40,13 @@ class BackendSettings(BaseModel):
     url: str
     name: str | None = None
     capacity_tokens: int | None = Field(default=None, gt=0)
+    kv_events: BackendKVEvents | None = None
+    """Follow its KV-cache events (an endpoint string, or the mapping); unset: the approximate index."""
+
+    @field_validator("kv_events", mode="before")
+    @classmethod
+    def _endpoint_only(cls, v: Any) -> Any:
+        return {"endpoint": v} if isinstance(v, str) else v
 
     @field_validator("url")
     @classmethod
@@ -204,6 +220,8 @@ class PlacementSettings(BaseModel):
     with that turn's prompt."""
     max_sessions: int = Field(default=100_000, ge=1)
     """Sessions remembered at most (least recently seen dropped first)."""
+    kv_events: KVEventsSettings = Field(default_factory=KVEventsSettings)
+    """Following the KV-cache events of the backends that publish them (precise placement)."""
 
 
 class HealthSettings(BaseModel):

@@ -10,15 +10,26 @@ KV reservation can be off by that much either way (≤ 7.5% of the whole measure
 The engine's own preemption absorbs an under-charge, as it does an output longer than predicted.
 The backend's usage report corrects nothing here, and an approximate count (another model's
 tokenizer) only shifts ranks slightly.
+
+Precise placement (``gateway.kv_events``) needs more: a prompt's token ids as the engine has them, to
+key its blocks as the engine's events key theirs, once per request and only while some backend is
+precise: with the BPE above, chat messages rendered as the simulated backend renders them
+(:func:`exact_keys`, a long prompt in a worker thread), or from the backend's own ``/tokenize``
+(:func:`backend_keys`: a real model's tokenizer and chat template).
 """
 
 from __future__ import annotations
 
+import asyncio
+import struct
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from core.tokens import TokenCount, count_bounded, flatten_messages
+from core.prefix import token_block_keys
+from core.tokens import EXACT_CHARS, TokenCount, count_bounded, encode, flatten_messages
+from gateway.upstream import UpstreamClients
 
 
 @lru_cache(maxsize=8)
@@ -66,3 +77,101 @@ def _sum(parts: Any) -> TokenCount:
 def count_prompt(prompt: Any, encoding: str = "cl100k_base") -> int:
     """:func:`measure_prompt`'s token count (what the policy and the charge see)."""
     return measure_prompt(prompt, encoding).tokens
+
+
+@dataclass(frozen=True, slots=True)
+class ExactKeys:
+    """A request's prompt as the engine caches it: its length in tokens and its block keys."""
+
+    tokens: int
+    keys: dict[int, list[int]]
+    """Block size → the chained keys of the prompt's whole blocks."""
+
+
+def prompt_ids(prompt: Any) -> list[int] | None:
+    """The token ids the simulated backend (and so its events) gives ``prompt``: chat messages as
+    ``role: content`` lines (``core.tokens.flatten_messages``), a text prompt as is, token ids as
+    given; None for what no engine takes as one prompt (a batch)."""
+    if isinstance(prompt, str):
+        return encode(prompt)
+    if not isinstance(prompt, list) or not prompt:
+        return None
+    if isinstance(prompt[0], dict):
+        return encode(flatten_messages(prompt))
+    if _all_ids(prompt):
+        return list(prompt)
+    return prompt_ids(prompt[0]) if len(prompt) == 1 else None
+
+
+def _all_ids(prompt: list[Any]) -> bool:
+    return all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+
+
+def keys_of(ids: Sequence[int], sizes: frozenset[int]) -> ExactKeys | None:
+    try:
+        return ExactKeys(len(ids), {bs: token_block_keys(ids, bs) for bs in sizes})
+    except struct.error:  # an id outside [0, 2**32)
+        return None
+
+
+def _local_keys(prompt: Any, sizes: frozenset[int]) -> ExactKeys | None:
+    try:
+        ids = prompt_ids(prompt)
+    except (ValueError, TypeError):  # a text the tokeniser refuses
+        return None
+    return None if ids is None else keys_of(ids, sizes)
+
+
+async def exact_keys(prompt: Any, sizes: frozenset[int]) -> ExactKeys | None:
+    """:func:`prompt_ids`' block keys for each block size in ``sizes``; a long prompt is tokenised in
+    a worker thread (the event loop only ever pays for ~``EXACT_CHARS`` characters)."""
+    if not sizes:
+        return None
+    if _length(prompt) <= EXACT_CHARS:
+        return _local_keys(prompt, sizes)
+    return await asyncio.to_thread(_local_keys, prompt, sizes)
+
+
+async def backend_keys(
+    client: UpstreamClients,
+    url: str,
+    body: dict[str, Any],
+    chat: bool,
+    sizes: frozenset[int],
+    timeout_s: float,
+) -> ExactKeys | None:
+    """The block keys of the prompt as the backend itself tokenises it: vLLM's ``POST /tokenize``
+    (the model's tokenizer, and for chat its chat template with the request's template options), one
+    round trip; None when it fails (the request is placed by the approximate index)."""
+    prompt = body.get("messages") if chat else body.get("prompt")
+    if not chat and isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and prompt and _all_ids(prompt) and not chat:
+        return keys_of(prompt, sizes)
+    ask = {k: body[k] for k in TOKENIZE_FIELDS if k in body}
+    ask["messages" if chat else "prompt"] = prompt
+    try:
+        r = await client.send(client.build_request("POST", url + "/tokenize", json=ask, timeout=timeout_s))
+        ids = r.json().get("tokens") if r.status_code == 200 else None
+    except Exception:  # unreachable, slow, not JSON, not a mapping
+        return None
+    if not isinstance(ids, list) or not _all_ids(ids):
+        return None
+    if len(ids) * 4 <= EXACT_CHARS:
+        return keys_of(ids, sizes)
+    return await asyncio.to_thread(keys_of, ids, sizes)
+
+
+TOKENIZE_FIELDS = (
+    "model", "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template",
+    "chat_template_kwargs", "tools", "documents", "mm_processor_kwargs",
+)  # fmt: skip
+"""The request's fields vLLM's ``/tokenize`` takes too (they shape the tokens its engine prefills)."""
+
+
+def _length(prompt: Any) -> int:
+    if isinstance(prompt, str):
+        return len(prompt)
+    if isinstance(prompt, list):
+        return sum(_length(p) if isinstance(p, str | list) else len(str(p)) for p in prompt)
+    return len(str(prompt))

@@ -36,12 +36,21 @@ def backend(
     enable_prefix_caching: ef.PrefixCaching = True,
     tensor_parallel_size: ef.TensorParallel = 1,
     variant: ef.Variant = "v1",
+    kv_events_config: Annotated[
+        str | None,
+        typer.Option(
+            "--kv-events-config",
+            help="vLLM's --kv-events-config JSON: publish KV-cache events, e.g. "
+            '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}\'.',
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
 ) -> None:
     """Serve the simulated engine over an OpenAI-compatible HTTP API with vLLM's /metrics."""
     params = dict(locals())  # the options by name, before any local of the body
     import uvicorn
 
+    from sim.kv_events import KVEventsConfig
     from sim.server import BackendSettings, create_app
 
     try:
@@ -51,6 +60,7 @@ def backend(
             served_model_name=served_model_name,
             time_scale=time_scale,
             scheduling_policy=scheduling_policy,
+            kv_events=KVEventsConfig.parse(kv_events_config) if kv_events_config else None,
         )
         app = create_app(settings)
     except ValueError as exc:
@@ -63,6 +73,8 @@ def backend(
         f"at http://{host}:{port}",
         err=True,
     )
+    if settings.kv_events is not None and settings.kv_events.active:
+        typer.echo(f"sagegate backend: KV events on {settings.kv_events.endpoint}", err=True)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
 
 

@@ -9,14 +9,35 @@ used first; a request whose prompt starts with cached blocks takes them without 
 cached block; vLLM keeps them in its LRU too, but nothing can ever hit them.)
 
 The pool never lends more blocks than it has: ``used + free == num_blocks`` always.
+
+Whoever wants to see the cache change (the simulated backend publishing vLLM's KV events,
+``sim.kv_events``) sets :attr:`BlockPool.events`: it hears of every block newly cached, every cached
+block evicted and every reset, as vLLM's block pool reports them. Unset (the default, and always in
+the simulator) it costs one test per block cached or evicted and changes nothing the pool does.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
+from typing import Protocol
 
 from sim.prefix import BlockKeys
+
+
+class CacheEvents(Protocol):
+    """What the pool tells an observer of its prefix cache (vLLM's ``BlockStored``, ``BlockRemoved``,
+    ``AllBlocksCleared``). Called synchronously inside the pool's own operations; must not call back."""
+
+    def stored(self, key_of: Callable[[int], Hashable], blocks: list[int]) -> None:
+        """Blocks ``blocks`` (indices into the request whose keys ``key_of`` gives, ascending) were
+        cached: their content was not cached before."""
+
+    def removed(self, key: Hashable) -> None:
+        """The cached block ``key`` was evicted (its content is no longer cached)."""
+
+    def cleared(self) -> None:
+        """Every cached block was dropped (a prefix cache reset)."""
 
 
 class BlockTable:
@@ -41,6 +62,8 @@ class BlockPool:
         self._ref: dict[Hashable, int] = {}  # cached blocks in use, by key → number of holders
         self.hits_tokens = 0
         self.queried_tokens = 0
+        self.events: CacheEvents | None = None
+        """An observer of the prefix cache (see the module docstring); None: nobody listens."""
 
     # --- accounting ---------------------------------------------------------------------------
     @property
@@ -116,9 +139,30 @@ class BlockPool:
         The caller checked they fit and adds them to its tables."""
         take_plain = min(blocks, self._plain_free)
         self._plain_free -= take_plain
+        if blocks > take_plain:
+            self._evict(blocks - take_plain)
+
+    def _evict(self, n: int) -> None:
+        """Evict the ``n`` least recently used cached free blocks."""
         lru = self._lru
-        for _ in range(blocks - take_plain):
-            lru.popitem(last=False)
+        events = self.events
+        if events is None:
+            for _ in range(n):
+                lru.popitem(last=False)
+        else:
+            for _ in range(n):
+                events.removed(lru.popitem(last=False)[0])
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block, as vLLM's ``reset_prefix_cache``; refused (False, nothing
+        changes) while any block is in use, as vLLM refuses."""
+        if self.used_blocks:
+            return False
+        self._plain_free += len(self._lru)
+        self._lru.clear()
+        if self.events is not None:
+            self.events.cleared()
+        return True
 
     def can_take(self, hit_keys: Sequence[Hashable], new_blocks: int) -> bool:
         """Would taking the cached ``hit_keys`` plus ``new_blocks`` fresh blocks fit?"""
@@ -147,8 +191,8 @@ class BlockPool:
             return False
         take_plain = min(need, self._plain_free)
         self._plain_free -= take_plain
-        for _ in range(need - take_plain):
-            self._lru.popitem(last=False)  # evict the least recently used cached block
+        if need > take_plain:
+            self._evict(need - take_plain)  # the least recently used cached blocks
         table.nblocks += need
         return True
 
@@ -161,6 +205,7 @@ class BlockPool:
         full = min(computed_tokens // self.block_size, table.nblocks)
         keys = table.keys
         ref = self._ref
+        new: list[int] | None = None if self.events is None else []
         for j in range(len(keys), full):
             key = key_of(j)
             if key in ref:
@@ -173,8 +218,13 @@ class BlockPool:
                 # stale copy a plain free block.
                 del self._lru[key]
                 self._plain_free += 1
+            elif new is not None:
+                new.append(j)
             ref[key] = 1
             keys.append(key)
+        if new:
+            assert self.events is not None
+            self.events.stored(key_of, new)
 
     def free(self, table: BlockTable) -> None:
         """Release every block of ``table``; cached ones stay cached, most recent last."""

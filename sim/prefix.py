@@ -18,10 +18,13 @@ MOONCAKE_BLOCK = 512
 class BlockKeys:
     """``keys(j)`` is the content key of block ``j`` of one request (blocks of ``block_size`` tokens)."""
 
-    __slots__ = ("_content", "_keys", "_rid", "shared_blocks")
+    __slots__ = ("_content", "_keys", "_rid", "shared_blocks", "text")
 
-    def __init__(self, rid: object, content: list[Hashable]) -> None:
+    def __init__(self, rid: object, content: list[Hashable], text: str | None = None) -> None:
         self._rid = rid
+        self.text = text
+        """The text the content keys were made from (``block_keys``' ``prompt``), else None: what a
+        KV event needs to name a stored block's tokens (``sim.kv_events``)."""
         self._content = content  # keys of the leading blocks whose content is shared-able
         self._keys = content  # ``first``'s list: content, then private keys as far as asked
         self.shared_blocks = len(content)
@@ -76,4 +79,5 @@ def block_keys(
     elif prompt:
         keys = text_block_keys(prompt, block_size * CHARS_PER_TOKEN, full)
         content.extend(("t", chain, j) for j, chain in enumerate(keys))
+        return BlockKeys(rid, content, prompt)
     return BlockKeys(rid, content)

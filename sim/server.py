@@ -30,6 +30,7 @@ from core.tokens import encode, flatten_messages
 from policies.registry import parse_policy
 from sim.engine import Engine
 from sim.hardware import get_gpu, get_model
+from sim.kv_events import EventLog, Publisher
 from sim.perf import PerfModel
 from sim.prefix import CHARS_PER_TOKEN
 from sim.server_api import (
@@ -115,6 +116,9 @@ class Backend:
         self.metrics = Metrics(self.model_name)
         self.runner = EngineRunner(self.engine, settings, self.metrics)
         self.metrics.attach(self.runner, settings)
+        self.kv_events = settings.kv_events if settings.kv_events and settings.kv_events.active else None
+        if self.kv_events is not None:
+            self.runner.kv_log = self.engine.pool.events = EventLog(cfg.block_size, self.kv_events.layout)
         if self.max_model_len < 2:
             raise ValueError(
                 f"the KV pool of {cfg.model} on {cfg.gpu} holds {self.max_model_len} tokens: nothing can run"
@@ -314,6 +318,9 @@ def create_app(settings: BackendSettings | None = None) -> FastAPI:
         # The BPE tables and the output's token ids load before the port opens (~1 s on a slow
         # machine): else the first request pays for them, as vLLM's would not (it warms up first).
         await asyncio.to_thread(_warm_up)
+        if be.kv_events is not None:
+            be.runner.kv_publisher = Publisher(be.kv_events)
+            be.runner.kv_publisher.start()
         be.runner.start_clock()
         task = asyncio.create_task(be.runner.run(), name="sim-engine-loop")
         try:
@@ -321,6 +328,8 @@ def create_app(settings: BackendSettings | None = None) -> FastAPI:
         finally:
             task.cancel()
             be.runner.shutdown()
+            if be.runner.kv_publisher is not None:
+                be.runner.kv_publisher.close()
 
     app = FastAPI(title="sagegate simulated backend", lifespan=lifespan)
     app.state.backend = be
@@ -376,6 +385,14 @@ def create_app(settings: BackendSettings | None = None) -> FastAPI:
         else:
             raise ApiError("give either prompt or messages", param="prompt")
         return {"count": len(ids), "max_model_len": be.max_model_len, "tokens": ids, "token_strs": None}
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> Response:
+        """vLLM's (a development endpoint there): forget every cached block; refused while requests
+        hold blocks. Publishes ``AllBlocksCleared`` when KV events are on."""
+        if not be.runner.reset_prefix_cache():
+            raise ApiError("the prefix cache cannot be reset while requests hold KV blocks", status=409)
+        return Response(status_code=200)
 
     @app.get("/v1/models")
     async def models() -> Any:

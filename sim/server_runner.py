@@ -33,6 +33,7 @@ from sim.engine import Engine
 from sim.engine_request import ABORTED, FINISHED, EngineRequest
 
 if TYPE_CHECKING:
+    from sim.kv_events import EventLog, KVEventsConfig, Publisher
     from sim.server_metrics import Metrics
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
@@ -47,6 +48,8 @@ class BackendSettings:
     time_scale: float = 1.0
     scheduling_policy: str = "fcfs"
     max_lag_s: float = 0.05  # wall seconds the loop may fall behind before engine time jumps ahead
+    kv_events: KVEventsConfig | None = None
+    """vLLM's ``--kv-events-config``: publish the engine's KV-cache events (``sim.kv_events``)."""
 
     def __post_init__(self) -> None:
         if not (self.time_scale > 0 and math.isfinite(self.time_scale)):
@@ -109,6 +112,9 @@ class EngineRunner:
         self._t0 = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
+        self.kv_log: EventLog | None = None
+        """The engine's cache events since the last publish (``sim.kv_events``; None: events off)."""
+        self.kv_publisher: Publisher | None = None
 
     # --- clock ----------------------------------------------------------------------------------
     def start_clock(self) -> None:
@@ -162,6 +168,7 @@ class EngineRunner:
             return
         if stream.in_engine:
             self.engine.abort(req, self.now())
+            self.publish_kv_events()
         else:
             req.state = ABORTED  # still in the front end: skipped when its turn comes
 
@@ -200,7 +207,19 @@ class EngineRunner:
             await asyncio.sleep(max(0.0, self._wall(end) - loop.time()))
             out = eng.complete(step, end)
             self._chain = end
+            self.publish_kv_events()
             self._deliver(out.emitted, out.finished, end, step.k)
+
+    def publish_kv_events(self) -> None:
+        """Publish what the cache did since the last call (one batch; nothing when events are off)."""
+        if self.kv_publisher is not None and self.kv_log is not None:
+            self.kv_publisher.publish(self.kv_log.take())
+
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's ``/reset_prefix_cache``: False while requests hold blocks."""
+        done = self.engine.pool.reset_prefix_cache()
+        self.publish_kv_events()
+        return done
 
     def _admit_pending(self, start: float) -> None:
         pending = self.pending
