@@ -14,8 +14,8 @@ prefix caching on:
 
 Set-ups, one run each on the same requests: vLLM behind round robin (engine level); the gateway with
 ``fcfs`` placing by room alone (admission only), ``fcfs`` cache-aware (placement alone), ``sagesched``
-by room (the rank alone: the gateway before issue 36) and ``sagesched`` cache-aware (both), and the
-same two with the cache-aware rank (``sagesched:shared_prefix=true``). The
+by room (the rank alone: the gateway before issue 36), ``sagesched`` cache-aware with its rank blind
+to the cache (``shared_prefix=false``) and ``sagesched`` cache-aware (both, the default). The
 figures are ratios to round robin, side by side. A cache-aware *router* (vllm-router's
 ``cache_aware``) is not simulated here: the live comparison (``benchmarks/neutral_client.py``) is.
 
@@ -43,12 +43,12 @@ SETUPS: list[tuple[str, str | None, str]] = [
     ("fcfs, by room", "fcfs", "least_loaded"),
     ("fcfs, cache-aware", "fcfs", "cache_aware"),
     ("sagesched, by room", "sagesched", "least_loaded"),
+    ("sagesched (rank blind to the cache), cache-aware", "sagesched:shared_prefix=false", "cache_aware"),
     ("sagesched, cache-aware", "sagesched", "cache_aware"),
-    ("sagesched+shared, by room", "sagesched:shared_prefix=true", "least_loaded"),
-    ("sagesched+shared, cache-aware", "sagesched:shared_prefix=true", "cache_aware"),
 ]
-"""``+shared``: the rank prices memory without the prompt tokens a request in flight already holds
-(``sagesched:shared_prefix=true``, the cache-aware rank)."""
+"""SageSched's rank prices memory without the prompt tokens a request in flight already holds where
+it knows them (cache-aware placement; ``shared_prefix``, on by default): the row before the last has
+it off."""
 METRICS = (
     "ttft_mean_s",
     "ttft_p90_s",

@@ -49,7 +49,7 @@ class _GittinsPolicy(Policy):
         max_points: Annotated[int, Range(ge=1)] = 64,
         preempt: bool = True,
         preempt_pays: bool = True,
-        shared_prefix: bool = False,
+        shared_prefix: bool = True,
     ) -> None:
         self.bucket_base = buckets or None
         self.shared_prefix = shared_prefix
@@ -153,7 +153,7 @@ class SageSched(_GittinsPolicy):
         preempt: bool = True,
         max_wait_s: Positive | None = None,
         preempt_pays: bool = True,
-        shared_prefix: bool = False,
+        shared_prefix: bool = True,
     ) -> None:
         super().__init__(buckets, max_points, preempt, preempt_pays, shared_prefix)
         self.max_wait_s = max_wait_s

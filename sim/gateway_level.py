@@ -104,9 +104,9 @@ class SimGateway:
             self.prefixes = [PrefixIndex(c // block_size) for c in capacities]
         elif placement != LEAST_LOADED:
             raise ValueError(f"placement must be {CACHE_AWARE!r} or {LEAST_LOADED!r}, not {placement!r}")
-        self.track_blocks = self.prefixes is not None or getattr(policy, "shared_prefix", False)
+        self.track_blocks = self.prefixes is not None
         """Charges know their prompt blocks (a prefix held in flight is charged once, and a policy
-        pricing it reads ``shared_tokens``): with cache-aware placement, or a policy that asks."""
+        pricing it reads ``shared_tokens``) with cache-aware placement, as the live gateway's do."""
         self.queue: PolicyQueue[EngineRequest] = PolicyQueue(policy)
         self.loads = [BackendLoad(c) for c in capacities]
         self.admission = admission

@@ -126,7 +126,7 @@ def test_the_cache_aware_rank_serves_a_request_whose_prefix_is_resident_first() 
     from policies.registry import parse_policy
 
     dist = LengthDistribution((200, 800), (0.5, 0.5))
-    for spec, resident_first in (("sagesched:shared_prefix=true", True), ("sagesched", False)):
+    for spec, resident_first in (("sagesched", True), ("sagesched:shared_prefix=false", False)):
         policy = parse_policy(spec)
         cold = SchedRequest("cold", 0.0, 7000, prediction=dist)
         warm = SchedRequest("warm", 1.0, 7000, prediction=dist)  # arrived later
