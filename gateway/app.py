@@ -39,6 +39,7 @@ from gateway.predict import GatewayPredictor, Recorder, build_predictor
 from gateway.proxy import Proxy
 from gateway.queue import BoundedQueue
 from gateway.settings import GatewaySettings, OpenEndpoint
+from gateway.shared_prefixes import shared_prefixes
 from gateway.state_metrics import StateGauges
 from gateway.tenants import bearer, is_admin, match_key
 from gateway.tokens import count_text
@@ -103,6 +104,10 @@ class Gateway:
             ),
         )
         self.dispatcher.pause_enabled = settings.pause.enabled
+        self.shared_prefixes = shared_prefixes(
+            settings, self.dispatcher.locality, self.pool.backends, self.metrics.registry
+        )
+        """The prefix index shared with other replicas through Redis (``placement.share``)."""
         self.recorder = Recorder(self.predictor)
         self.proxy = Proxy(settings, self.dispatcher, self.pool, self.client, self.metrics, self.recorder)
         self.director = Director(
@@ -136,6 +141,8 @@ class Gateway:
         await self.pool.start()
         if self.ledger is not None:
             await self.ledger.start()
+        if self.shared_prefixes is not None:
+            await self.shared_prefixes.start()
         self.sampler.start()
         self.started = True
         self.dispatcher.kick()
@@ -146,6 +153,8 @@ class Gateway:
         await self.pool.stop()
         if self.ledger is not None:
             await self.ledger.stop()
+        if self.shared_prefixes is not None:
+            await self.shared_prefixes.stop()
         await self.recorder.drain()
         await self.predictor.aclose()
         await self.client.aclose()

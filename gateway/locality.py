@@ -15,7 +15,7 @@ conversation whose rendered text is not an extension of the last turn still find
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from core.prefix import CHARS_PER_TOKEN, text_block_keys
@@ -52,6 +52,8 @@ class Locality:
         self.max_sessions = settings.max_sessions
         self.sessions: OrderedDict[str, tuple[int, int]] = OrderedDict()
         """Session → (the backend its last turn went to, that turn's prompt tokens), oldest first."""
+        self.on_touch: Callable[[int, Sequence[int], str | None, int], None] | None = None
+        """Told each touch (backend, keys, session, prompt tokens): ``gateway.shared_prefixes``."""
         for b in backends:
             b.prefix_block_tokens = self.block_tokens
             b.prefix.resize(b.load.capacity_tokens // self.block_tokens)
@@ -85,6 +87,8 @@ class Locality:
         if self.metrics is not None:
             self.metrics.placed(b.name, classify(hits, backend), req.prompt_tokens, req.predicted_cached)
         b.prefix.touch(req.prefix_keys)
+        if self.on_touch is not None:
+            self.on_touch(backend, req.prefix_keys, req.session, req.prompt_tokens)
         if req.session is not None:
             self.sessions[req.session] = (backend, req.prompt_tokens)
             self.sessions.move_to_end(req.session)
@@ -95,3 +99,5 @@ class Locality:
         """``req`` left ``backend``: the engine freed its blocks, which join its eviction order last."""
         if req.prefix_keys:
             self.backends[backend].prefix.touch(req.prefix_keys)
+            if self.on_touch is not None:
+                self.on_touch(backend, req.prefix_keys, None, 0)

@@ -19,6 +19,7 @@ from pydantic_settings import (
 )
 
 from gateway.settings_predictor import DEFAULT_BUDGET_S, PREDICTORS, PredictorSettings
+from gateway.settings_share import ShareSettings
 from policies.admission import AdmissionConfig, Rule
 from policies.pause import PauseConfig
 
@@ -204,6 +205,8 @@ class PlacementSettings(BaseModel):
     with that turn's prompt."""
     max_sessions: int = Field(default=100_000, ge=1)
     """Sessions remembered at most (least recently seen dropped first)."""
+    share: ShareSettings = Field(default_factory=ShareSettings)
+    """Replicas (``redis_url``) share the index through Redis (``gateway.shared_prefixes``)."""
 
 
 class HealthSettings(BaseModel):
