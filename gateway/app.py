@@ -40,6 +40,7 @@ from gateway.predict import GatewayPredictor, Recorder, build_predictor
 from gateway.proxy import Proxy
 from gateway.queue import BoundedQueue
 from gateway.settings import GatewaySettings, OpenEndpoint
+from gateway.shared_prefixes import shared_prefixes
 from gateway.state_metrics import StateGauges
 from gateway.tenants import bearer, is_admin, match_key
 from gateway.tokens import count_text
@@ -110,6 +111,10 @@ class Gateway:
                 self.pool.backends, [b.kv_events for b in settings.backends], settings.placement.kv_events
             )
         self.dispatcher.pause_enabled = settings.pause.enabled
+        self.shared_prefixes = shared_prefixes(
+            settings, self.dispatcher.locality, self.pool.backends, self.metrics.registry
+        )
+        """The prefix index shared with other replicas through Redis (``placement.share``)."""
         self.recorder = Recorder(self.predictor)
         self.proxy = Proxy(settings, self.dispatcher, self.pool, self.client, self.metrics, self.recorder)
         self.director = Director(
@@ -147,6 +152,8 @@ class Gateway:
             self.kv_events.start()
         if self.ledger is not None:
             await self.ledger.start()
+        if self.shared_prefixes is not None:
+            await self.shared_prefixes.start()
         self.sampler.start()
         self.started = True
         self.dispatcher.kick()
@@ -159,6 +166,8 @@ class Gateway:
             await self.kv_events.stop()
         if self.ledger is not None:
             await self.ledger.stop()
+        if self.shared_prefixes is not None:
+            await self.shared_prefixes.stop()
         await self.recorder.drain()
         await self.predictor.aclose()
         await self.client.aclose()

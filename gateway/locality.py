@@ -20,7 +20,7 @@ conversation whose rendered text is not an extension of the last turn still find
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from core.prefix import CHARS_PER_TOKEN, text_block_keys
@@ -66,6 +66,8 @@ class Locality:
         """For ``kv_events.tokenizer: backend`` (a backend's ``/tokenize``)."""
         self.sessions: OrderedDict[str, tuple[int, int]] = OrderedDict()
         """Session → (the backend its last turn went to, that turn's prompt tokens), oldest first."""
+        self.on_touch: Callable[[int, Sequence[int], str | None, int], None] | None = None
+        """Told each touch (backend, keys, session, prompt tokens): ``gateway.shared_prefixes``."""
         for b in backends:
             b.prefix_block_tokens = self.block_tokens
             b.prefix.resize(b.load.capacity_tokens // self.block_tokens)
@@ -130,6 +132,8 @@ class Locality:
         b.prefix.touch(req.prefix_keys)
         if b.kv is not None:
             b.kv.note_sent()
+        if self.on_touch is not None:
+            self.on_touch(backend, req.prefix_keys, req.session, req.prompt_tokens)
         if req.session is not None:
             self.sessions[req.session] = (backend, req.prompt_tokens)
             self.sessions.move_to_end(req.session)
@@ -140,3 +144,5 @@ class Locality:
         """``req`` left ``backend``: the engine freed its blocks, which join its eviction order last."""
         if req.prefix_keys:
             self.backends[backend].prefix.touch(req.prefix_keys)
+            if self.on_touch is not None:
+                self.on_touch(backend, req.prefix_keys, None, 0)

@@ -20,6 +20,7 @@ from pydantic_settings import (
 
 from gateway.settings_kv_events import BackendKVEvents, KVEventsSettings
 from gateway.settings_predictor import DEFAULT_BUDGET_S, PREDICTORS, PredictorSettings
+from gateway.settings_share import ShareSettings
 from policies.admission import AdmissionConfig, Rule
 from policies.pause import PauseConfig
 
@@ -222,6 +223,8 @@ class PlacementSettings(BaseModel):
     """Sessions remembered at most (least recently seen dropped first)."""
     kv_events: KVEventsSettings = Field(default_factory=KVEventsSettings)
     """Following the KV-cache events of the backends that publish them (precise placement)."""
+    share: ShareSettings = Field(default_factory=ShareSettings)
+    """Replicas (``redis_url``) share the index through Redis (``gateway.shared_prefixes``)."""
 
 
 class HealthSettings(BaseModel):
