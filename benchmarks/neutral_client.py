@@ -21,32 +21,23 @@ far a busy machine held them back. Raw outputs (aiperf artefacts, replay records
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
-from sagegate.procs import free_port, stop  # noqa: E402
+from live_fronts import BLOCK, aiperf_profile, fronted, scrape, warm, write_jsonl  # noqa: E402
 
 TRACE = Path("/work/shared/data/mooncake/synthetic_trace.jsonl")
-BLOCK = 512  # Mooncake (and aiperf's mooncake_trace loader): tokens per hash id
-GATEWAY_ENV = {"SAGEGATE_CAP_AT_MAX_TOKENS": "false", "SAGEGATE_QUEUE__MAX_WAIT_S": "86400"}
-"""No cap at the client's max_tokens (aiperf's is the true length) and no queue timeout (vLLM alone has
-none), so both set-ups serve the same requests."""
-COUNTERS = {
-    "vllm:num_preemptions": "preemptions",
-    "vllm:prompt_tokens": "prompt_tokens",
-    "vllm:generation_tokens": "generation_tokens",
-}
 RUNS = "aiperf:router,aiperf:gateway,replay:router,replay:gateway"
 
 
@@ -80,13 +71,6 @@ def fix_hash_ids(rows: list[dict[str, Any]]) -> int:
     return changed
 
 
-def write_jsonl(rows: Sequence[dict[str, Any]], path: Path, time_div: float = 1.0) -> Path:
-    with path.open("w") as f:
-        for r in rows:
-            f.write(json.dumps({**r, "timestamp": round(r["timestamp"] / time_div, 3)}) + "\n")
-    return path
-
-
 def load_figures(engine_slice: Path, model: str, gpu: str) -> dict[str, float]:
     """vLLM alone's capacity on this mix (engine model of the simulated backends) and the utilisation."""
     from loadgen.schedule import prepare_workload
@@ -106,118 +90,10 @@ def load_figures(engine_slice: Path, model: str, gpu: str) -> dict[str, float]:
     }
 
 
-# --- the set-ups ------------------------------------------------------------------------------------
-def _wait(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
-        with contextlib.suppress(httpx.TransportError):
-            if httpx.get(url, timeout=1.0, trust_env=False).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} did not answer within {timeout_s} s")
-
-
-@contextlib.contextmanager
-def router(peers: Path, workers: Sequence[str], log: Path) -> Iterator[str]:
-    """vllm-router, round robin over ``workers``: vLLM alone behind a plain balancer."""
-    port, prom = free_port(), free_port()
-    cmd = [str(peers / "venv_vllm_router/bin/vllm-router"), "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--worker-urls", *workers, "--policy", "round_robin", "--prometheus-host", "127.0.0.1"]
-    cmd += ["--prometheus-port", str(prom), "--log-level", "warning"]
-    with log.open("wb") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            _wait(url + "/health", proc, 60)
-            yield url
-        finally:
-            stop(proc, 10)
-
-
-@contextlib.contextmanager
-def setup(kind: str, args: argparse.Namespace, out: Path) -> Iterator[tuple[str, list[str]]]:
-    """Fresh backends and the front (``router`` or ``gateway``): (front URL, backend URLs)."""
-    from sagegate.live import backends, gateway
-
-    with backends(2, args.model, args.gpu, args.time_scale) as urls:
-        if kind == "router":
-            with router(args.peers, urls, out / "router.log") as url:
-                yield url, urls
-        else:
-            with gateway(urls, "sagesched", "semantic", env={**GATEWAY_ENV, **args.env}) as url:
-                yield url, urls
-
-
-def warm(front: str, bes: Sequence[str]) -> None:
-    """A cold backend's first request costs it about 1.5 s of wall time (T× that in engine time), which
-    aiperf, having no unrecorded prime request, would charge to its first requests (and ``sagegate
-    replay``'s one prime request warms one backend only): warm every backend directly, then the front
-    twice (round robin reaches both backends)."""
-    import httpx
-
-    from loadgen.prompts import filler_text
-
-    for i, url in enumerate([*bes, front, front]):
-        body = {
-            "model": "llama-3.1-8b",
-            "messages": [{"role": "user", "content": filler_text(2000, seed=900 + i)}],
-            "max_tokens": 2,
-        }
-        httpx.post(url + "/v1/chat/completions", json=body, timeout=120.0, trust_env=False).raise_for_status()
-
-
-def scrape(urls: Sequence[str]) -> list[dict[str, float]]:
-    """Each backend's counters (preemptions, prompt and generated tokens)."""
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out = []
-    for url in urls:
-        text = httpx.get(url + "/metrics", timeout=10.0, trust_env=False).text
-        row = dict.fromkeys(COUNTERS.values(), 0.0)
-        for fam in text_string_to_metric_families(text):
-            if fam.name in COUNTERS:
-                row[COUNTERS[fam.name]] += sum(s.value for s in fam.samples if s.name.endswith("_total"))
-        out.append(row)
-    return out
-
-
 # --- the clients ------------------------------------------------------------------------------------
-def peers_env(peers: Path) -> dict[str, str]:
-    """The offline settings of the peers' ``bin/env.sh``."""
-    return {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TIKTOKEN_CACHE_DIR": str(peers / "tiktoken_cache"),
-        "HF_HOME": str(peers / "hf_home_local"),
-    }
-
-
 def run_aiperf(url: str, args: argparse.Namespace, trace: Path, out: Path) -> dict[str, float]:
     """aiperf's fixed-schedule replay of ``trace`` (wall-time timestamps); its own figures, × T."""
-    art = out / "aiperf"
-    cmd = [str(args.peers / "venv_aiperf/bin/aiperf"), "profile", "-m", args.model, "--url", url]
-    cmd += [
-        "--endpoint-type",
-        "chat",
-        "--streaming",
-        "--tokenizer",
-        args.aiperf_tokenizer,
-        "--input-file",
-        str(trace),
-    ]
-    cmd += ["--custom-dataset-type", "mooncake_trace", "--fixed-schedule", "--ui-type", "none"]
-    cmd += ["--artifact-dir", str(art), "--random-seed", "1", "--no-server-metrics"]
-    with (out / "aiperf.log").open("w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=peers_env(args.peers), cwd=out)
-    if not (art / "profile_export_aiperf.json").exists():
-        raise RuntimeError(f"aiperf exited with {rc.returncode} and no results: see {out / 'aiperf.log'}")
+    rc, art = aiperf_profile(args.peers, url, trace, out, model=args.model, tokenizer=args.aiperf_tokenizer)
     d = json.loads((art / "profile_export_aiperf.json").read_text())
     T = args.time_scale
     records = [json.loads(x) for x in (art / "profile_export.jsonl").read_text().splitlines() if x.strip()]
@@ -226,7 +102,7 @@ def run_aiperf(url: str, args: argparse.Namespace, trace: Path, out: Path) -> di
         return float(d.get(name, {}).get(key, float("nan")))
 
     fig = {
-        "rc": float(rc.returncode),
+        "rc": float(rc),
         "requests": float(len(records)),
         "completed": stat("completed_request_count", "avg"),
         "errors": float(sum(1 for r in records if r.get("error"))),
@@ -269,7 +145,16 @@ def one_run(client: str, kind: str, args: argparse.Namespace, slices: dict[str, 
     out.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
     t0 = time.monotonic()
-    with setup(kind, args, out) as (url, bes):
+    front = "rr" if kind == "router" else "sagegate"
+    with fronted(
+        front,
+        args.peers,
+        out,
+        model=args.model,
+        gpu=args.gpu,
+        time_scale=args.time_scale,
+        gateway_env=args.env,
+    ) as (url, bes):
         warm(url, bes)
         before = scrape(bes)
         if client == "aiperf":

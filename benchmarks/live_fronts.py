@@ -1,0 +1,196 @@
+"""What the live peer benchmarks share (``neutral_client.py``, ``bench_routers.py``): fresh simulated
+backends behind a front (vllm-router with a policy, or the gateway), warming them, reading their
+counters, and running aiperf against the front offline.
+
+``peers`` is a folder laid out by ``../shared/peers/install.sh`` with ``venv_aiperf``,
+``venv_vllm_router`` and the offline tokenizers built (its README.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from sagegate.procs import free_port, stop  # noqa: E402
+
+BLOCK = 512  # Mooncake (and aiperf's mooncake_trace loader): tokens per hash id
+GATEWAY_ENV = {"SAGEGATE_CAP_AT_MAX_TOKENS": "false", "SAGEGATE_QUEUE__MAX_WAIT_S": "86400"}
+"""No cap at the client's max_tokens (aiperf's is the true length) and no queue timeout (vLLM alone has
+none), so every set-up serves the same requests."""
+COUNTERS = {
+    "vllm:num_preemptions": "preemptions",
+    "vllm:prompt_tokens": "prompt_tokens",
+    "vllm:generation_tokens": "generation_tokens",
+    "vllm:prefix_cache_queries": "prefix_queries",
+    "vllm:prefix_cache_hits": "prefix_hits",
+}
+"""Backend counters read before and after a run (their ``_total`` samples), by our name."""
+FRONTS = {
+    "rr": "vllm-router --policy round_robin",
+    "cache_aware": "vllm-router --policy cache_aware (its defaults)",
+    "sagegate": "sagegate serve (its defaults; cap_at_max_tokens off, no queue timeout)",
+}
+"""The fronts a run can put before the backends, by the name the scripts take."""
+
+
+def write_jsonl(rows: Sequence[dict[str, Any]], path: Path, time_div: float = 1.0) -> Path:
+    """``rows`` as JSON lines, each ``timestamp`` divided by ``time_div`` (engine ms → wall ms)."""
+    with path.open("w") as f:
+        for r in rows:
+            f.write(json.dumps({**r, "timestamp": round(r["timestamp"] / time_div, 3)}) + "\n")
+    return path
+
+
+# --- the set-ups ------------------------------------------------------------------------------------
+def _wait(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(url, timeout=1.0, trust_env=False).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} did not answer within {timeout_s} s")
+
+
+@contextlib.contextmanager
+def router(peers: Path, workers: Sequence[str], log: Path, policy: str = "round_robin") -> Iterator[str]:
+    """vllm-router over ``workers`` with ``policy`` and its defaults otherwise."""
+    port, prom = free_port(), free_port()
+    cmd = [str(peers / "venv_vllm_router/bin/vllm-router"), "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--worker-urls", *workers, "--policy", policy, "--prometheus-host", "127.0.0.1"]
+    cmd += ["--prometheus-port", str(prom), "--log-level", "warning"]
+    with log.open("wb") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            _wait(url + "/health", proc, 60)
+            yield url
+        finally:
+            stop(proc, 10)
+
+
+@contextlib.contextmanager
+def fronted(
+    front: str,
+    peers: Path,
+    out: Path,
+    *,
+    model: str,
+    gpu: str,
+    time_scale: float,
+    gateway_env: Mapping[str, str] | None = None,
+) -> Iterator[tuple[str, list[str]]]:
+    """Two fresh backends (empty KV and prefix caches) and ``front`` (a name of :data:`FRONTS`) before
+    them: (front URL, backend URLs). Everything is stopped on exit."""
+    from sagegate.live import backends, gateway
+
+    if front not in FRONTS:
+        raise ValueError(f"unknown front {front!r}: one of {', '.join(FRONTS)}")
+    with backends(2, model, gpu, time_scale) as urls:
+        if front == "sagegate":
+            with gateway(urls, "sagesched", "semantic", env={**GATEWAY_ENV, **(gateway_env or {})}) as url:
+                yield url, urls
+        else:
+            policy = "round_robin" if front == "rr" else "cache_aware"
+            with router(peers, urls, out / "router.log", policy) as url:
+                yield url, urls
+
+
+def warm(front: str, bes: Sequence[str]) -> None:
+    """A cold backend's first request costs it about 1.5 s of wall time (T× that in engine time), which
+    aiperf, having no unrecorded prime request, would charge to its first requests: warm every backend
+    directly, then the front twice (round robin reaches both backends)."""
+    import httpx
+
+    from loadgen.prompts import filler_text
+
+    for i, url in enumerate([*bes, front, front]):
+        body = {
+            "model": "llama-3.1-8b",
+            "messages": [{"role": "user", "content": filler_text(2000, seed=900 + i)}],
+            "max_tokens": 2,
+        }
+        httpx.post(url + "/v1/chat/completions", json=body, timeout=120.0, trust_env=False).raise_for_status()
+
+
+def scrape(urls: Sequence[str]) -> list[dict[str, float]]:
+    """Each backend's counters (:data:`COUNTERS`)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = []
+    for url in urls:
+        text = httpx.get(url + "/metrics", timeout=10.0, trust_env=False).text
+        row = dict.fromkeys(COUNTERS.values(), 0.0)
+        for fam in text_string_to_metric_families(text):
+            if fam.name in COUNTERS:
+                row[COUNTERS[fam.name]] += sum(s.value for s in fam.samples if s.name.endswith("_total"))
+        out.append(row)
+    return out
+
+
+# --- aiperf -----------------------------------------------------------------------------------------
+def peers_env(peers: Path) -> dict[str, str]:
+    """The offline settings of the peers' ``bin/env.sh``."""
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TIKTOKEN_CACHE_DIR": str(peers / "tiktoken_cache"),
+        "HF_HOME": str(peers / "hf_home_local"),
+    }
+
+
+def aiperf_profile(
+    peers: Path, url: str, trace: Path, out: Path, *, model: str, tokenizer: str
+) -> tuple[int, Path]:
+    """aiperf's fixed-schedule replay of the Mooncake-format ``trace`` (wall-time timestamps, ms) against
+    ``url``, streaming chat; (its exit code, its artefact folder). Raises when it left no results."""
+    art = out / "aiperf"
+    cmd = [str(peers / "venv_aiperf/bin/aiperf"), "profile", "-m", model, "--url", url]
+    cmd += ["--endpoint-type", "chat", "--streaming", "--tokenizer", tokenizer, "--input-file", str(trace)]
+    cmd += ["--custom-dataset-type", "mooncake_trace", "--fixed-schedule", "--ui-type", "none"]
+    cmd += ["--artifact-dir", str(art), "--random-seed", "1", "--no-server-metrics"]
+    with (out / "aiperf.log").open("w") as log:
+        # its own session: aiperf runs a tree of processes, all stopped if this run is interrupted
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=peers_env(peers), cwd=out, start_new_session=True
+        )
+        try:
+            rc = proc.wait()
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+    if not (art / "profile_export_aiperf.json").exists():
+        raise RuntimeError(f"aiperf exited with {rc} and no results: see {out / 'aiperf.log'}")
+    return rc, art
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM ends the run as Ctrl-C does, through every ``finally`` (backends, fronts, aiperf stopped)."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
