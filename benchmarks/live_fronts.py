@@ -41,8 +41,16 @@ FRONTS = {
     "rr": "vllm-router --policy round_robin",
     "cache_aware": "vllm-router --policy cache_aware (its defaults)",
     "sagegate": "sagegate serve (its defaults; cap_at_max_tokens off, no queue timeout)",
+    "sg_placement": "sagegate with fcfs: cache-aware placement alone (the A/B)",
+    "sg_rank": "sagegate with placement least_loaded: the rank alone, blind to the cache (the A/B)",
 }
 """The fronts a run can put before the backends, by the name the scripts take."""
+GATEWAYS = {
+    "sagegate": ("sagesched", {}),
+    "sg_placement": ("fcfs", {}),
+    "sg_rank": ("sagesched", {"SAGEGATE_PLACEMENT__MODE": "least_loaded"}),
+}
+"""The gateway fronts: (policy, settings beside ``GATEWAY_ENV``)."""
 
 
 def write_jsonl(rows: Sequence[dict[str, Any]], path: Path, time_div: float = 1.0) -> Path:
@@ -103,8 +111,10 @@ def fronted(
     if front not in FRONTS:
         raise ValueError(f"unknown front {front!r}: one of {', '.join(FRONTS)}")
     with backends(2, model, gpu, time_scale) as urls:
-        if front == "sagegate":
-            with gateway(urls, "sagesched", "semantic", env={**GATEWAY_ENV, **(gateway_env or {})}) as url:
+        if front in GATEWAYS:
+            policy, extra = GATEWAYS[front]
+            env = {**GATEWAY_ENV, **extra, **(gateway_env or {})}
+            with gateway(urls, policy, "semantic", env=env) as url:
                 yield url, urls
         else:
             policy = "round_robin" if front == "rr" else "cache_aware"
