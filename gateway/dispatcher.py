@@ -250,12 +250,13 @@ class Dispatcher:
 
     def _charge(self, req: GatewayRequest) -> Charge:
         """``req``'s charge at the pool's current prompt share (rebuilt only when that moved)."""
-        prompt = charged_prompt(req.prompt_tokens, self.pool.prompt_share)
+        keyed = self.locality is not None and bool(req.prefix_keys)
+        # keyed: a prefix in flight is charged once, block by block (the measured share would count
+        # the same sharing again)
+        prompt = req.prompt_tokens if keyed else charged_prompt(req.prompt_tokens, self.pool.prompt_share)
         charge = req.charge
         if charge is None or req.charged_prompt != prompt:
-            blocks = None
-            if self.locality is not None and req.prefix_keys:  # a prefix in flight is charged once
-                blocks = PromptBlocks(req.prefix_keys, req.block_tokens * prompt / max(1, req.prompt_tokens))
+            blocks = PromptBlocks(req.prefix_keys, req.block_tokens) if keyed else None
             charge = req.charge = Charge(prompt, req.prediction, self.cfg, blocks)
             req.charged_prompt = prompt
             if req.generated:  # a continuation: it holds prompt + generated, conditioned on having gone on

@@ -89,7 +89,9 @@ class AdmissionSettings(BaseModel):
     whole prompts, as the simulator charges. Turn it on where most prompts share long prefixes (on
     prompts that all shared one prefix, whole-prompt charges cost fcfs 7% of vLLM alone's throughput);
     on unique prompts it can only read low, because a gateway slow to read finished streams counts
-    prompts the engine has already freed (measured 0.55-0.88 on a CPU-starved machine)."""
+    prompts the engine has already freed (measured 0.55-0.88 on a CPU-starved machine). With
+    cache-aware placement it is measured but not applied: the charge counts shared blocks once
+    (``policies.resident``)."""
     pending_s: float = Field(default=0.03, gt=0.0)
     """A request sent to a backend counts as waiting there until its first byte, the next scrape, or
     this long (about one engine step: by then the engine has scheduled it or reports it waiting)."""
