@@ -43,12 +43,14 @@ FRONTS = {
     "sagegate": "sagegate serve (its defaults; cap_at_max_tokens off, no queue timeout)",
     "sg_placement": "sagegate with fcfs: cache-aware placement alone (the A/B)",
     "sg_rank": "sagegate with placement least_loaded: the rank alone, blind to the cache (the A/B)",
+    "sg_blind": "sagegate with sagesched:shared_prefix=false: placement, and a rank blind to the cache",
 }
 """The fronts a run can put before the backends, by the name the scripts take."""
 GATEWAYS = {
     "sagegate": ("sagesched", {}),
     "sg_placement": ("fcfs", {}),
     "sg_rank": ("sagesched", {"SAGEGATE_PLACEMENT__MODE": "least_loaded"}),
+    "sg_blind": ("sagesched:shared_prefix=false", {}),
 }
 """The gateway fronts: (policy, settings beside ``GATEWAY_ENV``)."""
 

@@ -350,6 +350,11 @@ def test_a_restarted_backends_index_is_cleared_and_follows_the_new_engine() -> N
         assert metric(gw, blocks) == 0  # down: its cache is predicted empty
         with child("sagegate.cmd_backend", args, port=port) as second:  # a new engine on the same ports
             wait_until(lambda: admin(gw)["backends"][0]["healthy"], timeout=15, what="the backend back")
+            # the test's own subscriber, anew: its old socket may not have reconnected yet, and would
+            # then miss the new engine's events (and compare the old engine's sequence numbers)
+            watch.close()
+            watch = Watcher(ev)
+            watch.sock.poll(300)  # let it connect before the new engine publishes
             messages.append({"role": "user", "content": "And the last one?"})
             assert turn(gw, second.url, messages) == (0, 0)  # the new engine holds nothing: predicted so
             watch.caught_up(gw)
