@@ -28,9 +28,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -58,26 +57,6 @@ METRICS = (
     "prefix_hit_rate",
     "preemptions",
 )
-
-
-def loaded_throughput(records: Sequence[Any]) -> float:
-    """Output tokens a second between the 10th and 90th percentile of completions (the steady state,
-    without the ramp and the drain), as ``simtwin.capacity`` reads capacity."""
-    done = sorted(
-        (r for r in records if r.status == "ok" and r.finish_s is not None), key=lambda r: r.finish_s
-    )
-    if len(done) < 10:
-        return float("nan")
-    lo, hi = int(0.1 * len(done)), int(0.9 * len(done))
-    span = done[hi].finish_s - done[lo].finish_s
-    return sum(r.output_tokens for r in done[lo + 1 : hi + 1]) / max(span, 1e-9)
-
-
-def bulk_rate(work: Sequence[TraceRequest]) -> float:
-    """Requests a second over the first 90% of arrivals."""
-    times = sorted(r.arrival_s for r in work)
-    k = int(0.9 * len(times))
-    return k / max(times[k - 1] - times[0], 1e-9)
 
 
 def builder(args: argparse.Namespace) -> Callable[[float], list[TraceRequest]]:
@@ -135,7 +114,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="write the figures here as JSON")
     args = ap.parse_args()
 
-    from sagegate.simtwin import capacity, scale_at, simulate_run
+    from sagegate.simtwin import bulk_rate, capacity, scale_at, simulate_run
 
     build = builder(args)
     mix = build(1.0)
@@ -154,7 +133,6 @@ def main() -> None:
             res = simulate_run(work, policy, model=args.model, gpu=args.gpu, predictor=args.predictor,
                                seed=args.seed, placement=placement or None, max_wait_s=1e9)  # fmt: skip
             s = summarize(res.records)
-            s["loaded_tok_s"] = loaded_throughput(res.records)
             s.setdefault("prefix_hit_rate", 0.0)
             row[name] = {k: float(s[k]) for k in METRICS} | {"completed": s["completed"]}
         results[f"{load:g}"] = row

@@ -30,7 +30,7 @@ Workloads (``bench_locality.builder`` builds both, as the simulated comparison d
 Loads are utilisation of vLLM-behind-round-robin's capacity on the workload's mix
 (``sagegate.simtwin.capacity``: the whole mix released in a one-second burst through two simulated
 engines behind round robin, completions read between their 10th and 90th percentile), the offered
-rate read over the first 90% of arrivals and found by bisection (``bench_locality.bulk_rate``).
+rate read over the first 90% of arrivals and found by bisection (``simtwin.bulk_rate``).
 Latencies are engine seconds (wall x T). Throughput: output tokens a second between the 10th and the
 90th percentile of completions (the loaded window) and over the makespan (the schedule's start to the
 last completion). Prefix hit rate: the backends' ``vllm:prefix_cache_hits_total`` over
@@ -63,19 +63,21 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from bench_locality import builder, bulk_rate, loaded_throughput  # noqa: E402
+from bench_locality import builder  # noqa: E402
 from live_fronts import (  # noqa: E402
     BLOCK,
     FRONTS,
     aiperf_profile,
     fronted,
-    scrape,
     stop_on_sigterm,
     warm,
     write_jsonl,
 )
 
 from core.request import TraceRequest  # noqa: E402
+from core.summary import loaded_throughput  # noqa: E402
+from sagegate.live import backend_counters  # noqa: E402
+from sagegate.simtwin import bulk_rate  # noqa: E402
 
 WORKLOADS = ("shared-prefix", "sessions")
 DEFAULT_T = "shared-prefix=0.5,sessions=0.1"
@@ -281,11 +283,11 @@ def run_front(
     load_before, t_start = os.getloadavg(), time.monotonic()
     with fronted(front, args.peers, out, model=args.model, gpu=args.gpu, time_scale=T) as (url, bes):
         warm(url, bes)
-        before = scrape(bes)
+        before = backend_counters(bes)
         rc, art = aiperf_profile(
             args.peers, url, trace, out, model=args.model, tokenizer=args.aiperf_tokenizer
         )
-        after = scrape(bes)
+        after = backend_counters(bes)
     deltas = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
     records = read_records(art, work, T)
     with (out / "records.jsonl").open("w") as f:

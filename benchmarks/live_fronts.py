@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,20 +22,11 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from sagegate.procs import free_port, stop  # noqa: E402
 
 BLOCK = 512  # Mooncake (and aiperf's mooncake_trace loader): tokens per hash id
 GATEWAY_ENV = {"SAGEGATE_CAP_AT_MAX_TOKENS": "false", "SAGEGATE_QUEUE__MAX_WAIT_S": "86400"}
 """No cap at the client's max_tokens (aiperf's is the true length) and no queue timeout (vLLM alone has
 none), so every set-up serves the same requests."""
-COUNTERS = {
-    "vllm:num_preemptions": "preemptions",
-    "vllm:prompt_tokens": "prompt_tokens",
-    "vllm:generation_tokens": "generation_tokens",
-    "vllm:prefix_cache_queries": "prefix_queries",
-    "vllm:prefix_cache_hits": "prefix_hits",
-}
-"""Backend counters read before and after a run (their ``_total`` samples), by our name."""
 FRONTS = {
     "rr": "vllm-router --policy round_robin",
     "cache_aware": "vllm-router --policy cache_aware (its defaults)",
@@ -64,35 +54,13 @@ def write_jsonl(rows: Sequence[dict[str, Any]], path: Path, time_div: float = 1.
 
 
 # --- the set-ups ------------------------------------------------------------------------------------
-def _wait(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
-        with contextlib.suppress(httpx.TransportError):
-            if httpx.get(url, timeout=1.0, trust_env=False).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} did not answer within {timeout_s} s")
-
-
 @contextlib.contextmanager
-def router(peers: Path, workers: Sequence[str], log: Path, policy: str = "round_robin") -> Iterator[str]:
-    """vllm-router over ``workers`` with ``policy`` and its defaults otherwise."""
-    port, prom = free_port(), free_port()
-    cmd = [str(peers / "venv_vllm_router/bin/vllm-router"), "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--worker-urls", *workers, "--policy", policy, "--prometheus-host", "127.0.0.1"]
-    cmd += ["--prometheus-port", str(prom), "--log-level", "warning"]
-    with log.open("wb") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            _wait(url + "/health", proc, 60)
-            yield url
-        finally:
-            stop(proc, 10)
+def router(peers: Path, workers: Sequence[str], policy: str = "round_robin") -> Iterator[str]:
+    """vllm-router from the peers' venv over ``workers`` with ``policy`` and its defaults otherwise."""
+    from sagegate.live import vllm_router
+
+    with vllm_router(str(peers / "venv_vllm_router/bin/vllm-router"), workers, policy) as url:
+        yield url
 
 
 @contextlib.contextmanager
@@ -120,7 +88,7 @@ def fronted(
                 yield url, urls
         else:
             policy = "round_robin" if front == "rr" else "cache_aware"
-            with router(peers, urls, out / "router.log", policy) as url:
+            with router(peers, urls, policy) as url:
                 yield url, urls
 
 
@@ -139,22 +107,6 @@ def warm(front: str, bes: Sequence[str]) -> None:
             "max_tokens": 2,
         }
         httpx.post(url + "/v1/chat/completions", json=body, timeout=120.0, trust_env=False).raise_for_status()
-
-
-def scrape(urls: Sequence[str]) -> list[dict[str, float]]:
-    """Each backend's counters (:data:`COUNTERS`)."""
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out = []
-    for url in urls:
-        text = httpx.get(url + "/metrics", timeout=10.0, trust_env=False).text
-        row = dict.fromkeys(COUNTERS.values(), 0.0)
-        for fam in text_string_to_metric_families(text):
-            if fam.name in COUNTERS:
-                row[COUNTERS[fam.name]] += sum(s.value for s in fam.samples if s.name.endswith("_total"))
-        out.append(row)
-    return out
 
 
 # --- aiperf -----------------------------------------------------------------------------------------

@@ -11,6 +11,12 @@ What it writes (the rule is documented in ``loadgen/shipped/DATA.md``; change bo
   occurrence of that exact text, and both token counts are positive (what the readers keep). A
   ``numpy.random.default_rng(16)`` permutation of the eligible pairs is drawn; its first 4,000 indices,
   sorted back into file order, are written with the response text dropped (every other field kept).
+- ``sharegpt/sharegpt_v3_multiturn_600.jsonl.gz``: 600 multi-turn conversations with their full text
+  (the demo's sessions). The conversations file is read in file order; one is *eligible* when the
+  sessions reader uses it (a user turn the assistant answers), its first user turn is the first
+  occurrence of that text, and no shipped predictor part learned from that text
+  (``predictor.learned.learned_prompts``). The first 600 indices of a ``default_rng(16)`` permutation
+  of the eligible ones, sorted back into file order, are written unchanged.
 
 ``--check`` re-draws into memory and fails unless the shipped files hold the same bytes (decompressed).
 """
@@ -21,6 +27,7 @@ import argparse
 import gzip
 import hashlib
 import io
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -30,10 +37,19 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from loadgen.data import AZURE_CODE, AZURE_CONV, SHAREGPT, SHIPPED, SHIPPED_ROOT, data_root  # noqa: E402
+from loadgen.data import (  # noqa: E402
+    AZURE_CODE,
+    AZURE_CONV,
+    SHAREGPT,
+    SHAREGPT_SESSIONS,
+    SHIPPED,
+    SHIPPED_ROOT,
+    data_root,
+)
 
 SEED = 16
 PAIRS = 4000
+SESSIONS = 600
 DROPPED = ("response",)
 
 
@@ -72,12 +88,41 @@ def draw_pairs(path: Path, n: int = PAIRS, seed: int = SEED) -> bytes:
     return gz("".join(lines).encode("utf-8"))
 
 
+def eligible_sessions(path: Path) -> list[str]:
+    """Conversations (their JSON lines) the sessions reader uses, unique by first user turn, none a
+    shipped predictor part learned from, in file order."""
+    from core.request import prompt_digest
+    from predictor.learned import learned_prompts
+
+    learned, seen, out = learned_prompts(), set(), []
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            turns = json.loads(line).get("turns") or []
+            roles = [t.get("role") for t in turns]
+            answered = any(a == "user" and b == "assistant" for a, b in itertools.pairwise(roles))
+            first = next((t.get("text", "") for t in turns if t.get("role") == "user"), "")
+            if not answered or first in seen or prompt_digest(first) in learned:
+                continue
+            seen.add(first)
+            out.append(line if line.endswith("\n") else line + "\n")
+    return out
+
+
+def draw_sessions(path: Path, n: int = SESSIONS, seed: int = SEED) -> bytes:
+    lines = eligible_sessions(path)
+    chosen = sorted(int(i) for i in np.random.default_rng(seed).permutation(len(lines))[:n])
+    return gz("".join(lines[i] for i in chosen).encode("utf-8"))
+
+
 def build(shared: Path) -> dict[tuple[str, ...], bytes]:
     """Shipped path parts -> bytes."""
     return {
         SHIPPED[AZURE_CONV]: gz(shared.joinpath(*AZURE_CONV).read_bytes()),
         SHIPPED[AZURE_CODE]: gz(shared.joinpath(*AZURE_CODE).read_bytes()),
         SHIPPED[SHAREGPT]: draw_pairs(shared.joinpath(*SHAREGPT)),
+        SHIPPED[SHAREGPT_SESSIONS]: draw_sessions(shared.joinpath(*SHAREGPT_SESSIONS)),
     }
 
 

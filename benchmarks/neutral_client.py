@@ -35,7 +35,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from live_fronts import BLOCK, aiperf_profile, fronted, scrape, warm, write_jsonl  # noqa: E402
+from live_fronts import BLOCK, aiperf_profile, fronted, warm, write_jsonl  # noqa: E402
+
+from sagegate.live import backend_counters  # noqa: E402
 
 TRACE = Path("/work/shared/data/mooncake/synthetic_trace.jsonl")
 RUNS = "aiperf:router,aiperf:gateway,replay:router,replay:gateway"
@@ -156,12 +158,12 @@ def one_run(client: str, kind: str, args: argparse.Namespace, slices: dict[str, 
         gateway_env=args.env,
     ) as (url, bes):
         warm(url, bes)
-        before = scrape(bes)
+        before = backend_counters(bes)
         if client == "aiperf":
             fig = run_aiperf(url, args, slices["wall"], out)
         else:
             fig = run_replay(url, kind, bes, args, slices["engine"], out)
-        after = scrape(bes)
+        after = backend_counters(bes)
     per_backend = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
     fig["preemptions"] = sum(p["preemptions"] for p in per_backend)
     run = {

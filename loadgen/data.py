@@ -23,6 +23,7 @@ SHIPPED_ROOT = Path(__file__).resolve().with_name("shipped")
 AZURE_CONV = ("azure2023", "AzureLLMInferenceTrace_conv.csv")
 AZURE_CODE = ("azure2023", "AzureLLMInferenceTrace_code.csv")
 SHAREGPT = ("sharegpt", "sharegpt_v3_first_turn_pairs.jsonl.gz")
+SHAREGPT_SESSIONS = ("sharegpt", "sharegpt_v3_multiturn.jsonl.gz")
 MOONCAKE = ("mooncake", "synthetic_trace.jsonl")
 BAILIAN_M_SMALL = ("servegen", "language", "m-small")
 BAILIAN_DEEPSEEK_R1 = ("servegen", "reason", "deepseek-r1")
@@ -31,6 +32,7 @@ SHIPPED: dict[tuple[str, ...], tuple[str, ...]] = {
     AZURE_CONV: ("azure2023", "AzureLLMInferenceTrace_conv.csv.gz"),
     AZURE_CODE: ("azure2023", "AzureLLMInferenceTrace_code.csv.gz"),
     SHAREGPT: ("sharegpt", "sharegpt_v3_first_turn_pairs_4000.jsonl.gz"),
+    SHAREGPT_SESSIONS: ("sharegpt", "sharegpt_v3_multiturn_600.jsonl.gz"),
 }
 """Shared-layout parts -> the shipped copy's parts under ``SHIPPED_ROOT``."""
 
@@ -38,6 +40,7 @@ _SHIPPED_NOTES: dict[tuple[str, ...], str] = {
     AZURE_CONV: "the full trace, gzipped",
     AZURE_CODE: "the full trace, gzipped",
     SHAREGPT: "a seeded 4,000-pair subset; response text dropped, its token count kept",
+    SHAREGPT_SESSIONS: "a seeded 600-conversation subset, full text, none a shipped predictor learned from",
 }
 
 Origin = Literal["shared", "fetched", "shipped"]

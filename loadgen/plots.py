@@ -201,3 +201,30 @@ def _save(fig: Any, path: str | Path) -> Path:
     fig.savefig(p, dpi=110)
     _plt().close(fig)
     return p
+
+
+def plot_hit_rate(runs: Mapping[str, Mapping[str, Sequence[Any]]], path: str | Path, window: int = 8) -> Path:
+    """Per set-up, the engines' prefix-cache hit rate over time: hits over lookups, both backends
+    together, over the last ``window`` samples (samples with ``t``, ``prefix_hits``, ``prefix_queries``,
+    counters read by one sampler round for every backend)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    for name, series in runs.items():
+        rounds = list(zip(*series.values(), strict=False))  # one sample per backend a round
+        ts = [min(s.t for s in r) for r in rounds]
+        hits = [sum(s.prefix_hits for s in r) for r in rounds]
+        asked = [sum(s.prefix_queries for s in r) for r in rounds]
+        pts = [
+            (ts[i], (hits[i] - hits[i - window]) / (asked[i] - asked[i - window]))
+            for i in range(window, len(rounds))
+            if asked[i] > asked[i - window]
+        ]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), lw=1.2, label=name)
+    ax.set_ylabel("prefix hit rate")
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("time since start (s, engine time)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return _save(fig, path)

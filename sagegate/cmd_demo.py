@@ -1,41 +1,40 @@
-"""``sagegate demo``: the main job. What does the scheduling gateway buy on a real trace?
+"""``sagegate demo``: the main job. What does the scheduling gateway buy on multi-turn traffic, against
+vLLM behind round robin and against the cache-aware router a user would otherwise run?
 
-Two simulated backends (time-scaled) are started; a slice of the Azure 2023 conversation trace, each
-request a real ShareGPT prompt with its own response's length, is replayed straight to them (vLLM alone
-behind a round-robin balancer) and then through the gateway (the chosen policy, embedded history
-store). The replay sends a realistic client cap as ``max_tokens``; the true length travels only in the
-field the simulated backend honours, which the gateway never reads. The load is stated as utilisation
-of vLLM alone's capacity on this mix; the same two runs go through the simulator beside the live ones.
-Every child process is stopped at the end, whatever happens.
+Multi-turn ShareGPT conversations (real text; each turn re-sends its history, so prefixes repeat) start
+on the Azure 2023 conversation trace's arrivals. Each draw (its own part of the trace, its own
+conversations) is replayed live through three set-ups on fresh simulated backends
+(``sagegate.demo_setups``), at a load stated as utilisation of vLLM-behind-round-robin's capacity on
+the mix, and through the simulator beside them. The replay sends a realistic client cap as
+``max_tokens``; the true length travels only in the field the simulated backend honours, which no
+front reads. Every child process is stopped at the end, whatever happens.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
-import secrets
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+if TYPE_CHECKING:
+    from core.summary import Slo
+    from sagegate.demo_setups import SetupRun
+
 
 def demo(
-    minutes: Annotated[float, typer.Option(help="Minutes of arrivals to replay (engine time).")] = 0.5,
+    minutes: Annotated[float, typer.Option(help="Minutes of arrivals per draw (engine time).")] = 0.75,
+    draws: Annotated[
+        int, typer.Option(min=1, help="Draws: each its own trace window and conversations.")
+    ] = 2,
     utilisation: Annotated[
-        float, typer.Option(help="Offered load as a share of vLLM alone's capacity on the mix.")
+        float, typer.Option(help="Offered load as a share of vLLM-behind-round-robin's capacity on the mix.")
     ] = 1.2,
-    rate_scale: Annotated[
-        float | None, typer.Option(help="Arrivals this many times denser than the trace (overrides).")
-    ] = None,
     time_scale: Annotated[
-        float,
-        typer.Option(
-            help="Backends run this many times faster than real time (0.5: half speed, so the gateway, "
-            "the backends and the client, each relaying one SSE chunk per token, fit on 2 cores)."
-        ),
-    ] = 0.5,
+        float, typer.Option(help="Backends run this many times faster than real time.")
+    ] = 1.0,
     model: Annotated[str, typer.Option(help="Model the simulated backends serve.")] = "qwen3-32b",
     gpu: Annotated[str, typer.Option(help="GPU the simulated backends model.")] = "h100",
     policy: Annotated[str, typer.Option(help="The gateway's policy.")] = "sagesched",
@@ -47,212 +46,221 @@ def demo(
             "fetch-encoder mpnet` first; 7x the CPU per prompt)."
         ),
     ] = "minilm",
+    slo_ttft_s: Annotated[float, typer.Option(help="Goodput's SLO: time to first token (s).")] = 2.0,
+    slo_tpot_ms: Annotated[float, typer.Option(help="Goodput's SLO: time per output token (ms).")] = 100.0,
+    router: Annotated[bool, typer.Option(help="Run the cache-aware router baseline (vllm-router).")] = True,
     out: Annotated[Path, typer.Option(help="Results and plots go here.")] = Path("out/demo"),
-    quick: Annotated[bool, typer.Option(help="A short run (CI): 10 s of trace, no semantic model.")] = False,
-    seed: Annotated[int, typer.Option(help="Seed for prompts and sampling.")] = 0,
+    quick: Annotated[bool, typer.Option(help="A short run (CI): 10 s a draw, no semantic model.")] = False,
+    seed: Annotated[int, typer.Option(help="The first draw (draws are seed, seed+1, …).")] = 0,
     progress: Annotated[bool, typer.Option(help="Progress bars while the runs go.")] = True,
 ) -> None:
-    """Replay a real trace slice to two simulated backends, alone and behind the gateway."""
-    from gateway.settings import PredictorSettings
-    from loadgen.compare import compare_records, render_table
-    from loadgen.plots import plot_backends, plot_runs, prediction_accuracy
-    from loadgen.results import write_results
-    from sagegate.live import azure_workload
-    from sagegate.simtwin import capacity, scale_for, simulate_run
-    from sagegate.simtwin import utilisation as util_of
+    """Replay multi-turn conversations through vLLM behind round robin, behind a cache-aware router,
+    and behind the gateway, draw by draw, and print the headline table."""
+    from core.summary import Slo
+    from loadgen.headline import render_headline, run_figures
+    from sagegate.demo_setups import GATEWAY, ROUND_ROBIN, ROUTER, DemoSetup, router_check, setup_names
+    from sagegate.live import data_sources
 
     if embed_model not in ("minilm", "mpnet"):
         raise typer.BadParameter("choose minilm or mpnet", param_hint="--embed-model")
-    options = PredictorSettings(embed_model=embed_model)  # type: ignore[arg-type]
     if quick:
         minutes, predictor = min(minutes, 1 / 6), "length-bucket"
-    if rate_scale is None:
-        mix = azure_workload(max(minutes, 2.0), 4.0, seed, quiet=True).requests  # the same mix, larger
-        rate_scale, cap = scale_for(
-            lambda s: azure_workload(minutes, s, seed, quiet=True).requests,
-            utilisation,
-            mix,
-            model=model,
-            gpu=gpu,
-        )
-        work = azure_workload(minutes, rate_scale, seed)
-    else:
-        work = azure_workload(minutes, rate_scale, seed)
-        cap = capacity(work.requests, model=model, gpu=gpu)
-    if not work.real_text and predictor == "semantic":
-        predictor = "length-bucket"
-        typer.echo("note: no real prompt text, so the gateway runs the length-only predictor (length-bucket)")
-    util = util_of(work.requests, cap)
-    typer.echo(
-        f"demo: {len(work.requests)} requests: {work.description}; two simulated {model} backends on {gpu} "
-        f"at {time_scale:g}× real time; load {util:.2f}× vLLM alone's capacity on this mix "
-        f"({cap['req_s']:.2f} req/s; arrivals {rate_scale:.2f}× the trace's); "
-        f"gateway policy {policy}, predictor {predictor}"
-        + (f" ({embed_model} encoder)" if predictor == "semantic" else "")
-    )
+    binary, note = router_check() if router else (None, "the cache-aware router is left out (--no-router)")
+    typer.echo(note)
     env = {"SAGEGATE_PREDICTOR_OPTIONS__EMBED_MODEL": embed_model} if predictor == "semantic" else {}
-    live = _live_runs(work.requests, model, gpu, time_scale, policy, predictor, progress, env)
-    alone_name, gw_name = "vLLM alone", f"gateway {policy}"
-    typer.echo("simulating the same two runs…")
-    sim_alone = simulate_run(work.requests, None, model=model, gpu=gpu)
-    # the live gateway's queue timeout (60 s wall) in engine seconds
-    sim_gw = simulate_run(
-        work.requests,
-        policy,
-        model=model,
-        gpu=gpu,
-        predictor=predictor,
-        seed=seed,
-        max_wait_s=60.0 * time_scale,
-        predictor_options=options if predictor == "semantic" else None,
-    )
+    setup = DemoSetup(model, gpu, time_scale, policy, predictor, env, progress, binary)
+    slo = Slo(ttft_s=slo_ttft_s, tpot_s=slo_tpot_ms / 1000.0)
+    names = setup_names(setup)
+    typer.echo(f"data: {data_sources()}")
+    live: dict[str, list[dict[str, float]]] = {n: [] for n in names}
+    sim: dict[str, list[dict[str, float]]] = {ROUND_ROBIN: [], GATEWAY: []}
+    draws_info: list[dict[str, Any]] = []
+    first: dict[str, SetupRun] = {}
     out.mkdir(parents=True, exist_ok=True)
-    runs = {alone_name: live["alone"], gw_name: live["gateway"]}
-    for name, records in runs.items():
-        write_results(records, out / f"{name.replace(' ', '_')}.jsonl")
-    rows = compare_records(live["alone"], live["gateway"])
-    _with_preemptions(rows, live["preemptions"])
-    render_table(
-        rows, alone_name, gw_name, title="What the scheduler bought, live (latencies in ms of engine time)"
-    )
-    sim_rows = {r.metric: r.ratio for r in compare_records(sim_alone.records, sim_gw.records)}
-    live_rows = {r.metric: r.ratio for r in rows}
-    acc = prediction_accuracy(live["gateway"])
-    summary = _summary(util, live_rows, sim_rows, acc, work.description)
-    summary["predictor_paths"] = live.get("paths", {})
-    summary["simulated_prediction"] = prediction_accuracy(sim_gw.records)
-    if summary["predictor_paths"]:
-        paths = ", ".join(f"{k} {v:.0f}" for k, v in sorted(summary["predictor_paths"].items()))
-        summary["lines"].append(f"  prediction paths at the gateway: {paths}")
-    sim_acc = summary["simulated_prediction"]
-    if sim_acc is not None:
-        summary["lines"].append(
-            f"  the same predictor in the simulator: Kendall tau {sim_acc['kendall_tau']:.2f}, "
-            f"median error {sim_acc['median_rel_error']:.0%}"
+    for draw in range(seed, seed + draws):
+        work, info = _draw(draw, minutes, utilisation, model, gpu)
+        draws_info.append(info)
+        typer.echo(
+            f"\ndraw {draw}: {len(work)} requests: {info['description']}; two simulated {model} "
+            f"backends on {gpu} at {time_scale:g}× real time; load {info['utilisation']:.2f}× vLLM "
+            f"behind round robin's capacity on this mix ({info['capacity_req_s']:.2f} req/s)"
         )
-    for line in summary["lines"]:
-        typer.echo(line)
-    (out / "summary.json").write_text(
-        json.dumps({k: v for k, v in summary.items() if k != "lines"}, indent=1)
+        for name in names:
+            run = _run_setup(name, work, setup)
+            live[name].append(run_figures(run.records, run.counters, slo))
+            _write_records(run, out / f"draw{draw}_{name.replace(' ', '_')}.jsonl")
+            first.setdefault(name, run)
+        typer.echo("simulating the same draw…")
+        for name, records in _simulated(work, setup, draw, embed_model).items():
+            sim[name].append(run_figures(records, None, slo))
+    title = (
+        f"Multi-turn chat at {_mean(d['utilisation'] for d in draws_info):.2f}× round robin's capacity, "
+        f"{draws} draw{'s' if draws > 1 else ''} (mean, and the range over draws); "
+        f"SLO TTFT ≤ {slo_ttft_s:g} s, TPOT ≤ {slo_tpot_ms:g} ms; engine seconds; ÷: the gateway's ratio"
     )
-    plots = plot_runs(runs, out / "plots", {gw_name: live["queue"]})
-    for name, series in live["backends"].items():
-        slug = name.replace(" ", "_")
-        queue = live["queue"] if name == gw_name else None
-        plots.append(plot_backends(series, out / "plots" / f"backends_{slug}.png", queue, title=name))
+    baselines = [n for n in (ROUND_ROBIN, ROUTER) if n in live]
+    render_headline(live, GATEWAY, baselines, title)
+    lines = _twin_lines(live, sim) + _prediction_lines(first.get(GATEWAY), first.get(ROUND_ROBIN))
+    for line in lines:
+        typer.echo(line)
+    _write_summary(out, live, sim, draws_info, baselines, slo, lines)
+    plots = _plots(first, out / "plots")
     typer.echo(f"results in {out}/, plots: {', '.join(str(p) for p in plots)}")
 
 
-def _live_runs(
-    work: Any,
-    model: str,
-    gpu: str,
-    time_scale: float,
-    policy: str,
-    predictor: str,
-    progress: bool,
-    env: dict[str, str],
-) -> dict[str, Any]:
-    """vLLM alone, then the gateway, on the same two fresh backends; KV and queues sampled as they go."""
-    from loadgen.client import replay
-    from sagegate.live import BackendSampler, backends, gateway, replay_config, round_robin
+def _run_setup(name: str, work: Any, setup: Any) -> SetupRun:
+    from sagegate.demo_setups import run_setup
 
-    out: dict[str, Any] = {"backends": {}, "preemptions": {}}
-    with backends(2, model, gpu, time_scale) as urls:
-        typer.echo(f"backends up: {' '.join(urls)}; run A: vLLM alone (round robin)…")
-        names = {u: f"backend-{i}" for i, u in enumerate(urls)}
-        before = _preemptions(urls)
-        with BackendSampler(urls, time_scale) as sampler:
-            out["alone"] = asyncio.run(round_robin(work, urls, time_scale, progress=progress))
-        mid = _preemptions(urls)
-        out["backends"]["vLLM alone"] = {names[u]: s for u, s in sampler.series.items()}
-        key = secrets.token_urlsafe(12)  # this run's admin key: the dashboard needs one
-        with gateway(urls, policy, predictor, env={**env, "SAGEGATE_ADMIN_KEY": key}) as gw:
-            typer.echo(f"gateway up: {gw}; run B: through the gateway… (watch it: {gw}/dashboard?key={key})")
-            cfg = replay_config(gw, time_scale, metrics=True)
-            cfg.progress = progress
-            with BackendSampler(urls, time_scale) as sampler:
-                through = replay(work, cfg)
-            out["paths"] = _predictor_paths(gw)
-        out["backends"][f"gateway {policy}"] = {names[u]: s for u, s in sampler.series.items()}
-        after = _preemptions(urls)
-    out["gateway"], out["queue"] = through.records, through.queue_samples
-    out["preemptions"] = {"alone": _diff(mid, before), "gateway": _diff(after, mid)}
+    typer.echo(f"  {name}…")
+    return run_setup(name, work, setup, lambda msg: typer.echo(f"    {msg}"))
+
+
+def _draw(draw: int, minutes: float, target: float, model: str, gpu: str) -> tuple[Any, dict[str, Any]]:
+    """The draw's requests at ``target`` × round robin's capacity, measured on a larger sample of the
+    same mix."""
+    from dataclasses import replace
+
+    from sagegate.live import sessions_workload
+    from sagegate.simtwin import capacity, offered_rate, scale_at, utilisation
+
+    # a large sample of windows of the same length from other parts of the trace (a window's turns are
+    # mostly early ones, with short histories: a longer window is another mix; and a burst of a few
+    # hundred requests all fit in the engines at once, which reads capacity high)
+    mix: list[Any] = []
+    other = draw + 1000
+    while len(mix) < 2000:
+        mix += sessions_workload(minutes, 4.0, other).requests
+        other += 1
+    mix = [replace(r, rid=i) for i, r in enumerate(sorted(mix, key=lambda r: r.arrival_s))]
+    cap = capacity(mix, model=model, gpu=gpu)
+    rate_at = lambda s: offered_rate(sessions_workload(minutes, s, draw).requests)  # noqa: E731
+    scale = scale_at(rate_at, target * cap["req_s"])
+    work = sessions_workload(minutes, scale, draw)
+    info = {
+        "draw": draw,
+        "description": work.description,
+        "requests": len(work.requests),
+        "rate_scale": scale,
+        "capacity_req_s": cap["req_s"],
+        "capacity_tok_s": cap["tok_s"],
+        "utilisation": utilisation(work.requests, cap),
+    }
+    return work.requests, info
+
+
+def _simulated(work: Any, setup: Any, draw: int, embed_model: str) -> dict[str, list[Any]]:
+    """Round robin and the gateway in the simulator, with the live gateway's settings."""
+    from gateway.settings import PredictorSettings
+    from sagegate.demo_setups import GATEWAY, ROUND_ROBIN
+    from sagegate.simtwin import simulate_run
+
+    options = PredictorSettings(embed_model=embed_model) if setup.predictor == "semantic" else None  # type: ignore[arg-type]
+    alone = simulate_run(work, None, model=setup.model, gpu=setup.gpu)
+    gw = simulate_run(
+        work,
+        setup.policy,
+        model=setup.model,
+        gpu=setup.gpu,
+        predictor=setup.predictor,
+        seed=draw,
+        max_wait_s=60.0 * setup.time_scale,  # the live gateway's queue timeout (60 s wall)
+        predictor_options=options,
+    )
+    return {ROUND_ROBIN: alone.records, GATEWAY: gw.records}
+
+
+def _twin_lines(live: dict[str, list[dict[str, float]]], sim: dict[str, list[dict[str, float]]]) -> list[str]:
+    """Live beside the simulated twin: each set-up's mean TTLT, live ÷ simulated."""
+    out = ["the simulated twin (the same draws in the simulator), mean TTLT live ÷ simulated:"]
+    for name, runs in sim.items():
+        pairs = [lv["ttlt_mean_s"] / sv["ttlt_mean_s"] for lv, sv in zip(live[name], runs, strict=True)]
+        out.append(f"  {name}: " + ", ".join(f"{x:.2f}" for x in pairs))
     return out
 
 
-def _predictor_paths(url: str) -> dict[str, float]:
-    """How the gateway's predictions were made (``semantic``, ``late`` past the embedding budget,
-    ``bucket``/``global``/``cold`` priors), from its ``/metrics``."""
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
+def _prediction_lines(gw: SetupRun | None, rr: SetupRun | None) -> list[str]:
+    """How well the predictor ranked outputs it never saw, and what the requests it under-predicted
+    most cost against round robin (first draw)."""
+    from loadgen.headline import under_predicted
+    from loadgen.plots import prediction_accuracy
 
-    try:
-        text = httpx.get(url + "/metrics", timeout=10.0, trust_env=False).text
-    except httpx.HTTPError:
-        return {}
-    return {
-        s.labels.get("path", "?"): s.value
-        for fam in text_string_to_metric_families(text)
-        if fam.name == "sagegate_predictor_path"
-        for s in fam.samples
-        if s.name.endswith("_total")
-    }
-
-
-def _preemptions(urls: list[str]) -> float | None:
-    from loadgen.scrape import scrape_preemptions
-
-    return scrape_preemptions([u + "/metrics" for u in urls])
-
-
-def _diff(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else a - b
-
-
-def _with_preemptions(rows: list[Any], counts: dict[str, float | None]) -> None:
-    """A client cannot see preemptions: the row shows the backends' own counters."""
-    from loadgen.compare import Row
-
-    for i, row in enumerate(rows):
-        if row.metric == "preemptions":
-            a, b = counts["alone"], counts["gateway"]
-            rows[i] = Row("preemptions", math.nan if a is None else a, math.nan if b is None else b)
-
-
-def _summary(
-    util: float,
-    live: dict[str, float | None],
-    sim: dict[str, float | None],
-    acc: dict[str, float] | None,
-    description: str,
-) -> dict[str, Any]:
-    """The headline: the gateway's ratios against vLLM alone, live beside simulated, and how well the
-    predictor ranked the outputs it could not see."""
-
-    def fmt(x: float | None) -> str:
-        return "—" if x is None else f"{x:.3f}"
-
-    keys = ("ttlt_mean_s", "ttlt_p50_s", "ttlt_p99_s", "ttft_mean_s", "throughput_tok_s")
-    lines = [f"at {util:.2f}× vLLM alone's capacity (gateway ÷ vLLM alone; below 1 is better for latency):"]
-    for k in keys:
-        lines.append(f"  {k:<18} live {fmt(live.get(k))}   simulated {fmt(sim.get(k))}")
-    agree = None
-    lm, sm = live.get("ttlt_mean_s"), sim.get("ttlt_mean_s")
-    if lm is not None and sm is not None:
-        agree = lm / sm
-        lines.append(f"  live ÷ simulated mean-TTLT ratio: {agree:.3f}")
+    if gw is None:
+        return []
+    out = []
+    acc = prediction_accuracy(gw.records)
     if acc is not None:
-        lines.append(
-            f"  the predictor, judged on outputs it never saw: Kendall tau {acc['kendall_tau']:.2f}, "
-            f"median error of its mean {acc['median_rel_error']:.0%}"
+        out.append(
+            "the predictor, judged on outputs it never saw (first draw): "
+            f"Kendall tau {acc['kendall_tau']:.2f}, median error of its mean {acc['median_rel_error']:.0%}"
         )
-    return {
-        "workload": description,
-        "utilisation": util,
-        "live_ratios": live,
-        "simulated_ratios": sim,
-        "live_over_simulated_mean_ttlt": agree,
-        "prediction": acc,
+    if gw.paths:
+        out.append("  prediction paths: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(gw.paths.items())))
+    if rr is not None and (cost := under_predicted(gw.records, rr.records)) is not None:
+        out.append(
+            f"the {cost['n']:.0f} long requests predicted at under half their length (first draw): mean "
+            f"TTLT {cost['ttlt_gateway_s']:.1f} s via the gateway, {cost['ttlt_baseline_s']:.1f} s behind "
+            f"round robin; the slowest: first token after {cost['worst_ttft_gateway_s']:.1f} s "
+            f"({cost['worst_ttft_baseline_s']:.1f} s), last after {cost['worst_ttlt_gateway_s']:.1f} s "
+            f"({cost['worst_ttlt_baseline_s']:.1f} s)"
+        )
+    return out
+
+
+def _write_records(run: SetupRun, path: Path) -> None:
+    from loadgen.results import write_results
+
+    write_results(run.records, path)
+
+
+def _write_summary(
+    out: Path,
+    live: dict[str, list[dict[str, float]]],
+    sim: dict[str, list[dict[str, float]]],
+    draws: list[dict[str, Any]],
+    baselines: list[str],
+    slo: Slo,
+    lines: list[str],
+) -> None:
+    from dataclasses import asdict
+
+    from loadgen.headline import headline
+    from sagegate.demo_setups import GATEWAY
+
+    head = headline(live, GATEWAY, baselines)
+
+    def plain(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        if hasattr(x, "mean"):
+            return {k: (None if math.isnan(v) else v) for k, v in asdict(x).items()}
+        return None if isinstance(x, float) and math.isnan(x) else x
+
+    summary = {
+        "draws": draws,
+        "slo": asdict(slo),
+        "live": {k: [plain(d) for d in v] for k, v in live.items()},
+        "simulated": {k: [plain(d) for d in v] for k, v in sim.items()},
+        "headline": plain(head),
         "lines": lines,
     }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+
+
+def _plots(first: dict[str, SetupRun], out: Path) -> list[Path]:
+    """The first draw's pictures: latency CDFs, timelines, predictions, each set-up's backends, and the
+    engines' hit rate over time."""
+    from loadgen.plots import plot_backends, plot_hit_rate, plot_runs
+
+    runs = {name: run.records for name, run in first.items()}
+    queues = {name: run.queue for name, run in first.items() if run.queue}
+    paths = plot_runs(runs, out, queues)
+    for name, run in first.items():
+        slug = name.replace(" ", "_").replace("-", "_")
+        paths.append(plot_backends(run.samples, out / f"backends_{slug}.png", queues.get(name), title=name))
+    paths.append(plot_hit_rate({name: run.samples for name, run in first.items()}, out / "hit_rate.png"))
+    return paths
+
+
+def _mean(values: Any) -> float:
+    vals = list(values)
+    return sum(vals) / len(vals) if vals else math.nan

@@ -8,13 +8,15 @@ One place, so the demo and the benchmark measure the same thing the same way.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from core.request import DEFAULT_CLIENT_MAX_TOKENS, TraceRequest
+from loadgen.records import with_client_cap
 
 if TYPE_CHECKING:
     from core.record import RequestRecord
@@ -80,6 +82,74 @@ def azure_workload(
         max_tokens=max_tokens,
     )
     return DemoWorkload(work.requests, "synthetic lengths with filler text (no real prompts)", False)
+
+
+def sessions_workload(
+    minutes: float,
+    rate_scale: float,
+    draw: int,
+    max_tokens: int | None = DEFAULT_CLIENT_MAX_TOKENS,
+) -> DemoWorkload:
+    """Multi-turn ShareGPT conversations with their real text (each turn re-sends its whole history;
+    the real reply's length is its output) starting on the Azure conversation trace's arrivals,
+    compressed ``rate_scale``×. Draw ``draw`` takes its own part of the trace's hour and its own
+    conversations (a seeded order). Turns after ``minutes`` are cut: a short window's later turns would
+    trickle in for minutes. None of the conversations is one a shipped predictor part learned from."""
+    import numpy as np
+
+    azure, conversations = session_parts()
+    window_s = minutes * 60.0
+    first = (600.0 * draw) % max(azure[-1] - window_s * rate_scale, 1.0)
+    starts = [(t - first) / rate_scale for t in azure if first <= t < first + window_s * rate_scale]
+    order = np.random.default_rng(draw).permutation(len(conversations))
+    turns = [
+        replace(r, arrival_s=start + r.arrival_s)
+        for start, i in zip(starts, order, strict=False)
+        for r in conversations[int(i)]
+        if start + r.arrival_s < window_s
+    ]
+    turns.sort(key=lambda r: r.arrival_s)
+    kept = with_client_cap([replace(r, rid=i) for i, r in enumerate(turns)], max_tokens)
+    what = (
+        f"multi-turn ShareGPT conversations ({min(len(starts), len(conversations))} sessions over "
+        f"{window_s:.0f} s; each turn its whole history, real text, the real reply's length) starting on "
+        f"Azure 2023 conversation arrivals (draw {draw}; client cap max_tokens={max_tokens})"
+    )
+    return DemoWorkload(kept, what, real_text=True)
+
+
+@functools.lru_cache(maxsize=1)
+def session_parts() -> tuple[list[float], list[list[TraceRequest]]]:
+    """The Azure trace's arrival times, and the conversations, each as its turns timed from the
+    session's start (read once: the bisection on the rate asks often)."""
+    from loadgen.data import AZURE_CONV, SHAREGPT_SESSIONS, find_data
+    from loadgen.readers import read_trace
+    from predictor.learned import learned_prompts
+
+    found_trace, found_convs = find_data(*AZURE_CONV), find_data(*SHAREGPT_SESSIONS)
+    if found_trace is None or found_convs is None:
+        raise FileNotFoundError(
+            "the Azure trace or the ShareGPT conversations are missing: sagegate data list"
+        )
+    azure = [r.arrival_s for r in read_trace(found_trace.path, "azure")]
+    every = read_trace(
+        found_convs.path,
+        "sharegpt-sessions",
+        arrivals_from=[0.0] * 100_000,  # each session starts at 0: its turns' times are offsets
+        exclude=learned_prompts(),
+    )
+    by_session: dict[object, list[TraceRequest]] = {}
+    for r in sorted(every, key=lambda r: r.rid):  # the reader's order: conversation by conversation
+        by_session.setdefault(r.extra.get("session"), []).append(r)
+    return azure, list(by_session.values())
+
+
+def data_sources() -> str:
+    """Which copies of the demo's data are read (shipped, shared or fetched)."""
+    from loadgen.data import AZURE_CONV, SHAREGPT_SESSIONS, find_data
+
+    found = [find_data(*AZURE_CONV), find_data(*SHAREGPT_SESSIONS)]
+    return "; ".join(f.describe() for f in found if f is not None)
 
 
 def replay_config(
@@ -160,6 +230,60 @@ def gateway(
         yield url
 
 
+def vllm_router_binary() -> str | None:
+    """vllm-router's executable (its PyPI wheel installs it beside this Python), else one on PATH."""
+    import shutil
+
+    here = os.path.join(os.path.dirname(sys.executable), "vllm-router")
+    return here if os.access(here, os.X_OK) else shutil.which("vllm-router")
+
+
+@contextlib.contextmanager
+def vllm_router(binary: str, workers: Sequence[str], policy: str = "cache_aware") -> Iterator[str]:
+    """vllm-router (the vLLM project's Rust router) over ``workers`` with ``policy`` and its defaults
+    otherwise; stopped on exit."""
+    from sagegate.procs import free_port, running
+
+    port, prom = free_port(), free_port()
+    cmd = [binary, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers]
+    cmd += ["--policy", policy, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom)]
+    cmd += ["--log-level", "warning"]
+    url = f"http://127.0.0.1:{port}"
+    with running(cmd, url, "/health", startup_timeout_s=60):
+        yield url
+
+
+COUNTERS = {
+    "vllm:num_preemptions": "preemptions",
+    "vllm:prompt_tokens": "prompt_tokens",
+    "vllm:generation_tokens": "generation_tokens",
+    "vllm:prefix_cache_queries": "prefix_queries",
+    "vllm:prefix_cache_hits": "prefix_hits",
+}
+"""Backend counters a run reads before and after itself (their ``_total`` samples), by our name."""
+
+
+def backend_counters(urls: Sequence[str]) -> list[dict[str, float]]:
+    """Each backend's :data:`COUNTERS` now."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = []
+    for url in urls:
+        text = httpx.get(url + "/metrics", timeout=10.0, trust_env=False).text
+        row = dict.fromkeys(COUNTERS.values(), 0.0)
+        for fam in text_string_to_metric_families(text):
+            if fam.name in COUNTERS:
+                row[COUNTERS[fam.name]] += sum(s.value for s in fam.samples if s.name.endswith("_total"))
+        out.append(row)
+    return out
+
+
+def counter_deltas(before: Sequence[dict[str, float]], after: Sequence[dict[str, float]]) -> dict[str, float]:
+    """What every backend together counted between two :func:`backend_counters` readings."""
+    return {k: sum(a[k] - b[k] for a, b in zip(after, before, strict=True)) for k in COUNTERS.values()}
+
+
 @dataclass
 class BackendSample:
     t: float
@@ -167,13 +291,23 @@ class BackendSample:
     kv: float
     running: float
     waiting: float
+    prefix_hits: float = 0.0
+    """Tokens the engine found in its prefix cache so far (a counter)."""
+    prefix_queries: float = 0.0
+    """Prompt tokens it looked up so far (a counter)."""
 
 
 class BackendSampler:
-    """Reads every backend's KV usage, running and waiting gauges every ``interval_s`` (wall) in a
-    thread of its own, so the pictures of a run show what the engines really held."""
+    """Reads every backend's KV usage, running and waiting gauges and prefix-cache counters every
+    ``interval_s`` (wall) in a thread of its own: the pictures of a run show what the engines held."""
 
-    GAUGES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting")
+    GAUGES = (
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:prefix_cache_hits_total",
+        "vllm:prefix_cache_queries_total",
+    )
 
     def __init__(self, urls: Sequence[str], time_scale: float, interval_s: float = 0.5) -> None:
         import threading
@@ -207,8 +341,8 @@ class BackendSampler:
                 for url in self.urls:
                     try:
                         text = client.get(url + "/metrics").text
-                        kv, running, waiting = (gauge_value(text, g) or 0.0 for g in self.GAUGES)
+                        values = [gauge_value(text, g) or 0.0 for g in self.GAUGES]
                     except (httpx.HTTPError, ValueError):
                         continue
-                    self.series[url].append(BackendSample(t, kv, running, waiting))
+                    self.series[url].append(BackendSample(t, *values))
                 self._stop.wait(self.interval_s)

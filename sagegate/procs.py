@@ -63,13 +63,28 @@ def child(
     """:func:`spawned`, yielding the :class:`Child` (on ``port`` if given, else a free one)."""
     port = port or free_port()
     cmd = [sys.executable, "-m", module, *args, "--host", "127.0.0.1", "--port", str(port)]
-    url = f"http://127.0.0.1:{port}"
+    with running(cmd, f"http://127.0.0.1:{port}", ready_path, startup_timeout_s, env) as proc_log:
+        yield Child(f"http://127.0.0.1:{port}", port, *proc_log)
+
+
+@contextlib.contextmanager
+def running(
+    cmd: Sequence[str],
+    url: str,
+    ready_path: str = "/health",
+    startup_timeout_s: float = 30.0,
+    env: dict[str, str] | None = None,
+) -> Iterator[tuple[subprocess.Popen[str], IO[str]]]:
+    """Run ``cmd`` (any program serving ``url``) until ``url + ready_path`` answers 200; yield the
+    process and its stderr log; terminate it (then kill it) on exit."""
     # stderr to a file, not a pipe: a chatty child never blocks on it.
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True, env=env)
+        proc = subprocess.Popen(
+            list(cmd), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True, env=env
+        )
         try:
             _wait_ready(proc, url + ready_path, log, startup_timeout_s)
-            yield Child(url, port, proc, log)
+            yield proc, log
         finally:
             if proc.poll() is None:
                 stop(proc, 10)

@@ -19,6 +19,7 @@ from loadgen.data import (
     AZURE_CODE,
     AZURE_CONV,
     SHAREGPT,
+    SHAREGPT_SESSIONS,
     SHIPPED,
     SHIPPED_ROOT,
     DataFile,
@@ -88,9 +89,23 @@ def test_the_shipped_pairs_read_as_sharegpt_and_feed_the_paired_source() -> None
     assert not {r.prompt for r in held} & {r.prompt for r in pool}
 
 
+def test_the_shipped_conversations_read_as_sessions_none_a_predictor_learned_from() -> None:
+    from core.request import prompt_digest
+    from predictor.learned import learned_prompts
+
+    path = shipped_file(*SHAREGPT_SESSIONS)
+    assert path is not None
+    turns = read_trace(path, "sharegpt-sessions", rate=1.0)
+    sessions = {r.extra["session"] for r in turns}
+    assert len(sessions) == 600 and len(turns) > 2 * 600  # multi-turn: more turns than conversations
+    firsts = [r for r in turns if r.extra["turn"] == 0]
+    assert not {prompt_digest(r.extra["messages"][0]["content"]) for r in firsts} & learned_prompts()  # type: ignore[index]
+
+
 def test_the_shipped_subset_is_the_documented_draw() -> None:
     """Re-drawn from the full pairs file by the committed script: the same 4,000 pairs."""
     data_path(*SHAREGPT)
+    data_path(*SHAREGPT_SESSIONS)
     out = subprocess.run(
         [sys.executable, str(REPO / "benchmarks/make_shipped_data.py"), "--check"],
         capture_output=True,
@@ -111,7 +126,8 @@ def test_package_data_covers_every_shipped_file() -> None:
     covered = {p for g in globs["loadgen"] for p in base.glob(g)}
     files = {p for p in SHIPPED_ROOT.rglob("*") if p.is_file()} | {base / "fetch_catalog.json"}
     assert files <= covered, sorted(str(p) for p in files - covered)
-    assert sum(p.stat().st_size for p in files) < 2_500_000  # the whole shipped data stays small
+    # the whole shipped data stays small: the first-turn pairs (1.5 MB) and the conversations (1.2 MB)
+    assert sum(p.stat().st_size for p in files) < 3_200_000
     assert {"DATA.md", "LICENSE-CC-BY-4.0.txt", "LICENSE-Apache-2.0.txt"} <= {p.name for p in files}
 
 

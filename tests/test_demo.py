@@ -1,4 +1,4 @@
-"""The main job, in its reduced form: both runs complete and the table shows them side by side."""
+"""The main job, in its reduced form: three set-ups over two draws side by side, nothing left running."""
 
 from __future__ import annotations
 
@@ -16,26 +16,34 @@ def _left_in_group(pgid: int) -> list[str]:
 
 
 @pytest.mark.slow
-def test_demo_quick_shows_both_runs_and_leaves_no_process(tmp_path):
+def test_demo_quick_runs_three_setups_over_two_draws_and_leaves_no_process(tmp_path):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sagegate.cli", "demo", "--quick", "--out", str(tmp_path)],
+        [sys.executable, "-m", "sagegate.cli", "demo", "--quick", "--no-progress", "--out", str(tmp_path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group, so what it leaves behind can be found
     )
-    stdout, stderr = proc.communicate(timeout=600)
+    stdout, stderr = proc.communicate(timeout=900)
     out = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "A: vLLM alone" in out.stdout and "B: gateway sagesched" in out.stdout
-    completed = [line for line in out.stdout.splitlines() if "completed" in line]
-    assert completed, out.stdout
-    cells = [c.strip() for c in completed[0].split("│") if c.strip()]
-    assert cells[1] == cells[2] and int(cells[1]) > 0  # every request completed in both runs
-    assert (tmp_path / "vLLM_alone.jsonl").exists() and (tmp_path / "gateway_sagesched.jsonl").exists()
-    assert (tmp_path / "plots" / "latency_cdf.png").exists()
-    assert (tmp_path / "plots" / "backends_gateway_sagesched.png").exists()
-    assert "vLLM alone's capacity" in out.stdout and "live ÷ simulated" in out.stdout
+    assert "cache-aware baseline: vllm-router" in out.stdout  # the real router, installed with the demo
+    for draw in (0, 1):
+        for name in ("round_robin", "cache-aware_router", "gateway"):
+            assert (tmp_path / f"draw{draw}_{name}.jsonl").exists()
+    assert "÷ round robin" in out.stdout and "÷ cache-aware router" in out.stdout
+    assert "tok/s, loaded window" in out.stdout and "tok/s, makespan" in out.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["utilisation"] > 0 and summary["live_ratios"]["ttlt_mean_s"] > 0
-    assert _left_in_group(proc.pid) == []  # every backend and gateway the demo started is gone
+    assert [d["draw"] for d in summary["draws"]] == [0, 1]
+    assert all(d["utilisation"] > 0 for d in summary["draws"])
+    for name, runs in summary["live"].items():  # every request completed in every set-up and draw
+        assert [r["completed"] for r in runs] == [d["requests"] for d in summary["draws"]], name
+        assert all(r["errors"] == 0 for r in runs)
+    ratio = summary["headline"]["ratios"]["cache-aware router"]["ttlt_mean_s"]
+    assert ratio["low"] <= ratio["mean"] <= ratio["high"] and ratio["mean"] > 0
+    assert summary["live"]["gateway"][0]["prefix_hit_rate"] >= 0
+    plots = ("latency_cdf.png", "hit_rate.png", "backends_gateway.png", "backends_cache_aware_router.png")
+    for plot in plots:
+        assert (tmp_path / "plots" / plot).exists(), plot
+    assert "live ÷ simulated" in out.stdout
+    assert _left_in_group(proc.pid) == []  # every backend, router and gateway the demo started is gone
