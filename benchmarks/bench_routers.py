@@ -360,8 +360,9 @@ def table(runs: dict[str, dict[str, Any]]) -> str:
 def prepare_cell(
     name: str, load: float, build: Callable[[float], list[TraceRequest]], cap_req_s: float, T: float,
     args: argparse.Namespace,
-) -> tuple[Path, Path, list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
-    """The workload at ``load`` x round robin's capacity, its aiperf trace (wall ms) and its rows."""
+) -> tuple[Path, Path, list[dict[str, Any]], dict[str, Any], list[TraceRequest]]:  # fmt: skip
+    """The workload at ``load`` x round robin's capacity: its cell folder, its aiperf trace (wall ms),
+    its rows, what it is, and its requests."""
     from sagegate.simtwin import capacity, scale_at
 
     scale = scale_at(lambda x: bulk_rate(build(x)), load * cap_req_s, highest=1000.0)
@@ -389,7 +390,26 @@ def prepare_cell(
     print("\n" + info["line"], flush=True)
     if abs(util / load - 1) > 0.05:
         print(f"  WARNING: the workload reaches utilisation {util:.2f}, not {load:g}", flush=True)
-    return cell, trace, work, info
+    return cell, trace, work, info, reqs
+
+
+SIMULATED = {"rr": (None, None), "sg_placement": ("fcfs", "cache_aware"), "sagegate": ("sagesched", None)}
+"""The set-ups the simulator runs beside the live cell: (gateway policy, placement), None = default."""
+
+
+def simulated(reqs: Sequence[TraceRequest], args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """The cell in the simulator with the live fronts' settings (semantic predictor, no queue timeout)."""
+    from core.summary import summarize
+    from sagegate.simtwin import simulate_run
+
+    out = {}
+    for front, (policy, placement) in SIMULATED.items():
+        res = simulate_run(reqs, policy, model=args.model, gpu=args.gpu, predictor="semantic",
+                           seed=args.seed, placement=placement, max_wait_s=1e9)  # fmt: skip
+        s = summarize(res.records)
+        keys = ("ttft_mean_s", "ttft_p90_s", "ttlt_mean_s", "ttlt_p99_s", "loaded_tok_s", "prefix_hit_rate")
+        out[front] = {k: round(float(s.get(k, 0.0)), 4) for k in keys} | {"preemptions": s["preemptions"]}
+    return out
 
 
 def parse_time_scales(spec: str) -> dict[str, float]:
@@ -427,7 +447,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="aiperf's tokenizer (the peers' fake HF cache): cl100k, the backends' own count, so a hash "
         "block is 512 of their tokens; builtin is o200k.",
     )
-    p.add_argument("--plan", action="store_true", help="Build and write the cells' traces, run nothing.")
+    p.add_argument("--plan", action="store_true", help="Build and write the cells' traces, run nothing live.")
+    p.add_argument(
+        "--simulate",
+        action="store_true",
+        help="Also run each cell through the simulator (round robin, placement alone, the gateway's "
+        "defaults) and print live ÷ simulated beside it: the twin's check on the very requests.",
+    )
     args = p.parse_args(argv)
     stop_on_sigterm()
     args.peers, args.out = args.peers.resolve(), args.out.resolve()
@@ -460,16 +486,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         cells: dict[str, Any] = {}
         summary["workloads"][name] = {"capacity": cap, "time_scale": T, "head": head, "cells": cells}
         for load in (float(x) for x in args.loads.split(",")):
-            cell, trace, work, info = prepare_cell(name, load, build, cap["req_s"], T, args)
+            cell, trace, work, info, reqs = prepare_cell(name, load, build, cap["req_s"], T, args)
             md += [info["line"], ""]
+            sim = simulated(reqs, args) if args.simulate else {}
+            if sim:
+                print("  simulated: " + json.dumps(sim), flush=True)
+                md += ["simulated: " + json.dumps(sim), ""]
             if args.plan:
-                cells[f"{load:g}"] = {"load": info}
+                cells[f"{load:g}"] = {"load": info, "simulated": sim}
                 continue
             runs = {f: run_front(f, cell, trace, work, args, T) for f in fronts}
             tab = table(runs)
             print(tab, flush=True)
             md += [tab, ""]
-            cells[f"{load:g}"] = {"load": info, "runs": runs}
+            cells[f"{load:g}"] = {"load": info, "runs": runs, "simulated": sim}
             (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
             (args.out / "tables.md").write_text("\n".join(md) + "\n")
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -76,8 +76,8 @@ class Gateway:
         self.queue = BoundedQueue(self.policy, settings.queue.max_requests, settings.queue.max_tokens)
         admission = settings.admission.config()
         self.ledger: SharedLedger | None = None
-        """The admission ledger shared with other replicas (``ledger.enabled`` and ``redis_url``)."""
-        if settings.ledger.enabled and settings.redis_url:
+        """The admission ledger shared with other replicas (on with ``redis_url``: ``ledger.enabled``)."""
+        if settings.ledger_on and settings.redis_url:
             self.ledger = SharedLedger(
                 settings.ledger,
                 settings.redis_url,

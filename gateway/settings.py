@@ -141,10 +141,13 @@ class PauseSettings(BaseModel):
 
 
 class LedgerSettings(BaseModel):
-    """The admission ledger several gateway replicas share in Redis (``gateway.ledger``). Off unless
-    ``enabled`` and ``redis_url`` are both set; off, each replica owns every backend's whole KV."""
+    """The admission ledger several gateway replicas share in Redis (``gateway.ledger``). On whenever
+    ``redis_url`` is set, unless ``enabled`` is false: replicas started with one Redis URL then share
+    every backend's KV instead of each admitting into all of it. Off, each replica owns every
+    backend's whole KV (a replica alone saves Redis's round trip before each dispatch)."""
 
-    enabled: bool = False
+    enabled: bool | None = None
+    """None (default): on with ``redis_url``; true needs ``redis_url``; false: off."""
     lease_s: float = Field(default=2.0, gt=0.0)
     """A replica's charges live this long in Redis after its last renewal: a replica that dies (or
     loses Redis) has its charges forgotten by the others within ``lease_s`` (plus one sync)."""
@@ -389,6 +392,11 @@ class GatewaySettings(BaseSettings):
         if self.ledger.enabled and not self.redis_url:
             raise ValueError("ledger.enabled needs redis_url")
         return self
+
+    @property
+    def ledger_on(self) -> bool:
+        """Whether this gateway shares the admission ledger (``ledger.enabled``, on with ``redis_url``)."""
+        return bool(self.redis_url) and self.ledger.enabled is not False
 
     @model_validator(mode="after")
     def _named_backends(self) -> GatewaySettings:

@@ -37,7 +37,7 @@ def serve(
     workers: Annotated[
         int,
         typer.Option(
-            "--workers", min=1, help="Gateway processes behind the port (>1 needs ledger.enabled, redis_url)."
+            "--workers", min=1, help="Gateway processes behind the port (>1 needs redis_url and the ledger)."
         ),
     ] = 1,
     reuse_port: Annotated[bool, typer.Option("--reuse-port", hidden=True)] = False,

@@ -23,8 +23,8 @@ from typing import Any
 
 def check(settings: Any, workers: int) -> str | None:
     """Why ``settings`` cannot run with ``workers`` processes (None: it can)."""
-    if workers > 1 and not (settings.ledger.enabled and settings.redis_url):
-        return "--workers needs the shared ledger: set redis_url and ledger.enabled (docs/gateway.md)"
+    if workers > 1 and not settings.ledger_on:
+        return "--workers needs the shared ledger: set redis_url, ledger.enabled not false (docs/gateway.md)"
     if workers > 1 and settings.port == 0:
         return "--workers needs a fixed --port (each worker binds the same one)"
     return None

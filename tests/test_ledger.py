@@ -59,6 +59,14 @@ def test_the_ledger_needs_redis() -> None:
         GatewaySettings(ledger=LedgerSettings(enabled=True))
 
 
+def test_the_ledger_is_on_whenever_redis_is_set_unless_turned_off() -> None:
+    """Replicas started with one Redis URL and nothing else share every backend's KV."""
+    assert GatewaySettings(redis_url="redis://127.0.0.1:1/0").ledger_on
+    assert not GatewaySettings().ledger_on
+    off = GatewaySettings(redis_url="redis://127.0.0.1:1/0", ledger=LedgerSettings(enabled=False))
+    assert not off.ledger_on
+
+
 def test_a_replica_is_refused_the_room_another_took(redis_url: str, redis_prefix: str) -> None:
     async def main() -> None:
         a, b = ledger(redis_url, redis_prefix), ledger(redis_url, redis_prefix)

@@ -126,8 +126,7 @@ def test_replica_processes_hold_a_later_request_for_an_earlier_one_elsewhere(
     with backend_process(tokens=20, delay_s=0.1) as (_, backend):  # 2 s a request
         env = {
             "BACKENDS": backends.replace('""', json.dumps(backend)),
-            "REDIS_URL": redis_url,
-            "LEDGER__ENABLED": "true",
+            "REDIS_URL": redis_url,  # the ledger is on with it: nothing else set
             "LEDGER__PREFIX": redis_prefix,
             "LEDGER__SYNC_INTERVAL_S": "0.05",
             "LEDGER__ORDER": "threshold",

@@ -38,7 +38,6 @@ def test_workers_share_one_port_and_one_ledger(redis_url: str, redis_prefix: str
             "SAGEGATE_ADMIN_KEY": "admin-secret",
             "SAGEGATE_BACKENDS": json.dumps([backend]),
             "SAGEGATE_REDIS_URL": redis_url,
-            "SAGEGATE_LEDGER__ENABLED": "true",
             "SAGEGATE_LEDGER__PREFIX": redis_prefix,
         }
         cmd = [sys.executable, "-m", "sagegate.cmd_serve", "--port", str(port), "--workers", "2"]
