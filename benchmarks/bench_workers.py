@@ -11,8 +11,8 @@ directly at the same rate, measured just before) run against each setup in turn,
 
 The per-decision cost of the ledger (one commit's round trip, batched commits, a sync) is
 ``benchmarks/bench_ledger.py``'s. The client is this one Python process: on a small machine it
-can become the ceiling (the direct TTFT it measures rises too); see BENCHMARKS.md, *The load
-generator's own ceiling*. CPU % is the supervisor and its workers together.
+can become the ceiling (the direct TTFT it measures rises too); see docs/journal/BENCHMARKS.md, *The
+load generator's own ceiling*. CPU % is the supervisor and its workers together.
 
     python benchmarks/bench_workers.py [--workers 1 2 4] [--duration 4] [--rates 50,100,...] [--refine 2]
 

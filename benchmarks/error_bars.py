@@ -235,7 +235,7 @@ def table(rows: Sequence[Row], scales: Sequence[float]) -> list[str]:
 
 
 def summary_lines(rows: Sequence[Row]) -> list[str]:
-    """The headline sentences with their ranges (what BENCHMARKS.md should quote)."""
+    """The headline sentences with their ranges (what RESULTS.md quotes)."""
     out = []
     for label in ("light load", "high load"):
         sel = [r for r in rows if r.study == "value twin" and r.case == label]
@@ -298,7 +298,7 @@ def render(rows: Sequence[Row], args: argparse.Namespace, wall: float, command: 
         "rate*: scale 1.0's arrivals on the scaled engine (what a miscalibrated model does to a user); its "
         "×1 column is the capacity-anchored run.",
         "",
-        "## For BENCHMARKS.md",
+        "## For RESULTS.md",
         "",
         *summary_lines(rows),
         "",

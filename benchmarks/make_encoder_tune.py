@@ -16,8 +16,9 @@ to the encoder, which the kNN, the online head and the shipped prior then use as
 
 ``trained_on`` lists the digest of every prompt among the first ``--select`` (6,000: the same pairs
 the shipped ranking prior was fitted on), so that replays judging the predictor leave them out and the
-replays in BENCHMARKS.md (warm on the first 6,000 or 90%, scored after) score none of those pairs
-(later verbatim repeats of their prompts remain: 412 of the 5,128 after 6,000, 74 of the last 1,113).
+replays behind RESULTS.md and docs/journal/BENCHMARKS.md (warm on the first 6,000 or 90%, scored after)
+score none of those pairs (later verbatim repeats of their prompts remain: 412 of the 5,128 after
+6,000, 74 of the last 1,113).
 With ``--teacher``, a third loss distils a larger encoder into MiniLM: the squared gap between the
 batch's cosine similarities and the teacher's (the teacher as the gateway serves it, ONNX int8 and
 projected; its vectors of the training pairs only), so MiniLM's neighbours move toward the ones the
@@ -28,8 +29,9 @@ refit the tuned prior:
 ``--model-dir`` runs the same recipe on another mean-pooled encoder (BERT or MPNet layer names; an
 experiment, written to ``--out``, never over the shipped file), reading the same window text through
 its own tokenizer (``--pieces`` of them); ``--vectors-out`` writes every pair's vector from the kept
-epoch, for ``benchmarks/bench_alt_embedder.py --vectors``. all-mpnet-base-v2 (BENCHMARKS.md, *A
-second encoder*): ``--model-dir DIR --pieces 80 --epochs 3``, ~10 min per epoch on two threads.
+epoch, for ``benchmarks/bench_alt_embedder.py --vectors``. all-mpnet-base-v2
+(docs/journal/BENCHMARKS.md, *A second encoder*): ``--model-dir DIR --pieces 80 --epochs 3``, ~10 min
+per epoch on two threads.
 """
 
 from __future__ import annotations

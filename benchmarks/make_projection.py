@@ -5,10 +5,11 @@
 
 ``--vectors``: the ShareGPT pairs' unit vectors from the tuned encoder, in file order (at least the
 first ``--first``), as ``make_encoder_tune.py --model-dir DIR --vectors-out`` writes them. A PCA fitted on the *first*
-``--first`` only (the pairs the tune and the ranking prior learned from; the replays in BENCHMARKS.md
-score none of them): the mean and the leading 384 components, float32, and the digests of the prompts
-it was fitted on (``trained_on``). Costs 0.002–0.005 of tau-b in the ridge probe (BENCHMARKS.md, *A
-second encoder*), so that the index, the online head and the history take the wider encoder unchanged.
+``--first`` only (the pairs the tune and the ranking prior learned from; the replays behind RESULTS.md
+and docs/journal/BENCHMARKS.md score none of them): the mean and the leading 384 components, float32,
+and the digests of the prompts it was fitted on (``trained_on``). Costs 0.002–0.005 of tau-b in the
+ridge probe (docs/journal/BENCHMARKS.md, *A second encoder*), so that the index, the online head and
+the history take the wider encoder unchanged.
 """
 
 from __future__ import annotations

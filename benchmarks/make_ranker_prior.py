@@ -7,8 +7,9 @@
 It reads the shared ShareGPT first-turn pairs (Apache-2.0 upstream card; ``../shared/data/sharegpt``),
 embeds the prompts as the gateway serves them (int8 on ``--runtime``, ONNX by default; cached under
 ``SAGEGATE_CACHE``; ``mpnet``: the opt-in tuned all-mpnet-base-v2, ONNX only), and fits
-:func:`predictor.ranker.fit_head` on the *first* ``--first`` pairs in file order only: the replays in
-BENCHMARKS.md warm on the first 6,000 and score what follows, so the prior never saw a scored pair.
+:func:`predictor.ranker.fit_head` on the *first* ``--first`` pairs in file order only: the replays
+behind RESULTS.md and docs/journal/BENCHMARKS.md warm on the first 6,000 and score what follows, so the
+prior never saw a scored pair.
 What ships is a weight vector (~1.7k numbers), not data.
 """
 

@@ -14,8 +14,8 @@ changed field goes back to its starting value where that costs less than ``--kee
 scored, the LTR protocol) replayed, for the starting point and the chosen configuration side by side,
 with a paired bootstrap, and ``--young`` windows of 1,000 pairs each replayed from an empty history
 (the demo's regime, which the choice never saw). ``--from previous`` starts from the defaults before
-the re-choice and reproduces the shipped values (BENCHMARKS.md, *The predictor re-tuned for the
-shipped vectors*). Deterministic (every refit inline).
+the re-choice and reproduces the shipped values (docs/journal/BENCHMARKS.md, *The predictor re-tuned
+for the shipped vectors*). Deterministic (every refit inline).
 """
 
 from __future__ import annotations

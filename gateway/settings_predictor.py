@@ -83,11 +83,13 @@ class PredictorSettings(BaseModel):
     """int8 linear layers (the fast default)."""
     embed_tuned: bool = DEFAULT_TUNED
     """The shipped length tune merged into the encoder (``predictor.encoder_tune``; ShareGPT tail
-    tau-b in BENCHMARKS.md). ``false``: the stock all-MiniLM-L6-v2, with its own history."""
+    tau-b in RESULTS.md, *The semantic predictor*). ``false``: the stock all-MiniLM-L6-v2, with its own
+    history."""
     embed_model: Literal["minilm", "mpnet"] = DEFAULT_ENCODER
     """The encoder (``predictor.encoders``): ``minilm`` ships; ``mpnet`` (all-mpnet-base-v2: ShareGPT
     tail tau-b 0.502 against 0.481 at 7x the CPU per prompt, over the budget on a busy 2-core box;
-    BENCHMARKS.md) needs ``sagegate predictor fetch-encoder mpnet`` once and the onnx runtime."""
+    RESULTS.md, *The semantic predictor*) needs ``sagegate predictor fetch-encoder mpnet`` once and the
+    onnx runtime."""
     embed_runtime: Literal["onnx", "torch"] = "onnx"
     """``onnx``: ONNX Runtime and a file exported from the shipped model, no torch in the gateway
     (measured: 271 against 655 MB, ready in ~4.6 against ~16.5 s); ``torch``: the model through torch.

@@ -15,7 +15,8 @@ from core.request import TraceRequest
 ARRIVALS = ("poisson", "gamma")
 LENGTH_DISTS = ("lognormal", "exponential", "constant")
 
-# Nominal service time behind ``deadline_factor`` (STUDY.md's deadline rule, here with the true output):
+# Nominal service time behind ``deadline_factor`` (the deadline rule of docs/design/study.md, here with
+# the true output):
 # deadline = arrival + factor × (PREFILL_S_PER_TOKEN · prompt + DECODE_S_PER_TOKEN · output).
 PREFILL_S_PER_TOKEN = 0.0004
 DECODE_S_PER_TOKEN = 0.02

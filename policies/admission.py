@@ -34,8 +34,8 @@ class AdmissionConfig:
     target: float = 1.5
     """Rule ``"sum"``: share of KV capacity the charges may fill. Above 1 on purpose: a request is
     charged its whole predicted footprint from the start, but holds on average only ``I + O/2`` over
-    its life (tuned in the simulator, see BENCHMARKS.md: 1.2 and below starved memory-bound engines).
-    Both rules route to the backend with the most room under it."""
+    its life (tuned in the simulator, see docs/journal/BENCHMARKS.md, *Admission tuning*: 1.2 and below
+    starved memory-bound engines). Both rules route to the backend with the most room under it."""
     max_waiting: int = 256
     """A backend with this many requests waiting (not yet running) admits nothing more."""
     unknown_output: int = 256
@@ -43,14 +43,15 @@ class AdmissionConfig:
     max_waiting_tokens: int = 2048
     """A backend with waiting requests admits another only while their prompt tokens stay within
     this: enough backlog to keep the next step busy, shallow enough that the order stays the
-    gateway's to decide. (Tuned in the simulator, see BENCHMARKS.md: a cap of one waiting request
-    starved engines serving many small requests; a deep backlog gave the ordering away.)"""
+    gateway's to decide. (Tuned in the simulator, see docs/journal/BENCHMARKS.md, *Admission tuning*: a
+    cap of one waiting request starved engines serving many small requests; a deep backlog gave the
+    ordering away.)"""
     rule: Rule = "peak"
     """``"peak"``: a backend admits while the most KV its requests will hold *at once* (each growing
     by a token a step until its predicted end, finished ones freeing theirs; see :class:`Holdings`)
     stays under ``peak_target`` × capacity. ``"sum"``: while the sum of the whole charges stays
-    under ``target`` × capacity. Over 48 simulated cells (BENCHMARKS.md) ``"peak"`` at 1.0 was never
-    slower than vLLM alone and cut preemptions further than ``"sum"`` at 1.5."""
+    under ``target`` × capacity. Over 48 simulated cells (RESULTS.md, *Admission*) ``"peak"`` at 1.0 was
+    never slower than vLLM alone and cut preemptions further than ``"sum"`` at 1.5."""
     peak_target: float = 1.0
     """Share of KV capacity the projected peak may reach (rule ``"peak"``; 0.97 cut preemptions to
     near zero in the simulator but cost up to 4% of throughput with an uninformative predictor)."""

@@ -1,4 +1,4 @@
-"""The service-cost model SageSched ranks by (POLICIES.md, "Cost model and the Gittins index").
+"""The service-cost model SageSched ranks by (docs/design/policies.md, the SageSched section).
 
 Generating token ``t`` of ``O`` keeps about ``I + t`` tokens of KV for one step, so a request's
 KV-memory × time is ``C(O) = I·O + O²/2``; the cost attained after ``o`` tokens is ``C(o)``.

@@ -1,6 +1,6 @@
 """Deadline and service-time orderings of the LSSP panel: EDF, LLF, ESTF.
 
-Service time is estimated with the LSSP deadline rule's per-token costs (STUDY.md): 0.4 ms per
+Service time is estimated with the LSSP deadline rule's per-token costs (docs/design/study.md): 0.4 ms per
 prompt token and 20 ms per output token. A request's *laxity* is ``deadline − now − remaining
 service``; ordering by laxity at a common instant is ordering by the time-independent *latest start*
 ``deadline − remaining service``, which is what the static keys here use (a heap, not a rescan).
@@ -77,8 +77,9 @@ class LLF(Policy):
     """Least laxity first: deadline − now − predicted remaining service time (LSSP panel).
 
     Service time: ``s_per_prompt_token`` × prompt tokens (until the first token) plus
-    ``s_per_output_token`` × predicted remaining output; the defaults are STUDY.md's deadline rule.
-    Keyed by the latest start (``now`` cancels when comparing), so the queue keeps a heap.
+    ``s_per_output_token`` × predicted remaining output; the defaults are the deadline rule of
+    docs/design/study.md. Keyed by the latest start (``now`` cancels when comparing), so the queue
+    keeps a heap.
     """
 
     levels = frozenset({GATEWAY, ENGINE})

@@ -18,7 +18,9 @@ from policies.registry import register
 
 @register("vllm-v0")
 class VllmV0(FCFS):
-    """vLLM v0 engine: prefill-only or decode-only steps, no chunking; FCFS (vLLM; ENGINE_MODEL.md)."""
+    """vLLM v0 engine: prefill-only or decode-only steps, no chunking; FCFS (vLLM).
+
+    See docs/design/engine_model.md."""
 
     levels = frozenset({ENGINE})
     engine_variant = "v0"
@@ -26,7 +28,9 @@ class VllmV0(FCFS):
 
 @register("vllm-v1")
 class VllmV1(FCFS):
-    """vLLM v1 engine: chunked prefill, running requests first; FCFS (vLLM's default; ENGINE_MODEL.md)."""
+    """vLLM v1 engine: chunked prefill, running requests first; FCFS (vLLM's default).
+
+    See docs/design/engine_model.md."""
 
     levels = frozenset({ENGINE})
     engine_variant = "v1"

@@ -1,4 +1,4 @@
-"""The Gittins rank of a request over its predicted cost distribution (POLICIES.md, SageSched).
+"""The Gittins rank of a request over its predicted cost distribution (docs/design/policies.md, SageSched).
 
 With support costs ``c_1 < … < c_n`` (probabilities ``q_k``) and attained cost ``a``::
 

@@ -37,7 +37,7 @@ class FastServe(Policy):
     Running time is measured on the caller's clock: from dispatch to each token (``on_progress``),
     so a request is charged its prefill and its decode steps, queueing excluded. The prefill time
     that decides the skip-join is estimated as ``prefill_s_per_token`` × prompt tokens (25 µs: an
-    8B model on an H100 prefills at ≈ 22 µs/token plus attention, ENGINE_MODEL.md). ``queues`` is
+    8B model on an H100 prefills at ≈ 22 µs/token plus attention, docs/design/engine_model.md). ``queues`` is
     the number of queues; the last one has no demotion. Engine level: preemptive (a waiting request
     in a higher queue displaces the running one in the lowest queue). Gateway level: queue levels
     only (requests leave the gateway queue once, so only skip-join and starvation matter there).

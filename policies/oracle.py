@@ -1,7 +1,7 @@
 """The clairvoyant bounds: shortest true cost first, and shortest true remaining cost first.
 
 They read ``req.true_output`` (the real output length), which no deployable policy may see; they
-exist to bound what prediction can buy. Cost is SageSched's ``C(O) = I·O + O²/2`` (POLICIES.md).
+exist to bound what prediction can buy. Cost is SageSched's ``C(O) = I·O + O²/2`` (docs/design/policies.md).
 Without a true length (a live gateway has none) they fall back to the predicted mean, so they
 never crash, but then they are no longer bounds.
 """
@@ -23,7 +23,9 @@ def true_output(req: SchedRequest) -> float:
 
 @register("sjf-oracle")
 class SJFOracle(Policy):
-    """Shortest true cost first, ``C(I, O_true)``, non-preemptive: a bound, not deployable (POLICIES.md)."""
+    """Shortest true cost first, ``C(I, O_true)``, non-preemptive: a bound, not deployable.
+
+    See docs/design/policies.md."""
 
     levels = frozenset({GATEWAY, ENGINE})
     capabilities = frozenset({Capability.USES_ORACLE})
@@ -37,7 +39,7 @@ class SJFOracle(Policy):
 
 @register("srpt-oracle")
 class SRPTOracle(Policy):
-    """Shortest true remaining cost first, preemptive at engine level: a bound (POLICIES.md).
+    """Shortest true remaining cost first, preemptive at engine level: a bound (docs/design/policies.md).
 
     The key is ``C(O_true) − C(generated)``; not deployable.
 

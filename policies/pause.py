@@ -38,7 +38,8 @@ R = TypeVar("R", bound=SchedRequest)
 
 @dataclass(frozen=True, slots=True)
 class PauseConfig:
-    """Gateway pause/resume (``gateway.settings`` ``pause``); off by default (see BENCHMARKS.md)."""
+    """Gateway pause/resume (``gateway.settings`` ``pause``); off by default (RESULTS.md, *Pausing and
+    engine-level preemption*)."""
 
     enabled: bool = False
     max_pauses: int = 1

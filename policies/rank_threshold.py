@@ -5,8 +5,8 @@ prompt) and reads the others'. A replica holds back a head ranked worse than a p
 head when dispatching it would leave that better head no backend that admits it (capacity is
 scarce); with room for both it goes. So across replicas the better-ranked request takes scarce room
 first, without a round trip per decision (the heads ride the sync that already runs). Chosen in the
-simulator (``sim.replicas``, BENCHMARKS.md) over a global queue in Redis. The same function is the
-hold in the live dispatcher and in the simulated replicas.
+simulator (``sim.replicas``; docs/journal/BENCHMARKS.md, *One order across replicas*) over a global
+queue in Redis. The same function is the hold in the live dispatcher and in the simulated replicas.
 """
 
 from __future__ import annotations

@@ -183,9 +183,9 @@ class SageSched(_GittinsPolicy):
 
 @register("gittins-length")
 class GittinsLength(_GittinsPolicy):
-    """SageSched ablation: Gittins rank over the output length alone, no memory-time cost (POLICIES.md).
+    """SageSched ablation: Gittins rank over the output length alone, no memory-time cost.
 
-    SageSched reports its cost model mattering; this measures by how much."""
+    SageSched reports its cost model mattering; this measures by how much (docs/design/policies.md)."""
 
     length_only = True
 
@@ -209,13 +209,13 @@ class _MeanCostState:
 
 @register("mean-cost")
 class MeanCost(Policy):
-    """SageSched ablation: order by the expected cost E[I·O + O²/2], uncertainty-unaware (POLICIES.md).
+    """SageSched ablation: order by the expected cost E[I·O + O²/2], uncertainty-unaware.
 
-    It is SageSched with the distribution collapsed to its mean cost: the Gittins rank of a point
-    cost is the remaining cost, so a running request's key is ``E[C] − C(b)`` at its last boundary
-    ``b`` (the same buckets and preemption as ``sagesched``, so only uncertainty differs); once its
-    attained cost reaches ``E[C]`` the key is the attained cost (the Gittins core's past-the-support
-    rule).
+    It is SageSched with the distribution collapsed to its mean cost (docs/design/policies.md): the
+    Gittins rank of a point cost is the remaining cost, so a running request's key is ``E[C] − C(b)``
+    at its last boundary ``b`` (the same buckets and preemption as ``sagesched``, so only uncertainty
+    differs); once its attained cost reaches ``E[C]`` the key is the attained cost (the Gittins core's
+    past-the-support rule).
     """
 
     levels = frozenset({GATEWAY, ENGINE})

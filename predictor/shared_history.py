@@ -6,7 +6,7 @@ shift in the traffic) each replica's distribution is noisier than one gateway's 
 admission ledger then weighs charges whose predictions disagree replica to replica, and the replica
 predicting shortest admits most. (Measured in the simulator on ``bench_replicas``'s workload: three
 replicas learning apart preempted 1.29x what one gateway did, three sharing one history 0.94x; see
-BENCHMARKS.md, *Several replicas*.)
+RESULTS.md, *Several replicas, one ledger*.)
 
 Records travel through the same store the semantic predictor uses (:class:`HistoryStore`, Redis in
 service) with no embedding: the prompt length, the output length, the model and the tenant. The

@@ -1,4 +1,4 @@
-"""``sagegate study``: the portability study (issue 7, docs STUDY.md) — corpus, calibration, sweep, report."""
+"""``sagegate study``: the portability study (docs/design/study.md): corpus, calibration, sweep, report."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 Only the shapes that decide time and memory are kept: layer count, widths, head counts, vocabulary.
 Parameter counts follow the Llama/Qwen decoder layout (q/k/v/o projections, a gated MLP, two RMS
-norms per layer, an output head and an input embedding) and reproduce docs ENGINE_MODEL.md's table.
+norms per layer, an output head and an input embedding) and reproduce the published counts
+(docs/design/engine_model.md; ``tests/test_perf.py``).
 """
 
 from __future__ import annotations
@@ -171,7 +172,7 @@ class StepTerms:
 
 
 DEFAULT_TERMS = StepTerms()
-"""The documented defaults of ENGINE_MODEL.md (a GPU without a fitted profile uses them)."""
+"""The documented defaults of docs/design/engine_model.md (a GPU without a fitted profile uses them)."""
 
 
 @dataclass(frozen=True)
@@ -179,9 +180,9 @@ class GPUSpec:
     """One GPU's datasheet numbers.
 
     ``memory_bytes`` is in GiB units (an "80 GB" card = 80 GiB), the convention that reproduces the
-    KV pool sizes of ENGINE_MODEL.md. ``link_bandwidth`` is the per-direction NVLink bandwidth used
-    by the tensor-parallel all-reduce term. ``eta_c`` is an optional calibrated compute efficiency
-    that replaces the generic default of sim/perf.py (see ``H100_ETA_C``).
+    KV pool sizes of docs/design/engine_model.md. ``link_bandwidth`` is the per-direction NVLink
+    bandwidth used by the tensor-parallel all-reduce term. ``eta_c`` is an optional calibrated compute
+    efficiency that replaces the generic default of sim/perf.py (see ``H100_ETA_C``).
     """
 
     name: str

@@ -1,4 +1,4 @@
-"""Step time of a vLLM-like engine: a roofline with calibrated efficiencies (docs/ENGINE_MODEL.md).
+"""Step time of a vLLM-like engine: a roofline with calibrated efficiencies (docs/design/engine_model.md).
 
 One step is one forward pass over a mixed batch of prefill chunks ``(c_i new tokens, p_i cached)``
 and ``n_decode`` decoding requests whose contexts sum to ``S``. With ``T = Σc_i + n_decode`` tokens

@@ -2,7 +2,7 @@
 
 ``λ_ref`` is the arrival compression factor at which the reference configuration — ``fcfs`` at engine
 level on one H100 running Llama-3.1-8B, i.e. vLLM alone — reaches a 0.5% deadline-violation rate,
-found by bisection over log10(factor) in [−2, 4] in 30 steps (STUDY.md). Compressing arrivals by a
+found by bisection over log10(factor) in [−2, 4] in 30 steps (docs/design/study.md). Compressing arrivals by a
 factor also divides each deadline's slack by it.
 
 Utilisation of a region = offered request rate / the engine's saturated request rate for the

@@ -2,7 +2,7 @@
 
 One frozen :class:`StudyConfig` describes a run completely; it is written next to the report
 (``config.json``) so a second run with the same file reproduces every number. The defaults follow
-STUDY.md (40 windows of 200 requests, the 20× deadline rule, bisection over log10(factor) in
+docs/design/study.md (40 windows of 200 requests, the 20× deadline rule, bisection over log10(factor) in
 [−2, 4] in 30 steps, regions 0.5 … 1.5 × λ_ref, 2,000 bootstrap resamples, BH at q = 0.05).
 """
 
@@ -24,7 +24,7 @@ REGIONS: tuple[tuple[str, float], ...] = (
     ("OVERLOAD", 1.2),
     ("HIGH_PRESSURE", 1.5),
 )
-"""Operating regions as multiples of each window's λ_ref (STUDY.md): LSSP's violation-anchored set."""
+"""Operating regions as multiples of each window's λ_ref (docs/design/study.md): LSSP's set."""
 
 
 class RegionAnchor(StrEnum):
@@ -205,7 +205,7 @@ class StudyConfig:
     windows: int = 40
     window_size: int = 200
     seed: int = 2026
-    # deadline rule (STUDY.md): arrival + multiplier × (prefill · I + decode · predicted O)
+    # deadline rule (docs/design/study.md): arrival + multiplier × (prefill · I + decode · predicted O)
     deadline_multiplier: float = 20.0
     prefill_s_per_token: float = 0.0004
     decode_s_per_token: float = 0.02

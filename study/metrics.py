@@ -1,4 +1,4 @@
-"""Per-cell metrics (STUDY.md's list plus mean TTLT), computed from the per-request records.
+"""Per-cell metrics (the list of docs/design/study.md plus mean TTLT), computed from the per-request records.
 
 A latency metric is undefined (NaN) when no request finished; it is never imputed. Jain's index is
 undefined with fewer than two tenants.

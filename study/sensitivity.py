@@ -1,6 +1,6 @@
 """Deadline-multiplier sensitivity: rerun the study at other multipliers and compare with the base one.
 
-STUDY.md's deadline rule multiplies the service-time estimate by 20; LSSP checked 10× and 40× (median
+The study's deadline rule multiplies the service-time estimate by 20; LSSP checked 10× and 40× (median
 tau-b 0.872, the top policy changed in 13 of 30 conditions). Here each multiplier is a full rerun of
 the method into ``OUT/x<m>`` (same windows and seeds; calibration redone, since λ_ref is defined by
 deadline violations), and ``OUT/deadline_sensitivity.md`` compares each run's rankings with the base
@@ -138,7 +138,8 @@ def sensitivity_report(
     ref = analysis.load(base_rows, cfg)
     lines = ["# Deadline-multiplier sensitivity", ""]
     lines.append(
-        f"STUDY.md's deadline rule is arrival + {base:g} × (0.0004 s · prompt + 0.02 s · predicted output). "
+        f"The study's deadline rule (docs/design/study.md) is arrival + {base:g} × "
+        "(0.0004 s · prompt + 0.02 s · predicted output). "
         f"This check reruns the whole method at {', '.join(f'{m:g}×' for m in others)} — same sources, "
         "windows and seeds; every window recalibrated, because λ_ref is the compression at which `fcfs` "
         "reaches 0.5% deadline violations and so moves with the deadlines — and compares each run's "

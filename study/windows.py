@@ -1,7 +1,7 @@
 """The corpus: per source, non-overlapping windows of contiguous requests, each an independent episode.
 
 The sampler is outcome-blind: it sees only how many valid rows a source has, never a simulated
-result. Fields a trace lacks are synthesised by STUDY.md's fixed rule: predicted output = true ×
+result. Fields a trace lacks are synthesised by a fixed rule (docs/design/study.md): predicted output = true ×
 log-normal noise of the given relative error (seeded per window), deadline = arrival +
 multiplier × (prefill s/token · prompt + decode s/token · predicted output), priority 1.
 
@@ -92,7 +92,7 @@ def predicted_outputs(requests: Sequence[TraceRequest], seed: int, relative_erro
 
 
 def with_deadlines(requests: Sequence[TraceRequest], seed: int, cfg: StudyConfig) -> list[TraceRequest]:
-    """Deadlines by STUDY.md's rule from noisy predicted outputs; priority set to ``cfg.priority``."""
+    """Deadlines by the study's rule from noisy predicted outputs; priority set to ``cfg.priority``."""
     preds = predicted_outputs(requests, seed, cfg.deadline_error)
     m, a, b = cfg.deadline_multiplier, cfg.prefill_s_per_token, cfg.decode_s_per_token
     return [

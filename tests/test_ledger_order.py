@@ -102,7 +102,7 @@ def test_the_mask_holds_only_when_the_better_head_would_lose_its_room() -> None:
 def test_ledger_order_is_validated() -> None:
     with pytest.raises(ValidationError):
         LedgerSettings(order="global")  # type: ignore[arg-type]
-    assert LedgerSettings().order == "threshold"  # the default (BENCHMARKS.md, *Several replicas*)
+    assert LedgerSettings().order == "threshold"  # the default (RESULTS.md, *Several replicas, one ledger*)
 
 
 ADMIN = {"authorization": "Bearer admin-secret"}

@@ -1,4 +1,4 @@
-"""The catalogue and the step-time roofline against ENGINE_MODEL.md's table and measured anchors."""
+"""The catalogue and the step-time roofline against the anchors of docs/design/engine_model.md."""
 
 from __future__ import annotations
 

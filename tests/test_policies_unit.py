@@ -1,6 +1,6 @@
 """The defining behaviour of each policy of the panel, one or a few tests per policy.
 
-Keys are checked against the policies' definitions (POLICIES.md) evaluated independently here;
+Keys are checked against the policies' definitions (docs/design/policies.md) evaluated independently here;
 engine-level behaviour (preemption, deferral) through small simulations.
 """
 
@@ -278,7 +278,7 @@ def test_sagesched_rank_is_gittins_rank_and_changes_only_at_boundaries():
     assert p.key(r, 0.0)[0] == pytest.approx(gittins_rank(costs, d.probs, 0.0))
     support_points = set(d.support)
 
-    def is_boundary(g: int) -> bool:  # a support point, or a bucket 16·2^m (POLICIES.md)
+    def is_boundary(g: int) -> bool:  # a support point, or a bucket 16·2^m (docs/design/policies.md)
         return g in support_points or (g % 16 == 0 and (g // 16) & (g // 16 - 1) == 0)
 
     assert {g for g in range(1, 1501) if is_boundary(g)} == set(boundaries_tokens(d, 16)) - {0}

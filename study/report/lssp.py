@@ -32,7 +32,7 @@ LSSP = {
     "cross_metric_median_tau": 0.419,
     "top_change_share": 0.681,
 }
-"""LSSP's published figures (STUDY.md)."""
+"""LSSP's published figures (docs/design/study.md)."""
 
 
 def lssp_section(
