@@ -1,8 +1,9 @@
-"""The live set-up that ``sagegate demo`` and ``benchmarks/bench_value.py`` share: a slice of the Azure
-conversation trace carrying real ShareGPT prompt-response pairs, simulated backends in their own
-processes, vLLM alone as a plain round-robin balancer over them, and the gateway in front of them.
+"""The live set-ups that ``sagegate demo`` and the benchmarks share: the demo's workloads (multi-turn
+ShareGPT sessions on Azure arrivals; the Azure trace with ShareGPT first-turn pairs, which
+``benchmarks/bench_value.py`` replays), simulated backends in their own processes, vLLM alone as a
+plain round-robin balancer over them, vllm-router, the gateway, and the backends' gauges and counters.
 
-One place, so the demo and the benchmark measure the same thing the same way.
+One place, so the demo and the benchmarks measure the same thing the same way.
 """
 
 from __future__ import annotations
