@@ -134,7 +134,7 @@ def under_predicted(
 ) -> dict[str, float] | None:
     """What the requests a predictor under-estimated most cost: the long ones (output at or above the
     90th percentile) predicted at under half their length, their mean TTLT in ``subject`` and in
-    ``baseline`` (the same requests, by ``rid``), and the slowest one's queue wait and TTLT in each.
+    ``baseline`` (the same requests, by ``rid``), and the slowest one's TTFT and TTLT in each.
     None when no request qualifies."""
     done = [r for r in measured(subject) if r.status == "ok" and r.ttlt is not None]
     if not done:

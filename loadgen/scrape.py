@@ -20,10 +20,19 @@ PREEMPTIONS = "vllm:num_preemptions"
 
 def gauge_value(text: str, name: str) -> float | None:
     """The sum over label sets of gauge ``name`` in a Prometheus exposition, None when absent."""
+    return gauge_values(text, [name])[name]
+
+
+def gauge_values(text: str, names: Sequence[str]) -> dict[str, float | None]:
+    """:func:`gauge_value` of each of ``names`` (sample names), the exposition parsed once."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    values = [s.value for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name]
-    return float(sum(values)) if values else None
+    values: dict[str, list[float]] = {name: [] for name in names}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name in values:
+                values[s.name].append(s.value)
+    return {name: float(sum(v)) if v else None for name, v in values.items()}
 
 
 @dataclass(slots=True)

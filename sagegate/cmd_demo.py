@@ -223,7 +223,7 @@ def _write_summary(
 ) -> None:
     from dataclasses import asdict
 
-    from loadgen.headline import headline
+    from loadgen.headline import Spread, headline
     from sagegate.demo_setups import GATEWAY
 
     head = headline(live, GATEWAY, baselines)
@@ -231,7 +231,7 @@ def _write_summary(
     def plain(x: Any) -> Any:
         if isinstance(x, dict):
             return {k: plain(v) for k, v in x.items()}
-        if hasattr(x, "mean"):
+        if isinstance(x, Spread):
             return {k: (None if math.isnan(v) else v) for k, v in asdict(x).items()}
         return None if isinstance(x, float) and math.isnan(x) else x
 

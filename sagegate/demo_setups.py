@@ -106,19 +106,14 @@ def predictor_paths(url: str) -> dict[str, float]:
     """How the gateway's predictions were made (``semantic``, ``late`` past the embedding budget,
     ``bucket``/``global``/``cold`` priors), from its ``/metrics``."""
     import httpx
-    from prometheus_client.parser import text_string_to_metric_families
+
+    from loadgen.scrape import counter_by_label
 
     try:
         text = httpx.get(url + "/metrics", timeout=10.0, trust_env=False).text
     except httpx.HTTPError:
         return {}
-    return {
-        s.labels.get("path", "?"): s.value
-        for fam in text_string_to_metric_families(text)
-        if fam.name == "sagegate_predictor_path"
-        for s in fam.samples
-        if s.name.endswith("_total")
-    }
+    return counter_by_label(text, "sagegate_predictor_path", "path")
 
 
 def router_check() -> tuple[str | None, str]:

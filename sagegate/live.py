@@ -265,18 +265,17 @@ COUNTERS = {
 
 
 def backend_counters(urls: Sequence[str]) -> list[dict[str, float]]:
-    """Each backend's :data:`COUNTERS` now."""
+    """Each backend's :data:`COUNTERS` now (0 for one it does not report)."""
     import httpx
-    from prometheus_client.parser import text_string_to_metric_families
+
+    from loadgen.scrape import counter_totals
 
     out = []
     for url in urls:
-        text = httpx.get(url + "/metrics", timeout=10.0, trust_env=False).text
-        row = dict.fromkeys(COUNTERS.values(), 0.0)
-        for fam in text_string_to_metric_families(text):
-            if fam.name in COUNTERS:
-                row[COUNTERS[fam.name]] += sum(s.value for s in fam.samples if s.name.endswith("_total"))
-        out.append(row)
+        found = counter_totals(
+            httpx.get(url + "/metrics", timeout=10.0, trust_env=False).text, list(COUNTERS)
+        )
+        out.append({ours: found[theirs] or 0.0 for theirs, ours in COUNTERS.items()})
     return out
 
 
@@ -333,7 +332,7 @@ class BackendSampler:
 
         import httpx
 
-        from loadgen.scrape import gauge_value
+        from loadgen.scrape import gauge_values
 
         t0 = time.monotonic()
         with httpx.Client(timeout=2.0, trust_env=False) as client:
@@ -342,7 +341,8 @@ class BackendSampler:
                 for url in self.urls:
                     try:
                         text = client.get(url + "/metrics").text
-                        values = [gauge_value(text, g) or 0.0 for g in self.GAUGES]
+                        found = gauge_values(text, self.GAUGES)
+                        values = [found[g] or 0.0 for g in self.GAUGES]
                     except (httpx.HTTPError, ValueError):
                         continue
                     self.series[url].append(BackendSample(t, *values))
