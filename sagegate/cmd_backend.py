@@ -44,6 +44,13 @@ def backend(
             '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}\'.',
         ),
     ] = None,
+    enable_prompt_tokens_details: Annotated[
+        bool,
+        typer.Option(
+            "--enable-prompt-tokens-details",
+            help="vLLM's flag: usage reports prompt_tokens_details.cached_tokens.",
+        ),
+    ] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
 ) -> None:
     """Serve the simulated engine over an OpenAI-compatible HTTP API with vLLM's /metrics."""
@@ -61,6 +68,7 @@ def backend(
             time_scale=time_scale,
             scheduling_policy=scheduling_policy,
             kv_events=KVEventsConfig.parse(kv_events_config) if kv_events_config else None,
+            prompt_tokens_details=enable_prompt_tokens_details,
         )
         app = create_app(settings)
     except ValueError as exc:

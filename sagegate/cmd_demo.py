@@ -53,6 +53,13 @@ def demo(
     quick: Annotated[bool, typer.Option(help="A short run (CI): 10 s a draw, no semantic model.")] = False,
     seed: Annotated[int, typer.Option(help="The first draw (draws are seed, seed+1, …).")] = 0,
     progress: Annotated[bool, typer.Option(help="Progress bars while the runs go.")] = True,
+    live: Annotated[
+        bool,
+        typer.Option(
+            help="Run the set-ups live (--no-live: only the simulated twin, round robin against the "
+            "gateway, seconds a draw: many draws show the spread a live run's two cannot)."
+        ),
+    ] = True,
 ) -> None:
     """Replay multi-turn conversations through vLLM behind round robin, behind a cache-aware router,
     and behind the gateway, draw by draw, and print the headline table."""
@@ -65,14 +72,16 @@ def demo(
         raise typer.BadParameter("choose minilm or mpnet", param_hint="--embed-model")
     if quick:
         minutes, predictor = min(minutes, 1 / 6), "length-bucket"
-    binary, note = router_check() if router else (None, "the cache-aware router is left out (--no-router)")
+    if not live:
+        router = False
+    binary, note = router_check() if router else (None, "the cache-aware router is left out")
     typer.echo(note)
     env = {"SAGEGATE_PREDICTOR_OPTIONS__EMBED_MODEL": embed_model} if predictor == "semantic" else {}
     setup = DemoSetup(model, gpu, time_scale, policy, predictor, env, progress, binary)
     slo = Slo(ttft_s=slo_ttft_s, tpot_s=slo_tpot_ms / 1000.0)
     names = setup_names(setup)
     typer.echo(f"data: {data_sources()}")
-    live: dict[str, list[dict[str, float]]] = {n: [] for n in names}
+    runs: dict[str, list[dict[str, float]]] = {n: [] for n in names} if live else {}
     sim: dict[str, list[dict[str, float]]] = {ROUND_ROBIN: [], GATEWAY: []}
     draws_info: list[dict[str, Any]] = []
     first: dict[str, SetupRun] = {}
@@ -85,27 +94,30 @@ def demo(
             f"backends on {gpu} at {time_scale:g}× real time; load {info['utilisation']:.2f}× vLLM "
             f"behind round robin's capacity on this mix ({info['capacity_req_s']:.2f} req/s)"
         )
-        for name in names:
+        for name in names if live else []:
             run = _run_setup(name, work, setup)
-            live[name].append(run_figures(run.records, run.counters, slo))
+            runs[name].append(run_figures(run.records, run.counters, slo))
             _write_records(run, out / f"draw{draw}_{name.replace(' ', '_')}.jsonl")
             first.setdefault(name, run)
         typer.echo("simulating the same draw…")
         for name, records in _simulated(work, setup, draw, embed_model).items():
             sim[name].append(run_figures(records, None, slo))
+    shown = runs if live else sim
+    utilisation = _mean(d["utilisation"] for d in draws_info)
     title = (
-        f"Multi-turn chat at {_mean(d['utilisation'] for d in draws_info):.2f}× round robin's capacity, "
+        f"{'' if live else 'Simulated: '}Multi-turn chat at {utilisation:.2f}× round robin's capacity, "
         f"{draws} draw{'s' if draws > 1 else ''} (mean, and the range over draws); "
         f"SLO TTFT ≤ {slo_ttft_s:g} s, TPOT ≤ {slo_tpot_ms:g} ms; engine seconds; ÷: the gateway's ratio"
     )
-    baselines = [n for n in (ROUND_ROBIN, ROUTER) if n in live]
-    render_headline(live, GATEWAY, baselines, title)
-    lines = _twin_lines(live, sim) + _prediction_lines(first.get(GATEWAY), first.get(ROUND_ROBIN))
+    baselines = [n for n in (ROUND_ROBIN, ROUTER) if n in shown]
+    render_headline(shown, GATEWAY, baselines, title)
+    lines = _twin_lines(runs, sim) if live else []
+    lines += _prediction_lines(first.get(GATEWAY), first.get(ROUND_ROBIN))
     for line in lines:
         typer.echo(line)
-    _write_summary(out, live, sim, draws_info, baselines, slo, lines)
-    plots = _plots(first, out / "plots")
-    typer.echo(f"results in {out}/, plots: {', '.join(str(p) for p in plots)}")
+    _write_summary(out, shown, runs, sim, draws_info, baselines, slo, lines)
+    plots = _plots(first, out / "plots") if first else []
+    typer.echo(f"results in {out}/" + (f", plots: {', '.join(str(p) for p in plots)}" if plots else ""))
 
 
 def _run_setup(name: str, work: Any, setup: Any) -> SetupRun:
@@ -214,6 +226,7 @@ def _write_records(run: SetupRun, path: Path) -> None:
 
 def _write_summary(
     out: Path,
+    shown: dict[str, list[dict[str, float]]],
     live: dict[str, list[dict[str, float]]],
     sim: dict[str, list[dict[str, float]]],
     draws: list[dict[str, Any]],
@@ -226,7 +239,7 @@ def _write_summary(
     from loadgen.headline import Spread, headline
     from sagegate.demo_setups import GATEWAY
 
-    head = headline(live, GATEWAY, baselines)
+    head = headline(shown, GATEWAY, baselines)
 
     def plain(x: Any) -> Any:
         if isinstance(x, dict):

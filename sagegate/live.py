@@ -194,7 +194,8 @@ async def round_robin(
 
 
 def backend_args(model: str, gpu: str, time_scale: float) -> list[str]:
-    return ["--model", model, "--gpu", gpu, "--time-scale", str(time_scale)]
+    """A harness backend: usage reports each request's cached prompt tokens (the records keep them)."""
+    return ["--model", model, "--gpu", gpu, "--time-scale", str(time_scale), "--enable-prompt-tokens-details"]
 
 
 @contextlib.contextmanager

@@ -65,8 +65,10 @@ class Engine:
         self.resumed_tokens = 0  # tokens paused continuations computed again on resume
         self.prompt_tokens_total = 0
         self.prefix_queries_tokens = 0
-        """Tokens of the requests admitted (a preempted one again on re-admission), each looked up in the
-        prefix cache: vLLM's ``vllm:prefix_cache_queries``."""
+        """Tokens of the requests admitted, each looked up in the prefix cache: vLLM's
+        ``vllm:prefix_cache_queries``. A preempted request's lookup on re-admission is left out, as vLLM
+        leaves it out (it books it as ``preempted_queries``, which its /metrics does not export): its
+        own blocks found again are not a hit a router earned."""
         self.prefix_hits_tokens = 0
         """Of those, the tokens found cached (not computed again): ``vllm:prefix_cache_hits``."""
         self.generation_tokens_total = 0
@@ -329,16 +331,17 @@ class Engine:
             if not pool.fits(revived, -(-(computed + n) // bs) - len(hits)):
                 break
             self.waiting.pop(now)
-            self.prefix_queries_tokens += total
-            self.prefix_hits_tokens += computed
             if req.state is PREEMPTED:
                 self.recomputed_tokens += total - computed
-            elif req.generated:  # a paused continuation resuming
-                self.resumed_tokens += total - computed
+            else:  # vLLM's exported prefix counters and a request's cached tokens: first admissions
+                self.prefix_queries_tokens += total
+                self.prefix_hits_tokens += computed
+                req.cached_tokens = max(req.cached_tokens, computed)
+                if req.generated:  # a paused continuation resuming (a new request to the engine)
+                    self.resumed_tokens += total - computed
             pool.take(req.table, hits)
             pool.grow(req.table, computed + n)
             req.num_computed = computed
-            req.cached_tokens = max(req.cached_tokens, computed)
             req.state = RUNNING
             self.running.append(req)
             self.policy.on_dispatch(req, now)

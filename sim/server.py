@@ -256,7 +256,11 @@ class Backend:
             self.runner.cancel(stream)  # a no-op once finished
         if not stream.finished:
             return Response(status_code=499)  # the client left (or the server is stopping)
-        return shape.full(stream.req.generated)
+        return shape.full(stream.req.generated, self.cached_tokens(stream))
+
+    def cached_tokens(self, stream: Stream) -> int | None:
+        """What usage reports as the prompt's cached tokens (None: not reported, vLLM's default)."""
+        return stream.req.cached_tokens if self.settings.prompt_tokens_details else None
 
     async def _sse(self, stream: Stream, shape: ResponseShape, usage: bool) -> AsyncIterator[bytes]:
         """Server-sent events, one chunk per token, written when the step that made it ends."""
@@ -288,7 +292,7 @@ class Backend:
             if not stream.finished:
                 return  # stopped by a shutdown: end the stream without [DONE]
             if usage:
-                yield sse_event(shape.usage_chunk(sent))
+                yield sse_event(shape.usage_chunk(sent, self.cached_tokens(stream)))
             yield b"data: [DONE]\n\n"
         finally:
             self.runner.cancel(stream)

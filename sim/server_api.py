@@ -148,18 +148,21 @@ class ResponseShape:
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
 
-    def _usage(self, completion_tokens: int) -> dict[str, int]:
+    def _usage(self, completion_tokens: int, cached: int | None) -> dict[str, Any]:
         p = self.prompt_tokens
-        return {
+        usage: dict[str, Any] = {
             "prompt_tokens": p,
             "completion_tokens": completion_tokens,
             "total_tokens": p + completion_tokens,
         }
+        if cached is not None:  # vLLM's --enable-prompt-tokens-details
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        return usage
 
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def full(self, n: int) -> dict[str, Any]:
+    def full(self, n: int, cached: int | None = None) -> dict[str, Any]:
         text = "".join(filler_word(self.written + i) for i in range(n))
         if self.chat:
             choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
@@ -168,7 +171,7 @@ class ResponseShape:
             choice = {"index": 0, "text": text}
             body = self._head("text_completion")
         choice.update(logprobs=None, finish_reason="length")
-        body.update(choices=[choice], usage=self._usage(n))
+        body.update(choices=[choice], usage=self._usage(n, cached))
         return body
 
     def chunk(self, text: str | None, finish: str | None) -> dict[str, Any]:
@@ -184,7 +187,7 @@ class ResponseShape:
         body["choices"] = [choice]
         return body
 
-    def usage_chunk(self, n: int) -> dict[str, Any]:
+    def usage_chunk(self, n: int, cached: int | None = None) -> dict[str, Any]:
         body = self._head("chat.completion.chunk" if self.chat else "text_completion")
-        body.update(choices=[], usage=self._usage(n))
+        body.update(choices=[], usage=self._usage(n, cached))
         return body

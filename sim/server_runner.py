@@ -50,6 +50,9 @@ class BackendSettings:
     max_lag_s: float = 0.05  # wall seconds the loop may fall behind before engine time jumps ahead
     kv_events: KVEventsConfig | None = None
     """vLLM's ``--kv-events-config``: publish the engine's KV-cache events (``sim.kv_events``)."""
+    prompt_tokens_details: bool = False
+    """vLLM's ``--enable-prompt-tokens-details``: usage reports ``prompt_tokens_details.cached_tokens``
+    (the prompt tokens its first admission found cached)."""
 
     def __post_init__(self) -> None:
         if not (self.time_scale > 0 and math.isfinite(self.time_scale)):

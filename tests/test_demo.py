@@ -47,3 +47,24 @@ def test_demo_quick_runs_three_setups_over_two_draws_and_leaves_no_process(tmp_p
         assert (tmp_path / "plots" / plot).exists(), plot
     assert "live ÷ simulated" in out.stdout
     assert _left_in_group(proc.pid) == []  # every backend, router and gateway the demo started is gone
+
+
+def test_demo_twin_only_runs_no_process_and_tabulates_every_draw(tmp_path):
+    args = ["demo", "--no-live", "--quick", "--draws", "3", "--seed", "2", "--no-progress"]
+    out = subprocess.run(
+        [sys.executable, "-m", "sagegate.cli", *args, "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Simulated:" in out.stdout and "3 draws" in out.stdout and "÷ round robin" in out.stdout
+    assert "vllm-router" not in out.stdout  # nothing live is started
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["live"] == {}
+    assert [d["draw"] for d in summary["draws"]] == [2, 3, 4]
+    for runs in summary["simulated"].values():  # the twin serves every request of every draw
+        assert [r["completed"] for r in runs] == [d["requests"] for d in summary["draws"]]
+    ratio = summary["headline"]["ratios"]["round robin"]["ttlt_mean_s"]
+    assert ratio["low"] <= ratio["mean"] <= ratio["high"]
+    assert not list(tmp_path.glob("draw*.jsonl"))  # no live records

@@ -87,7 +87,12 @@ def test_a_victim_whose_gain_exceeds_the_recompute_is_preempted_and_its_recomput
     run_until(eng, now, lambda: victim.state is RUNNING)
     # Its full blocks were still cached: only the partial last block is computed again.
     assert 0 < eng.recomputed_tokens < eng.pool.block_size + 1
-    assert eng.recomputed_tokens == known - victim.cached_tokens
+    bs = eng.pool.block_size
+    assert eng.recomputed_tokens == known - (known - 1) // bs * bs
+    # as vLLM reports them: the request's cached tokens and the exported prefix counters are its first
+    # admission's (nothing was cached then); the re-admission's lookup is not a hit
+    assert victim.cached_tokens == 0 and eng.prefix_hits_tokens == 0
+    assert eng.prefix_queries_tokens == victim.prompt_tokens + short.prompt_tokens
 
 
 def test_cached_prefix_lowers_the_cost() -> None:

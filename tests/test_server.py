@@ -218,6 +218,26 @@ def test_prefix_cache_counters_follow_the_engines_own_hits(server: str, client: 
     assert delta(after, last, "vllm:prefix_cache_hits_total") == 64
 
 
+def test_usage_reports_cached_prompt_tokens_only_when_enabled(client: openai.OpenAI) -> None:
+    """vLLM's ``--enable-prompt-tokens-details``: usage says how much of the prompt its first admission
+    found cached; without the flag (vLLM's default) usage has no details."""
+    prompt = list(range(3000, 3000 + 16 * 6 + 3))  # six full blocks and three more
+    plain = client.completions.create(model=SERVED, prompt=prompt, max_tokens=1)
+    assert plain.usage is not None and plain.usage.prompt_tokens_details is None
+    with spawned_backend(["--time-scale", "20", "--enable-prompt-tokens-details"]) as url:
+        details = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=30)
+        model = details.models.list().data[0].id
+        first = details.completions.create(model=model, prompt=prompt, max_tokens=1)
+        again = details.completions.create(
+            model=model, prompt=prompt, max_tokens=2, stream=True, stream_options={"include_usage": True}
+        )
+        usage = list(again)[-1].usage
+    assert first.usage is not None and first.usage.prompt_tokens_details is not None
+    assert first.usage.prompt_tokens_details.cached_tokens == 0  # never seen
+    assert usage is not None and usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens == 96  # every full block but the last token's
+
+
 # --- cancellation ----------------------------------------------------------------------------------
 
 
