@@ -103,9 +103,9 @@ def demo(
         for name, records in _simulated(work, setup, draw, embed_model).items():
             sim[name].append(run_figures(records, None, slo))
     shown = runs if live else sim
-    utilisation = _mean(d["utilisation"] for d in draws_info)
+    offered = _mean(d["utilisation"] for d in draws_info)
     title = (
-        f"{'' if live else 'Simulated: '}Multi-turn chat at {utilisation:.2f}× round robin's capacity, "
+        f"{'' if live else 'Simulated: '}Multi-turn chat at {offered:.2f}× round robin's capacity, "
         f"{draws} draw{'s' if draws > 1 else ''} (mean, and the range over draws); "
         f"SLO TTFT ≤ {slo_ttft_s:g} s, TPOT ≤ {slo_tpot_ms:g} ms; engine seconds; ÷: the gateway's ratio"
     )
