@@ -97,7 +97,7 @@ class Proxy:
                 return first
             chunks, data = first
             scanner = self.scanner(req)
-            transcript = Transcript(req.route, req.body) if self.pause_on(req) else None
+            transcript = Transcript(req.route, req.body) if self.transcribes(req) else None
             self.answered(lc, b)
             lc.streaming()
             handed_over = True
@@ -115,6 +115,13 @@ class Proxy:
     def pause_on(self, req: GatewayRequest) -> bool:
         """Whether ``req`` may be paused (``pause.enabled``, and it can be continued from its text)."""
         return self.settings.pause.enabled and pausable(req.route, req.body)
+
+    def transcribes(self, req: GatewayRequest) -> bool:
+        """Whether ``req``'s answer is kept as a transcript it can be continued from: it may be paused,
+        or it is streamed and a broken stream is resumed (``pause.resume_broken``)."""
+        pause = self.settings.pause
+        wanted = pause.enabled or (pause.resume_broken and req.stream)
+        return wanted and pausable(req.route, req.body)
 
     def streams_upstream(self, req: GatewayRequest) -> bool:
         """A streamed client, or one the gateway may pause (its answer is assembled from a stream)."""

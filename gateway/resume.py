@@ -61,7 +61,10 @@ class Resumer:
         return self.sse.req
 
     def register(self) -> None:
-        self.sse.proxy.dispatcher.pausable[self.key] = self
+        """Offer it to pausing (only where pausing is on: a resumer may exist to recover a broken stream)."""
+        dispatcher = self.sse.proxy.dispatcher
+        if dispatcher.pause_enabled:
+            dispatcher.pausable[self.key] = self
 
     def unregister(self) -> None:
         pausable = self.sse.proxy.dispatcher.pausable
@@ -93,15 +96,22 @@ class Resumer:
         return PauseVerdict.PAUSED
 
     def recoverable(self) -> bool:
-        """Whether a stream its backend broke mid-way can go on elsewhere (as a pause would)."""
+        """Whether a stream its backend broke mid-way can go on elsewhere (as a pause would): another
+        healthy backend serves its model (else the client hears of the failure now, not at the queue's
+        timeout)."""
         sse = self.sse
+        req = sse.req
         return (
             not self.pausing
             and sse.lc.state is RequestState.STREAMING
             and sse.aborted is None
             and not sse.proxy.closing
             and not self.transcript.finished
-            and sse.req.pauses < sse.proxy.settings.pause.max_pauses
+            and req.pauses < sse.proxy.settings.pause.max_pauses
+            and any(
+                b.healthy and i != req.backend and b.serves(req.model)
+                for i, b in enumerate(sse.proxy.pool.backends)
+            )
         )
 
     async def recover(self) -> None:

@@ -115,12 +115,19 @@ _PAUSE = PauseConfig()
 class PauseSettings(BaseModel):
     """Gateway-level pause with transparent resume (``gateway.resume``, decided by ``policies.pause``):
     a streamed request is taken off its backend (its KV freed) and later continued from its text on any
-    backend, the client seeing one unbroken answer. Off by default: the simulator found that pausing by
-    rank does not pay on the workloads measured (RESULTS.md, "Pausing and engine-level preemption")."""
+    backend, the client seeing one unbroken answer. Pausing is off by default: the simulator found that
+    pausing by rank does not pay on the workloads measured (RESULTS.md, "Pausing and engine-level
+    preemption"). Resuming a stream its backend broke is on: it uses the same mechanism."""
 
     enabled: bool = False
-    """The mechanism: ``POST /admin/requests/{id}/pause`` works, and a stream whose backend breaks
-    mid-way is continued on another backend (that counts as a pause)."""
+    """Pausing: ``POST /admin/requests/{id}/pause`` works, and (``by_policy``) the dispatch pass pauses
+    by rank. A non-streamed request the gateway may pause goes upstream as a stream."""
+    resume_broken: bool = True
+    """A streamed answer whose backend dies or cuts the connection mid-way is continued on another
+    backend from the text the client has (it counts as a pause, within ``max_pauses``), instead of
+    ending with an error event. Costs a transcript per streamed request: its events are kept (up to
+    64 KiB) and folded into text past that (RESULTS.md, *What the gateway costs*). A non-streamed
+    request needs none: it has sent nothing when its backend fails, and is retried whole."""
     by_policy: bool = True
     """With ``enabled``: the dispatch pass also pauses a running request whose Gittins rank fell behind
     a waiting head that no backend admits, when the expected gain beats ``hysteresis`` × the resume's

@@ -67,7 +67,9 @@ def demo(
     from loadgen.headline import render_headline, run_figures
     from sagegate.demo_setups import GATEWAY, ROUND_ROBIN, ROUTER, DemoSetup, router_check, setup_names
     from sagegate.live import data_sources
+    from sagegate.procs import exit_on_sigterm
 
+    exit_on_sigterm()
     if embed_model not in ("minilm", "mpnet"):
         raise typer.BadParameter("choose minilm or mpnet", param_hint="--embed-model")
     if quick:

@@ -17,6 +17,14 @@ from typing import IO, Any
 ROOT = Path(__file__).resolve().parents[1]  # the repository, so `python -m sagegate...` imports
 
 
+def exit_on_sigterm() -> None:
+    """Make SIGTERM (``kill``, a CI timeout) unwind like Ctrl-C: every ``finally`` runs, so the children
+    this process started are stopped too (by default SIGTERM ends Python without unwinding)."""
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port the OS says is free right now (another process may still take it before we bind)."""
     with socket.socket() as sock:

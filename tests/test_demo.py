@@ -68,3 +68,31 @@ def test_demo_twin_only_runs_no_process_and_tabulates_every_draw(tmp_path):
     ratio = summary["headline"]["ratios"]["round robin"]["ttlt_mean_s"]
     assert ratio["low"] <= ratio["mean"] <= ratio["high"]
     assert not list(tmp_path.glob("draw*.jsonl"))  # no live records
+
+
+def test_a_demo_killed_mid_run_leaves_no_process(tmp_path):
+    """``kill`` (SIGTERM) unwinds the demo as Ctrl-C would: the backends it started go with it."""
+    import signal
+    import time
+
+    args = ["demo", "--quick", "--no-router", "--no-progress", "--out", str(tmp_path)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sagegate.cli", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(_left_in_group(proc.pid)) < 3 and time.monotonic() < deadline:  # it and two backends
+            time.sleep(0.2)
+        assert len(_left_in_group(proc.pid)) >= 3, "the demo never started its backends"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 30
+        while _left_in_group(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _left_in_group(proc.pid) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -236,6 +236,36 @@ def test_a_backend_that_dies_mid_stream_loses_no_request(paused: bool) -> None:
             wait_until(lambda: settled(gw), what="every reservation released")
 
 
+@pytest.mark.parametrize("resume", [True, False], ids=["default", "resume_broken-off"])
+def test_a_broken_stream_resumes_by_default_with_pausing_off(resume: bool) -> None:
+    """With pausing off (the default) a stream its backend broke still goes on elsewhere
+    (``pause.resume_broken``, on by default); turned off, the client gets the tokens sent so far and an
+    OpenAI-style error event, and nothing is left reserved either way."""
+    fake = FakeBackend(mode="midstream", tokens=60, die_after=10, delay_s=0.03, model="sim")
+    with ServerThread(fake.app) as dying, sim_backend() as good:
+        backends = [{"url": dying.url, "capacity_tokens": 10**6}, {"url": good.url, "capacity_tokens": 10**4}]
+        pause_settings = {"enabled": False} if resume else {"enabled": False, "resume_broken": False}
+        with gateway([], backends=backends, pause=pause_settings) as gw:
+            wait_until(lambda: httpx.get(gw.url + "/ready").status_code == 200, what="gateway ready")
+            assert pause(gw.url, "any").status_code == 409  # pausing itself stays off
+            stream = client(gw.url).chat.completions.create(
+                model="sim", messages=MESSAGES, max_tokens=60, stream=True,  # type: ignore[arg-type]
+                stream_options={"include_usage": True},
+            )  # fmt: skip
+            chunks: list[Any] = []
+            if resume:
+                chunks.extend(stream)
+                assert len(text_of(chunks, True).split()) == 60
+                assert [c.usage.completion_tokens for c in chunks if c.usage] == [60]
+                assert pauses(gw.url, "recovered") == 1
+            else:
+                with pytest.raises(openai.APIError, match="failed mid-stream"):
+                    chunks.extend(stream)
+                assert 0 < len(text_of(chunks, True).split()) < 60
+                assert pauses(gw.url, "recovered") == 0
+            wait_until(lambda: settled(gw), what="every reservation released")
+
+
 def _blocked(**kw: Any) -> tuple[ServerThread, ServerThread]:
     """One backend, one request at a time, earliest deadline first: a paused request waits in the
     queue while a request with a deadline runs."""
