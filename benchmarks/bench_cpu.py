@@ -1,0 +1,198 @@
+"""What a front costs in its own CPU: per request, and per streamed token it relays.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.bench_cpu [--fronts router none semantic]
+        [--requests 1000] [--streams 300] [--tokens 200] [--concurrency 32] [--rounds 2]
+        [--profile out/cpu]
+
+One simulated backend (time scale 100, so the engine is never what waits) behind each front in turn:
+``router`` is vllm-router 0.1.17 ``round_robin`` (Rust; skipped with a note when not installed),
+``none``/``semantic``/… are ``sagegate serve`` with that predictor and its defaults otherwise, and
+``NAME:KEY=VALUE,…`` adds settings as ``SAGEGATE_KEY=VALUE`` (e.g. ``semantic:PAUSE__RESUME_BROKEN=false``).
+Each round sends, through every front:
+
+* ``--requests`` chat requests for one token each: the front's CPU per request;
+* ``--streams`` streamed chat requests of ``--tokens`` tokens each: its CPU per relayed token, the
+  per-request cost measured just before taken off.
+
+Prompts are ShareGPT first turns (the shipped slice), each sent once per front, so no cache of the
+front's sees a repeat. CPU is the front process's user + system time over the phase (/proc). The
+client is this process, ``--concurrency`` requests at a time. ``--profile DIR`` runs each sagegate
+front under pyinstrument for the last round and writes its HTML profile there. Figures are printed;
+nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from core.request import FORCED_OUTPUT_FIELD
+from loadgen.data import SHAREGPT, find_data
+from sagegate.procs import free_port, running
+
+MODEL = "llama-3.1-8b"
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Front:
+    name: str
+    predictor: str | None  # None: vllm-router
+    env: dict[str, str]
+
+    @classmethod
+    def parse(cls, spec: str) -> Front:
+        name, _, extra = spec.partition(":")
+        env = {}
+        for pair in filter(None, extra.split(",")):
+            key, _, value = pair.partition("=")
+            env[f"SAGEGATE_{key.upper()}"] = value
+        return cls(spec, None if name == "router" else name, env)
+
+
+def cpu_s(pid: int) -> float:
+    """User + system seconds of ``pid`` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def prompts(n: int) -> list[str]:
+    found = find_data(*SHAREGPT)
+    if found is None:
+        raise SystemExit("the ShareGPT slice is missing: sagegate data list")
+    out: list[str] = []
+    with gzip.open(found.path, "rt", encoding="utf-8") as fh:
+        for line in fh:
+            obj = json.loads(line)
+            text = obj.get("prompt") or obj.get("text") or ""
+            if isinstance(text, str) and 20 < len(text) < 8000:
+                out.append(text)
+            if len(out) >= n:
+                break
+    if len(out) < n:
+        out = (out * (n // max(1, len(out)) + 1))[:n]
+    return out
+
+
+async def drive(url: str, texts: Sequence[str], tokens: int, concurrency: int) -> int:
+    """Send every text as a streamed chat request for ``tokens`` tokens; returns the tokens received."""
+    got = 0
+    todo = iter(texts)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits, trust_env=False) as client:
+
+        async def worker() -> None:
+            nonlocal got
+            for text in todo:
+                body = {
+                    "model": "sim",
+                    "messages": [{"role": "user", "content": text}],
+                    "max_tokens": tokens,
+                    "stream": True,
+                    FORCED_OUTPUT_FIELD: tokens,
+                }
+                async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+                    resp.raise_for_status()
+                    async for line in resp.aiter_lines():
+                        if line.startswith("data: {") and '"content":"' in line:
+                            got += 1
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return got
+
+
+@contextlib.contextmanager
+def front(f: Front, backend: str, profile: Path | None) -> Iterator[tuple[str, int]]:
+    """The front's URL and pid, stopped on exit."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    if f.predictor is None:
+        from sagegate.live import vllm_router_binary
+
+        binary = vllm_router_binary()
+        if binary is None:
+            raise FileNotFoundError("vllm-router is not installed (pip install vllm-router)")
+        cmd = [binary, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", backend]
+        cmd += ["--policy", "round_robin", "--prometheus-port", str(free_port()), "--log-level", "warning"]
+        ready = "/health"
+    else:
+        serve = ["-m", "sagegate.cli", "serve", "--backend", backend, "--predictor", f.predictor]
+        serve += ["--host", "127.0.0.1", "--port", str(port)]
+        head = [sys.executable]
+        if profile is not None:
+            out = profile / f"{f.name.replace(':', '_').replace(',', '_')}.html"
+            head += ["-m", "pyinstrument", "-r", "html", "-o", str(out)]
+        cmd = [*head, *serve]
+        ready = "/ready"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **f.env}
+    with running(cmd, url, ready, startup_timeout_s=120, env=env) as (proc, _log):
+        yield url, proc.pid
+        if profile is not None and f.predictor is not None:
+            proc.send_signal(signal.SIGINT)  # pyinstrument writes its profile as the process ends
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=60)
+
+
+def measure(url: str, pid: int, texts: Sequence[str], tokens: int, concurrency: int) -> tuple[float, int]:
+    asyncio.run(drive(url, texts[:concurrency], tokens, concurrency))  # warm: connections, first model call
+    before = cpu_s(pid)
+    got = asyncio.run(drive(url, texts[concurrency:], tokens, concurrency))
+    return cpu_s(pid) - before, got
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fronts", nargs="+", default=["router", "none", "semantic"])
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--streams", type=int, default=300)
+    ap.add_argument("--tokens", type=int, default=200)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--profile", type=Path, default=None)
+    args = ap.parse_args()
+    fronts = [Front.parse(s) for s in args.fronts]
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    need = args.concurrency + max(args.requests, args.streams)
+    texts = prompts(need * len(fronts) * args.rounds)
+    backend_port = free_port()
+    backend_cmd = [sys.executable, "-m", "sagegate.cli", "backend", "--model", MODEL, "--time-scale", "100"]
+    backend_cmd += ["--served-model-name", "sim", "--host", "127.0.0.1", "--port", str(backend_port)]
+    print("front | round | CPU per request (ms) | CPU per relayed token (µs)")
+    with running(backend_cmd, f"http://127.0.0.1:{backend_port}", "/health") as _backend:
+        backend = f"http://127.0.0.1:{backend_port}"
+        cursor = 0
+        for rnd in range(args.rounds):
+            for f in fronts:
+                profile = args.profile if rnd == args.rounds - 1 else None
+                with contextlib.ExitStack() as stack:
+                    try:
+                        url, pid = stack.enter_context(front(f, backend, profile))
+                    except FileNotFoundError as exc:
+                        print(f"{f.name}: skipped ({exc})")
+                        continue
+                    one = texts[cursor : cursor + args.concurrency + args.requests]
+                    many = texts[cursor + len(one) : cursor + len(one) + args.concurrency + args.streams]
+                    cursor += len(one) + len(many)
+                    per_request = measure(url, pid, one, 1, args.concurrency)[0] / args.requests
+                    cpu_many, n_tokens = measure(url, pid, many, args.tokens, args.concurrency)
+                    per_token = (cpu_many - per_request * args.streams) / max(1, n_tokens)
+                    print(f"{f.name} | {rnd} | {per_request * 1e3:.2f} | {per_token * 1e6:.1f}", flush=True)
+    if args.profile is not None:
+        print(f"profiles: {args.profile}/")
+
+
+if __name__ == "__main__":
+    main()
