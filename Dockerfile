@@ -14,6 +14,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY core ./core
 COPY sagegate ./sagegate
+COPY harness ./harness
 COPY gateway ./gateway
 COPY predictor ./predictor
 COPY policies ./policies

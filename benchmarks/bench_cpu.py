@@ -39,8 +39,8 @@ from pathlib import Path
 import httpx
 
 from core.request import FORCED_OUTPUT_FIELD
+from harness.procs import free_port, running
 from loadgen.data import SHAREGPT, find_data
-from sagegate.procs import free_port, running
 
 MODEL = "llama-3.1-8b"
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -119,7 +119,7 @@ def front(f: Front, backend: str, profile: Path | None) -> Iterator[tuple[str, i
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     if f.predictor is None:
-        from sagegate.live import vllm_router_binary
+        from harness.live import vllm_router_binary
 
         binary = vllm_router_binary()
         if binary is None:

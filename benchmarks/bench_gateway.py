@@ -74,8 +74,8 @@ def _wait(url: str, path: str, proc: subprocess.Popen[bytes], timeout: float = 6
 
 
 def _stop(proc: subprocess.Popen[bytes], grace: float = 30) -> None:
-    """``sagegate.procs.stop``, saying so when the process had to be killed."""
-    from sagegate.procs import stop
+    """``harness.procs.stop``, saying so when the process had to be killed."""
+    from harness.procs import stop
 
     if stop(proc, grace):
         print(f"(note: pid {proc.pid} ignored SIGTERM for {grace:g} s: killed)", file=sys.stderr)

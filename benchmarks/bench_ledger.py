@@ -26,9 +26,9 @@ import uuid
 
 from gateway.ledger import SharedLedger
 from gateway.settings import LedgerSettings
+from harness.procs import free_port
+from harness.redis import RedisServer, redis_server_binary
 from policies.admission import AdmissionConfig, BackendLoad, Charge, choose_backend
-from sagegate.procs import RedisServer, free_port
-from tests.redis_support import redis_server_binary
 
 CFG = AdmissionConfig(unknown_output=256)
 BACKENDS = ["http://gpu-1:8000", "http://gpu-2:8000"]

@@ -1,7 +1,7 @@
 """KV locality in the simulator (issue 36): what cache-aware placement and the rank buy, apart and together.
 
 Two workloads with real prefix reuse, each at loads stated as utilisation of vLLM-behind-round-robin's
-measured capacity on the mix (``sagegate.simtwin.capacity``; the offered rate read over the first 90% of
+measured capacity on the mix (``harness.simtwin.capacity``; the offered rate read over the first 90% of
 arrivals), through two simulated backends with
 prefix caching on:
 
@@ -114,7 +114,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="write the figures here as JSON")
     args = ap.parse_args()
 
-    from sagegate.simtwin import bulk_rate, capacity, scale_at, simulate_run
+    from harness.simtwin import bulk_rate, capacity, scale_at, simulate_run
 
     build = builder(args)
     mix = build(1.0)

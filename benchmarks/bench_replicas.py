@@ -56,9 +56,9 @@ from typing import Any
 
 from bench_gateway import PIDS, _capacity_rps, _preemptions, _replay_split, backend, cpu_seconds, gateway
 
-from sagegate.live import BackendSampler
-from sagegate.procs import RedisServer, free_port
-from tests.redis_support import redis_server_binary
+from harness.live import BackendSampler
+from harness.procs import free_port
+from harness.redis import RedisServer, redis_server_binary
 
 
 def workload(n: int, rate: float, blocks: int) -> list[Any]:

@@ -28,7 +28,7 @@ Workloads (``bench_locality.builder`` builds both, as the simulated comparison d
   concurrent sessions load two engines, so a run replays the first minute of such a population.
 
 Loads are utilisation of vLLM-behind-round-robin's capacity on the workload's mix
-(``sagegate.simtwin.capacity``: the whole mix released in a one-second burst through two simulated
+(``harness.simtwin.capacity``: the whole mix released in a one-second burst through two simulated
 engines behind round robin, completions read between their 10th and 90th percentile), the offered
 rate read over the first 90% of arrivals and found by bisection (``simtwin.bulk_rate``).
 Latencies are engine seconds (wall x T). Throughput: output tokens a second between the 10th and the
@@ -76,8 +76,8 @@ from live_fronts import (  # noqa: E402
 
 from core.request import TraceRequest  # noqa: E402
 from core.summary import loaded_throughput  # noqa: E402
-from sagegate.live import backend_counters  # noqa: E402
-from sagegate.simtwin import bulk_rate  # noqa: E402
+from harness.live import backend_counters  # noqa: E402
+from harness.simtwin import bulk_rate  # noqa: E402
 
 WORKLOADS = ("shared-prefix", "sessions")
 DEFAULT_T = "shared-prefix=0.5,sessions=0.1"
@@ -116,7 +116,7 @@ def workload_mix(name: str, args: argparse.Namespace) -> list[TraceRequest]:
     not hold the population's mix (its first minute has more first turns, so shorter prompts): the mix is
     the window at utilisation 1.0 of the whole population's capacity; it is nearly the same at any rate
     (which turns a window holds depends on the time since the start, not on the rate)."""
-    from sagegate.simtwin import capacity, scale_at
+    from harness.simtwin import capacity, scale_at
 
     if name == "shared-prefix":
         groups = max(args.groups, math.ceil(CAPACITY_MIN / args.per_group))
@@ -363,7 +363,7 @@ def prepare_cell(
 ) -> tuple[Path, Path, list[dict[str, Any]], dict[str, Any], list[TraceRequest]]:  # fmt: skip
     """The workload at ``load`` x round robin's capacity: its cell folder, its aiperf trace (wall ms),
     its rows, what it is, and its requests."""
-    from sagegate.simtwin import capacity, scale_at
+    from harness.simtwin import capacity, scale_at
 
     scale = scale_at(lambda x: bulk_rate(build(x)), load * cap_req_s, highest=1000.0)
     reqs = build(scale)
@@ -400,7 +400,7 @@ SIMULATED = {"rr": (None, None), "sg_placement": ("fcfs", "cache_aware"), "sageg
 def simulated(reqs: Sequence[TraceRequest], args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """The cell in the simulator with the live fronts' settings (semantic predictor, no queue timeout)."""
     from core.summary import summarize
-    from sagegate.simtwin import simulate_run
+    from harness.simtwin import simulate_run
 
     out = {}
     for front, (policy, placement) in SIMULATED.items():
@@ -470,7 +470,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             file=sys.stderr,
         )
 
-    from sagegate.simtwin import capacity
+    from harness.simtwin import capacity
 
     summary: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "workloads": {}}
     md: list[str] = []

@@ -3,9 +3,9 @@
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_tune_value.py [--seeds 0 1 2 3 4] [--minutes 0.5]
         [--utilisation 1.2] [--policy sagesched]
 
-The demo's workload (``sagegate.live.azure_workload``: Azure conversation arrivals, each a real ShareGPT
+The demo's workload (``harness.live.azure_workload``: Azure conversation arrivals, each a real ShareGPT
 pair the shipped parts never learned from, at ``--utilisation`` of vLLM alone's capacity), through the
-demo's simulated twin (``sagegate.simtwin.simulate_run``, two Qwen3-32B/H100 engines): vLLM alone, and
+demo's simulated twin (``harness.simtwin.simulate_run``, two Qwen3-32B/H100 engines): vLLM alone, and
 the gateway's ``--policy`` with the semantic predictor over the stock encoder and over the tuned one
 (``predictor_options.embed_tuned``). One seed is one prompt shuffle; the simulator is deterministic,
 so each row is exact for its seed. Prints, per seed and as a mean, each gateway's mean / p99 TTLT as a
@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from core.summary import summarize
 from gateway.settings import PredictorSettings
+from harness.live import azure_workload
+from harness.simtwin import scale_for, simulate_run
 from loadgen.plots import prediction_accuracy
-from sagegate.live import azure_workload
-from sagegate.simtwin import scale_for, simulate_run
 
 MODEL, GPU = "qwen3-32b", "h100"
 ENCODERS = {"stock": False, "tuned": True}

@@ -100,9 +100,9 @@ def pause_options(args: argparse.Namespace) -> dict[str, float]:
 
 # --- the simulator ----------------------------------------------------------------------------------
 def simulate_setup(work: Sequence[TraceRequest], setup: Setup, args: argparse.Namespace) -> Any:
-    """``setup`` in the simulator (``sagegate.simtwin``: the live gateway's settings, no queue timeout
+    """``setup`` in the simulator (``harness.simtwin``: the live gateway's settings, no queue timeout
     as ``GATEWAY_ENV`` sets live), with the front end's cost added as a client sees it."""
-    from sagegate.simtwin import simulate_run
+    from harness.simtwin import simulate_run
 
     return simulate_run(
         work,
@@ -117,7 +117,7 @@ def simulate_setup(work: Sequence[TraceRequest], setup: Setup, args: argparse.Na
 
 
 def capacity(work: Sequence[TraceRequest], args: argparse.Namespace) -> dict[str, float]:
-    from sagegate.simtwin import capacity as cap
+    from harness.simtwin import capacity as cap
 
     return cap(work, model=args.model, gpu=args.gpu)
 
@@ -150,8 +150,8 @@ def gateway_pauses(url: str) -> float | None:
 
 def run_live(work: Sequence[TraceRequest], setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
     """One run on fresh backends: the records, the backends' counters, the gateway's queue depth."""
+    from harness.live import backends, gateway, replay_config, round_robin
     from loadgen.client import replay
-    from sagegate.live import backends, gateway, replay_config, round_robin
 
     # Per-request wall timeout and connection limit well above what an overloaded run needs.
     timeout_s, conns = 4 * 3600.0, 15000
@@ -266,9 +266,9 @@ def print_agreement(title: str, live: dict[str, dict[str, float]], sim: dict[str
 
 # --- the run ----------------------------------------------------------------------------------------
 def run_load(label: str, target: float, args: argparse.Namespace) -> dict[str, Any]:
-    """One load, given as the utilisation of vLLM alone's capacity on the mix (``sagegate.simtwin``)."""
-    from sagegate.live import azure_workload
-    from sagegate.simtwin import offered_rate, scale_for
+    """One load, given as the utilisation of vLLM alone's capacity on the mix (``harness.simtwin``)."""
+    from harness.live import azure_workload
+    from harness.simtwin import offered_rate, scale_for
 
     scale, cap = scale_for(
         lambda x: azure_workload(args.minutes, x, args.seed, quiet=True).requests,

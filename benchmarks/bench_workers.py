@@ -37,8 +37,7 @@ import httpx
 import yaml
 from bench_gateway import PIDS, REPO, _open_loop, _stop, _sweep, _wait, backend, free_port
 
-from sagegate.procs import RedisServer
-from tests.redis_support import redis_server_binary
+from harness.redis import RedisServer, redis_server_binary
 
 OPEN_ADMISSION = {"max_waiting": 1_000_000, "target": 1000.0}
 ADMIN_KEY = uuid.uuid4().hex

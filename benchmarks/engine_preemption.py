@@ -7,7 +7,7 @@ Engine level (no gateway), noisy-oracle predictions at 20% error, two workloads:
 * ``azure-conv``: the Azure 2023 conversation trace in the memory-bound set-up (one H100 serving
   Qwen3-32B, ~37k KV tokens), requests 2000.. as in ``benchmarks/policy_experiments.py``.
 
-Loads: utilisation 0.5 / 0.9 / 1.1 of vLLM alone's capacity as ``sagegate.simtwin.capacity``
+Loads: utilisation 0.5 / 0.9 / 1.1 of vLLM alone's capacity as ``harness.simtwin.capacity``
 measures it (saturated, 10th–90th percentile of completions). Policies: ``fcfs`` (vLLM alone),
 ``trail``, ``ssjf``, ``fastserve``, ``sagesched:preempt_pays=false`` (before: preempt whenever the
 rank says so) and ``sagesched`` (after: only when the gain exceeds the recompute cost). Every figure
@@ -73,10 +73,10 @@ def load_workload(name: str, n: int) -> list[TraceRequest]:
 def run_one(
     work: list[TraceRequest], setup: Setup, policy: str, step_time_scale: float | None = None
 ) -> dict[str, float]:
+    from harness.simtwin import perf_and_engine
     from policies.capabilities import Capability
     from policies.registry import parse_policy
     from predictor.factory import make_predictor
-    from sagegate.simtwin import perf_and_engine
     from sim.des import SimSetup, client_view, simulate
 
     perf, engine = perf_and_engine(setup.model, setup.gpu, step_time_scale)
@@ -106,9 +106,9 @@ def at_loads(
     names: Sequence[str], n: int, loads: Sequence[float], step_time_scale: float | None = None
 ) -> tuple[list[tuple[str, float, list[TraceRequest]]], dict[str, float]]:
     """Each workload of ``names`` (``n`` requests) compressed to each of ``loads`` × vLLM alone's
-    measured capacity on it (``sagegate.simtwin.capacity``, on the engine ``step_time_scale``
+    measured capacity on it (``harness.simtwin.capacity``, on the engine ``step_time_scale``
     stretches), and those capacities (req/s)."""
-    from sagegate.simtwin import capacity
+    from harness.simtwin import capacity
 
     out: list[tuple[str, float, list[TraceRequest]]] = []
     caps: dict[str, float] = {}

@@ -4,7 +4,7 @@ The engine model is calibrated to within ~±10% of real vLLM (docs/fidelity.md);
 capacity error is a large latency error. So the key simulated results are re-run with every step's
 GPU time × 0.85, × 1.0 and × 1.15 (``StepTerms.step_time_scale``) and reported as a range:
 
-* **the value twin** (``benchmarks/bench_value.py --sim-only``, ``sagegate/simtwin.py``): gateway
+* **the value twin** (``benchmarks/bench_value.py --sim-only``, ``harness/simtwin.py``): gateway
   ``sagesched`` against vLLM alone on two simulated Qwen3-32B/H100 backends, Azure conversation
   arrivals with ShareGPT pairs, at light and high load;
 * **the policy-experiment headline** (``benchmarks/policy_experiments.py``): ``sagesched`` (noisy
@@ -73,8 +73,8 @@ def _ratios(sage: dict[str, float], alone: dict[str, float]) -> tuple[float, flo
 
 # --- the value twin ---------------------------------------------------------------------------------
 def value_rows(args: argparse.Namespace) -> list[Row]:
-    from sagegate.live import azure_workload
-    from sagegate.simtwin import capacity, offered_rate, scale_for, simulate_run
+    from harness.live import azure_workload
+    from harness.simtwin import capacity, offered_rate, scale_for, simulate_run
 
     def build(x: float) -> list[TraceRequest]:
         return list(azure_workload(args.minutes, x, args.seed, quiet=True).requests)

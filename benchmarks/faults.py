@@ -51,8 +51,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sagegate.live import backend_args  # noqa: E402
-from sagegate.procs import Child, RedisServer, child, free_port  # noqa: E402
+from harness.live import backend_args  # noqa: E402
+from harness.procs import Child, child, free_port  # noqa: E402
+from harness.redis import RedisServer  # noqa: E402
 
 MODEL = "llama-3.1-8b"
 POISON = "POISON-INPUT"

@@ -10,7 +10,7 @@ output length):
 * ``mooncake``: the Mooncake synthetic trace (long prompts, shared prefixes), two H100 engines
   serving Llama-3.1-8B, as in ``benchmarks/engine_preemption.py``.
 
-Loads: utilisation 0.5 / 0.9 / 1.1 of vLLM alone's capacity (``sagegate.simtwin.capacity``). Runs:
+Loads: utilisation 0.5 / 0.9 / 1.1 of vLLM alone's capacity (``harness.simtwin.capacity``). Runs:
 ``fcfs`` at engine level (vLLM alone, no gateway), gateway ``sagesched`` (non-preemptive: the
 default), gateway ``sagesched`` with pausing (``policies.pause.PauseConfig(enabled=True)``, its
 defaults otherwise), and a sensitivity row with the resume left unpriced (``hysteresis=0``,
@@ -46,10 +46,10 @@ SETUPS = {name: SETUPS_BY_NAME[name] for name in ("sharegpt", "azure-conv", "moo
 
 
 def run_one(work: list[TraceRequest], setup: Setup, run: str) -> dict[str, float]:
+    from harness.simtwin import perf_and_engine
     from policies.pause import PauseConfig
     from policies.registry import parse_policy
     from predictor.factory import make_predictor
-    from sagegate.simtwin import perf_and_engine
     from sim.des import SimSetup, client_view, simulate
 
     perf, engine = perf_and_engine(setup.model, setup.gpu)

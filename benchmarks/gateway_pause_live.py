@@ -49,7 +49,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from sagegate.simtwin import capacity, offered_rate, simulate_run
+    from harness.simtwin import capacity, offered_rate, simulate_run
 
     model, gpu = "qwen3-32b", "h100"
     base = attach_prompts(load_workload("azure-conv", args.requests), "filler", seed=args.seed)

@@ -7,7 +7,7 @@ requests against the same two set-ups. Every run gets fresh backends (no prefix 
 The slice is the trace's first ``--limit`` requests, its timestamps stretched by ``1/--rate-scale``
 (engine time); ``sagegate replay`` gets that slice with ``--time-scale T`` and aiperf the same slice with
 its timestamps divided by T, so both send in wall time what the engines (running T× faster) see in engine
-time. The load is quoted as utilisation of vLLM alone's capacity on this mix (``sagegate.simtwin``).
+time. The load is quoted as utilisation of vLLM alone's capacity on this mix (``harness.simtwin``).
 
     .venv/bin/python benchmarks/neutral_client.py --peers /tmp/peers [--limit 400] [--rate-scale 0.8]
         [--time-scale 1.5] [--out /tmp/neutral] [--runs aiperf:router,aiperf:gateway,replay:router,replay:gateway]
@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from live_fronts import BLOCK, aiperf_profile, fronted, warm, write_jsonl  # noqa: E402
 
-from sagegate.live import backend_counters  # noqa: E402
+from harness.live import backend_counters  # noqa: E402
 
 TRACE = Path("/work/shared/data/mooncake/synthetic_trace.jsonl")
 RUNS = "aiperf:router,aiperf:gateway,replay:router,replay:gateway"
@@ -75,8 +75,8 @@ def fix_hash_ids(rows: list[dict[str, Any]]) -> int:
 
 def load_figures(engine_slice: Path, model: str, gpu: str) -> dict[str, float]:
     """vLLM alone's capacity on this mix (engine model of the simulated backends) and the utilisation."""
+    from harness.simtwin import capacity, utilisation
     from loadgen.schedule import prepare_workload
-    from sagegate.simtwin import capacity, utilisation
 
     work = prepare_workload(engine_slice, prompts="none").requests
     cap = capacity(work, model=model, gpu=gpu)

@@ -59,7 +59,7 @@ def mark_warmup(records: Iterable[RequestRecord], warmup_s: float) -> None:
 
 def loaded_throughput(records: Sequence[RequestRecord]) -> float:
     """Output tokens a second between the 10th and the 90th percentile of completions: the loaded
-    window, without the ramp and the drain (how ``sagegate.simtwin.capacity`` reads capacity). The
+    window, without the ramp and the drain (how ``harness.simtwin.capacity`` reads capacity). The
     makespan figure beside it (``throughput_tok_s``) is set by the last few requests of a finite run."""
     done = sorted((r for r in records if r.status == "ok" and r.finish_s is not None), key=_finish)
     if len(done) < 10:

@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
+from harness.procs import free_port, spawned
 from sagegate import engine_flags as ef
-from sagegate.procs import free_port, spawned
 
 __all__ = ["backend", "free_port", "spawned_backend"]
 

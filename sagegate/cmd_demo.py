@@ -64,10 +64,10 @@ def demo(
     """Replay multi-turn conversations through vLLM behind round robin, behind a cache-aware router,
     and behind the gateway, draw by draw, and print the headline table."""
     from core.summary import Slo
+    from harness.live import data_sources
+    from harness.procs import exit_on_sigterm
     from loadgen.headline import render_headline, run_figures
     from sagegate.demo_setups import GATEWAY, ROUND_ROBIN, ROUTER, DemoSetup, router_check, setup_names
-    from sagegate.live import data_sources
-    from sagegate.procs import exit_on_sigterm
 
     exit_on_sigterm()
     if embed_model not in ("minilm", "mpnet"):
@@ -134,8 +134,8 @@ def _draw(draw: int, minutes: float, target: float, model: str, gpu: str) -> tup
     same mix."""
     from dataclasses import replace
 
-    from sagegate.live import sessions_workload
-    from sagegate.simtwin import capacity, offered_rate, scale_at, utilisation
+    from harness.live import sessions_workload
+    from harness.simtwin import capacity, offered_rate, scale_at, utilisation
 
     # a large sample of windows of the same length from other parts of the trace (a window's turns are
     # mostly early ones, with short histories: a longer window is another mix; and a burst of a few
@@ -165,8 +165,8 @@ def _draw(draw: int, minutes: float, target: float, model: str, gpu: str) -> tup
 def _simulated(work: Any, setup: Any, draw: int, embed_model: str) -> dict[str, list[Any]]:
     """Round robin and the gateway in the simulator, with the live gateway's settings."""
     from gateway.settings import PredictorSettings
+    from harness.simtwin import simulate_run
     from sagegate.demo_setups import GATEWAY, ROUND_ROBIN
-    from sagegate.simtwin import simulate_run
 
     options = PredictorSettings(embed_model=embed_model) if setup.predictor == "semantic" else None  # type: ignore[arg-type]
     alone = simulate_run(work, None, model=setup.model, gpu=setup.gpu)

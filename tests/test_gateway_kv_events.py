@@ -25,7 +25,7 @@ from gateway.kv_events import KVEventFollower
 from gateway.kv_index import ExactIndex, Malformed, Removed, Stored, decode_batch
 from gateway.settings_kv_events import BackendKVEvents, KVEventsSettings
 from gateway.tokens import backend_keys
-from sagegate.procs import child, free_port
+from harness.procs import child, free_port
 from tests.gateway_support import ServerThread, admin, metric, settings_for, wait_until
 
 BS = 16

@@ -22,10 +22,10 @@ import pytest
 
 from gateway.app import create_app
 from gateway.predict import SemanticAdapter
+from harness.procs import ROOT, free_port, stop
 from predictor.embedder import DIM
 from predictor.semantic import SemanticPredictor
 from predictor.semantic_async import AsyncSemantic
-from sagegate.procs import ROOT, free_port, stop
 from tests.gateway_support import FakeBackend, ServerThread, chat_body, settings_for, wait_until
 
 

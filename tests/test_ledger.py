@@ -10,8 +10,8 @@ import pytest
 
 from gateway.ledger import LedgerMode, QueueHead, SharedLedger
 from gateway.settings import GatewaySettings, LedgerSettings
+from harness.redis import RedisServer
 from policies.admission import AdmissionConfig, BackendLoad, Charge
-from sagegate.procs import RedisServer
 
 pytest.importorskip("redis")
 

@@ -16,9 +16,10 @@ from dataclasses import replace
 import pytest
 
 from core.request import TraceRequest
+from harness.procs import spawned
+from harness.redis import RedisServer
 from loadgen.client import ReplayConfig, replay_async
 from loadgen.scrape import scrape_preemptions
-from sagegate.procs import RedisServer, spawned
 
 BLOCKS = 1024  # 16 tokens each: ~16k tokens of KV per backend, so admission decides
 TIME_SCALE = 4.0

@@ -9,11 +9,11 @@ import statistics
 import pytest
 
 from gateway.settings import PlacementSettings
+from harness.procs import spawned
 from loadgen.client import ReplayConfig, replay
 from loadgen.schedule import prepare_workload
 from policies.registry import parse_policy
 from predictor.factory import make_predictor
-from sagegate.procs import spawned
 from sim.config import EngineConfig
 from sim.des import SimSetup, client_view, simulate
 from sim.hardware import get_gpu, get_model

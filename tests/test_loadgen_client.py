@@ -3,7 +3,6 @@ against a tiny in-process server and against the simulated backend."""
 
 from __future__ import annotations
 
-import socket
 import statistics
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import pytest
 
 from core.request import FORCED_OUTPUT_FIELD, TraceRequest
 from core.summary import errors_by_kind, summarize
+from harness.procs import free_port
 from loadgen.client import ReplayConfig, replay
 from loadgen.fakeserver import FakeServer
 from loadgen.prompts import filler_text
@@ -144,24 +144,16 @@ def test_failures_are_classified(fake: FakeServer) -> None:
     assert records[0].http_status == 429 and "queue full" in records[0].reason
     assert len(records[2].chunk_times) == 4
     assert errors_by_kind(records) == {"http_500": 1, "incomplete": 1, "queue_full": 1}
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     down = replay(
         reqs[3:], ReplayConfig(url=f"http://127.0.0.1:{port}", model="m", queue_metric=None, prime=False)
     )
     assert down.records[0].error_kind == "connect"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def sim_backend() -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "sagegate.cli", "backend", "--port", str(port), "--time-scale", "20"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
@@ -244,7 +236,7 @@ def test_a_trace_that_records_a_cap_sends_its_own() -> None:
 def test_preemptions_come_from_the_backends_counters() -> None:
     """A client cannot see preemptions: the replay reads the backends' ``vllm:num_preemptions`` before
     and after, and reports their difference (a small KV pool under a burst preempts)."""
-    from sagegate.procs import spawned
+    from harness.procs import spawned
 
     args = ["--time-scale", "50", "--num-gpu-blocks-override", "96", "--max-num-seqs", "32"]
     with spawned("sagegate.cmd_backend", args) as url:

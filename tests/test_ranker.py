@@ -226,11 +226,11 @@ def test_replays_leave_out_the_prompts_the_shipped_parts_learned_from(
     import json
 
     from core.request import prompt_digest
+    from harness.live import azure_workload
     from loadgen.prompts import unique_pairs
     from predictor.encoder_tune import TUNE_PATH
     from predictor.learned import learned_prompts, trained_on
     from predictor.ranker_prior import PRIOR_PATH, TUNED_PRIOR_PATH
-    from sagegate.live import azure_workload
 
     trained = learned_prompts()
     for part in (trained_on(PRIOR_PATH), trained_on(TUNED_PRIOR_PATH), trained_on(TUNE_PATH)):
@@ -255,8 +255,8 @@ def test_replays_leave_out_the_prompts_the_shipped_parts_learned_from(
 
 def test_the_simulated_twin_fits_the_head_inline() -> None:
     """The demo's and bench_value's simulated twin must be the same run every time: no fit on a thread."""
+    from harness.simtwin import sim_predictor
     from predictor.semantic_sim import SemanticLengthPredictor
-    from sagegate.simtwin import sim_predictor
 
     pred = sim_predictor("semantic")
     assert isinstance(pred, SemanticLengthPredictor)

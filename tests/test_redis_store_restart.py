@@ -12,10 +12,10 @@ from collections import Counter
 
 import numpy as np
 
+from harness.redis import RedisServer
 from predictor.embedder import DIM
 from predictor.history import Completion, WindowBounds
 from predictor.redis_store import RedisStore
-from sagegate.procs import RedisServer
 from tests.gateway_support import wait_until
 
 

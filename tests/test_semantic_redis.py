@@ -14,12 +14,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from harness.procs import free_port
+from harness.redis import RedisServer, redis_server_binary
 from predictor.history import Completion, WindowBounds
 from predictor.index import IndexConfig
 from predictor.redis_store import RedisStore
 from predictor.semantic import PromptFeatures, SemanticConfig, SemanticPredictor
-from sagegate.procs import RedisServer, free_port
-from tests.redis_support import NO_REDIS, redis_server_binary, wait_for
+from tests.redis_support import NO_REDIS, wait_for
 from tests.semantic_support import LONG_TASKS, SHORT_TASKS, TOPICS, family, real_embedder
 
 

@@ -12,9 +12,10 @@ import pytest
 
 from gateway.predict import BaselinePredictor, PredictInput, build_predictor
 from gateway.settings import PredictorSettings
+from harness.procs import free_port
+from harness.redis import RedisServer, redis_server_binary
 from predictor.history import Completion
-from sagegate.procs import RedisServer, free_port
-from tests.redis_support import NO_REDIS, redis_server_binary, wait_for
+from tests.redis_support import NO_REDIS, wait_for
 
 
 def inp(prompt_tokens: int = 100) -> PredictInput:

@@ -23,7 +23,7 @@ from core.prefix import CHARS_PER_TOKEN, text_block_keys
 from core.tokens import flatten_messages
 from gateway.app import create_app
 from gateway.shared_prefixes_parts import encode
-from sagegate.procs import RedisServer
+from harness.redis import RedisServer
 from tests.gateway_support import FakeBackend, ServerThread, admin, metric, settings_for, wait_until
 
 pytest.importorskip("redis")

@@ -17,8 +17,8 @@ import pytest
 import zmq
 
 from core.tokens import encode, flatten_messages
+from harness.procs import free_port
 from sagegate.cmd_backend import spawned_backend
-from sagegate.procs import free_port
 from sim.config import EngineConfig
 from sim.engine import Engine
 from sim.engine_request import EngineRequest

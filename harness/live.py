@@ -201,7 +201,7 @@ def backend_args(model: str, gpu: str, time_scale: float) -> list[str]:
 @contextlib.contextmanager
 def backends(n: int, model: str, gpu: str, time_scale: float) -> Iterator[list[str]]:
     """``n`` fresh ``sagegate backend`` processes (empty KV cache and prefix cache); all stopped on exit."""
-    from sagegate.procs import spawned
+    from harness.procs import spawned
 
     with contextlib.ExitStack() as stack:
         urls = [
@@ -217,7 +217,7 @@ def gateway(
 ) -> Iterator[str]:
     """``sagegate serve`` in front of ``urls`` (embedded history store, offline); ``env`` adds settings
     (``SAGEGATE_...`` variables). Stopped on exit."""
-    from sagegate.procs import spawned
+    from harness.procs import spawned
 
     args = [
         "serve",
@@ -244,7 +244,7 @@ def vllm_router_binary() -> str | None:
 def vllm_router(binary: str, workers: Sequence[str], policy: str = "cache_aware") -> Iterator[str]:
     """vllm-router (the vLLM project's Rust router) over ``workers`` with ``policy`` and its defaults
     otherwise; stopped on exit."""
-    from sagegate.procs import free_port, running
+    from harness.procs import free_port, running
 
     port, prom = free_port(), free_port()
     cmd = [binary, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers]

@@ -1,5 +1,5 @@
-"""Child processes for tests and the demo: run a ``sagegate`` service on a free port, wait until it
-answers, and always stop it (no process is left behind)."""
+"""Child processes for tests, benchmarks and the demo: run a ``sagegate`` service on a free port, wait
+until it answers, and always stop it (no process is left behind)."""
 
 from __future__ import annotations
 
@@ -96,44 +96,6 @@ def running(
         finally:
             if proc.poll() is None:
                 stop(proc, 10)
-
-
-class RedisServer:
-    """A private ``redis-server`` (no persistence) on ``port`` that a fault test can kill and start
-    again on the same port (empty, as a restart without persistence is)."""
-
-    def __init__(self, binary: str, port: int) -> None:
-        self.binary, self.port = binary, port
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self, timeout_s: float = 10.0) -> None:
-        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        self.proc = subprocess.Popen(
-            [self.binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        deadline = time.monotonic() + timeout_s
-        while not self.ping():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"redis-server on port {self.port} did not start")
-            time.sleep(0.02)
-
-    def ping(self) -> bool:
-        try:
-            import redis
-
-            return bool(redis.Redis(port=self.port, socket_connect_timeout=0.5).ping())
-        except Exception:
-            return False
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-            self.proc = None
 
 
 def stop(proc: subprocess.Popen[Any], grace: float) -> bool:
