@@ -17,7 +17,7 @@ ShareGPT's last 10% after the first 90% (the LTR protocol): Kendall tau-b of a r
 frozen vector + log prompt length, fitted on the first 90%; and the project's online replay
 (:func:`predictor.evaluate.replay_semantic`) as kNN only and with the online head (no shipped prior:
 that prior exists for MiniLM's vectors only), on the tail and on the validation span (warm on the
-first 6,000, scored up to 90%). ``--vectors`` with the output of ``make_encoder_tune.py --model-dir
+first 6,000, scored up to 90%). ``--vectors`` with the output of ``python -m tools.make_encoder_tune --model-dir
 DIR --vectors-out FILE`` scores a length-tuned alternative instead (``--label`` names it). Then single-prompt latency, one thread, each encoder in
 turn on the same prompts, float32 and torch dynamic int8.
 """
@@ -25,7 +25,6 @@ turn on the same prompts, float32 and torch dynamic int8.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -34,13 +33,11 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+from predictor.embedder import MiniLMEmbedder, flatten_prompt, model_dir
+from predictor.evaluate import EvalItem, embed_cached, load_items, replay_semantic, score
+from predictor.semantic import KNN_ONLY, SemanticConfig
 
-from predictor.embedder import MiniLMEmbedder, flatten_prompt, model_dir  # noqa: E402
-from predictor.evaluate import EvalItem, embed_cached, load_items, replay_semantic, score  # noqa: E402
-from predictor.semantic import KNN_ONLY, SemanticConfig  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 SHAREGPT = REPO.parent / "shared" / "data" / "sharegpt" / "sharegpt_v3_first_turn_pairs.jsonl.gz"
 PIECES = 80
@@ -51,7 +48,8 @@ def encode(model_path: str, texts: list[str], threads: int) -> np.ndarray:
     """Mean-pooled unit vectors, float32, through the tune script's own batching and pooling."""
     import torch
     import transformers
-    from make_encoder_tune import vectors
+
+    from tools.make_encoder_tune import vectors
 
     torch.set_num_threads(threads)
     tok = transformers.AutoTokenizer.from_pretrained(model_path)

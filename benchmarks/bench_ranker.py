@@ -21,23 +21,21 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 from scipy import stats
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from predictor.embedder import flatten_prompt
+from predictor.evaluate import QUANTILES, EvalItem, _NoEmbedder, load_items, replay_semantic
+from predictor.evaluate import score as score_replay
+from predictor.history import WindowBounds
+from predictor.memory_store import MemoryStore
+from predictor.semantic import KNN_ONLY, SemanticConfig, SemanticPredictor
+from tools.vectors import ENCODERS, encoder_vectors
 
-from predictor.embedder import MiniLMEmbedder, TextEmbedder, flatten_prompt  # noqa: E402
-from predictor.evaluate import QUANTILES, EvalItem, _NoEmbedder, embed_cached, load_items, replay_semantic  # noqa: E402
-from predictor.evaluate import score as score_replay  # noqa: E402
-from predictor.factory import EmbedderOptions, make_embedder  # noqa: E402
-from predictor.history import WindowBounds  # noqa: E402
-from predictor.memory_store import MemoryStore  # noqa: E402
-from predictor.semantic import KNN_ONLY, SemanticConfig, SemanticPredictor  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 SHAREGPT = REPO.parent / "shared" / "data" / "sharegpt" / "sharegpt_v3_first_turn_pairs.jsonl.gz"
 OLD = KNN_ONLY
@@ -50,22 +48,6 @@ VARIANTS = {
 }
 CURVE = (0, 100, 500, 2000)
 ONLINE_SPAN = 500
-
-
-ENCODERS = ("stock", "tuned", "tuned-onnx", "mpnet")
-"""``stock``/``tuned``: MiniLM on torch int8 (the evaluations' usual); ``tuned-onnx``: tuned MiniLM on
-ONNX int8 (what the gateway serves); ``mpnet``: the opt-in tuned all-mpnet-base-v2 on ONNX int8."""
-
-
-def encoder_vectors(items: list[EvalItem], encoder: str) -> tuple[np.ndarray, str]:
-    """Every item's vector from the named encoder (window 64), and that encoder's embedding version."""
-    emb: TextEmbedder
-    if encoder in ("stock", "tuned"):
-        emb = MiniLMEmbedder(tuned=encoder == "tuned")
-    else:
-        emb = make_embedder(EmbedderOptions(model="mpnet" if encoder == "mpnet" else "minilm"))
-    version = str(getattr(emb, "version", "?"))
-    return embed_cached([flatten_prompt(it.prompt) for it in items], emb), version
 
 
 def frozen_after(

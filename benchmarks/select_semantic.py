@@ -21,7 +21,6 @@ for the shipped vectors*). Deterministic (every refit inline).
 from __future__ import annotations
 
 import argparse
-import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -30,15 +29,12 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from bench_ranker import SHAREGPT, encoder_vectors  # noqa: E402
-
-from predictor.evaluate import EvalItem, load_items, replay_semantic  # noqa: E402
-from predictor.evaluate import score as score_replay  # noqa: E402
-from predictor.semantic import SemanticConfig  # noqa: E402
-from study.stats import bootstrap_indices  # noqa: E402
+from benchmarks.bench_ranker import SHAREGPT
+from predictor.evaluate import EvalItem, load_items, replay_semantic
+from predictor.evaluate import score as score_replay
+from predictor.semantic import SemanticConfig
+from study.stats import bootstrap_indices
+from tools.vectors import encoder_vectors
 
 GRID: dict[str, tuple[Any, ...]] = {
     "floor": (0.0, 0.02, 0.05, 0.1, 0.15),

@@ -6,7 +6,7 @@ whose sha256 (and upstream git blob id, where the catalogue pins one) matches is
 mismatch deletes the part, so a bad byte can never be resumed into a "verified" file. Unpinned files
 (no byte-identical copy was at hand to hash) are accepted with their computed sha256 reported.
 
-The catalogue (``loadgen/fetch_catalog.json``, written by ``benchmarks/pin_fetch_catalog.py``) names
+The catalogue (``loadgen/fetch_catalog.json``, written by ``tools/pin_fetch_catalog.py``) names
 each set's files in the shared folder's layout, so a fetched set is found by ``loadgen.data.find_data``.
 """
 

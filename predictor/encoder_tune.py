@@ -3,7 +3,7 @@ embedding rank output lengths better, merged into the weights when the model loa
 
 Why: a linear head or a kNN over the frozen sentence embedding tops out near Kendall tau-b 0.40 on the
 ShareGPT tail (docs/journal/BENCHMARKS.md, *The ranking head, its shipped prior, calibrated
-spread*). Trained with a length loss (``benchmarks/make_encoder_tune.py``),
+spread*). Trained with a length loss (``tools/make_encoder_tune.py``),
 a rank-16 change on the 36 linear layers moves the same encoder's neighbours and head closer to what
 decides a response's length. Merged (``W + scale · B @ A``), the tuned encoder has the stock shape, so
 the torch and ONNX paths and the int8 export all work as before, at the same cost per prompt.

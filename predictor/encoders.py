@@ -126,7 +126,7 @@ def file_id(path: Path) -> str:
 
 class Projection:
     """A shipped PCA: ``(v - mean) @ components``, then unit length. Fitted offline on the first
-    6,000 ShareGPT prompts' tuned vectors (``benchmarks/make_projection.py``); float32."""
+    6,000 ShareGPT prompts' tuned vectors (``tools/make_projection.py``); float32."""
 
     def __init__(self, path: Path) -> None:
         with np.load(path, allow_pickle=False) as f:

@@ -1,5 +1,5 @@
 """The ranking head's prior that ships with the project: a weight vector learned offline on public
-prompt–response pairs (``benchmarks/make_ranker_prior.py``; source and licence in
+prompt–response pairs (``tools/make_ranker_prior.py``; source and licence in
 ``predictor/data/RANKER_PRIOR.md``).
 
 Why: from an empty history the neighbours know nothing, yet "write a 1,000-word essay" is longer than

@@ -107,7 +107,8 @@ def test_the_shipped_subset_is_the_documented_draw() -> None:
     data_path(*SHAREGPT)
     data_path(*SHAREGPT_SESSIONS)
     out = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks/make_shipped_data.py"), "--check"],
+        [sys.executable, "-m", "tools.make_shipped_data", "--check"],
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,

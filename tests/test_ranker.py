@@ -129,7 +129,7 @@ def test_the_shipped_prior_loads_offline_and_tells_an_essay_from_one_sentence(tu
 
     version = embed_version(tuned=tuned)
     model = shipped_prior(version)
-    assert model is not None, f"{prior_path(version)} missing or stale: run benchmarks/make_ranker_prior.py"
+    assert model is not None, f"{prior_path(version)} missing or stale: run python -m tools.make_ranker_prior"
     assert model.coef.shape == (N_FEATURES,) and np.isfinite(model.coef).all()
     texts = ["Answer in one sentence: what is rust?", "Write a detailed 1500 words essay about rust."]
     vecs = MiniLMEmbedder(tuned=tuned).embed(texts)

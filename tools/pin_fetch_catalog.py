@@ -1,6 +1,6 @@
 """Write ``loadgen/fetch_catalog.json``: the public sets ``sagegate data fetch NAME`` downloads.
 
-    .venv/bin/python benchmarks/pin_fetch_catalog.py [--shared DIR]
+    .venv/bin/python -m tools.pin_fetch_catalog [--shared DIR]
 
 Each file gets its upstream URL (GitHub raw URLs at a pinned commit where the upstream is a git
 repository) and, where a byte-identical copy is in the shared data folder, its size and sha256. Every
@@ -15,14 +15,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from loadgen.data import data_root
 
-from loadgen.data import data_root  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 OUT = REPO / "loadgen" / "fetch_catalog.json"
 

@@ -1,6 +1,6 @@
 """Re-draw the data that ships inside the package (``loadgen/shipped/``) from the shared data folder.
 
-    .venv/bin/python benchmarks/make_shipped_data.py [--shared DIR] [--check]
+    .venv/bin/python -m tools.make_shipped_data [--shared DIR] [--check]
 
 What it writes (the rule is documented in ``loadgen/shipped/DATA.md``; change both together):
 
@@ -29,15 +29,11 @@ import hashlib
 import io
 import itertools
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from loadgen.data import (  # noqa: E402
+from loadgen.data import (
     AZURE_CODE,
     AZURE_CONV,
     SHAREGPT,
@@ -46,6 +42,8 @@ from loadgen.data import (  # noqa: E402
     SHIPPED_ROOT,
     data_root,
 )
+
+REPO = Path(__file__).resolve().parents[1]
 
 SEED = 16
 PAIRS = 4000

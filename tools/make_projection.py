@@ -1,10 +1,10 @@
 """Fit an opt-in encoder's shipped projection to 384 dimensions (``predictor/data/projection_mpnet.npz``).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/make_projection.py --vectors tuned.npy [--first 6000]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m tools.make_projection --vectors tuned.npy [--first 6000]
         [--pairs FILE] [--out PATH]
 
 ``--vectors``: the ShareGPT pairs' unit vectors from the tuned encoder, in file order (at least the
-first ``--first``), as ``make_encoder_tune.py --model-dir DIR --vectors-out`` writes them. A PCA fitted on the *first*
+first ``--first``), as ``python -m tools.make_encoder_tune --model-dir DIR --vectors-out`` writes them. A PCA fitted on the *first*
 ``--first`` only (the pairs the tune and the ranking prior learned from; the replays behind RESULTS.md
 and docs/journal/BENCHMARKS.md score none of them): the mean and the leading 384 components, float32,
 and the digests of the prompts it was fitted on (``trained_on``). Costs 0.002–0.005 of tau-b in the
@@ -20,13 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from core.request import prompt_digest
+from predictor.embedder import flatten_prompt
+from predictor.encoders import DIM, MPNET
+from predictor.evaluate import load_items
 
-from core.request import prompt_digest  # noqa: E402
-from predictor.embedder import flatten_prompt  # noqa: E402
-from predictor.encoders import DIM, MPNET  # noqa: E402
-from predictor.evaluate import load_items  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 SHAREGPT = REPO.parent / "shared" / "data" / "sharegpt" / "sharegpt_v3_first_turn_pairs.jsonl.gz"
 

@@ -1,7 +1,7 @@
 """Fit the ranking head's shipped priors (``predictor/data/ranker_prior.npz`` for the stock encoder,
 ``ranker_prior_tuned.npz`` for the one with the length tune) offline on ShareGPT pairs.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/make_ranker_prior.py [--pairs FILE] [--first 6000]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m tools.make_ranker_prior [--pairs FILE] [--first 6000]
         [--lam 300] [--pairwise-steps 60] [--encoder stock|tuned|mpnet] [--runtime onnx|torch] [--out PATH]
 
 It reads the shared ShareGPT first-turn pairs (Apache-2.0 upstream card; ``../shared/data/sharegpt``),
@@ -22,16 +22,15 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from core.request import prompt_digest
+from predictor.cues import cue_features
+from predictor.embedder import TextEmbedder, flatten_prompt
+from predictor.evaluate import EvalItem, embed_cached, load_items
+from predictor.factory import EmbedderOptions, make_embedder
+from predictor.ranker import N_FEATURES, features, fit_head
+from predictor.ranker_prior import MPNET_PRIOR_PATH, PRIOR_PATH, TUNED_PRIOR_PATH, save_prior
 
-from core.request import prompt_digest  # noqa: E402
-from predictor.cues import cue_features  # noqa: E402
-from predictor.embedder import TextEmbedder, flatten_prompt  # noqa: E402
-from predictor.evaluate import EvalItem, embed_cached, load_items  # noqa: E402
-from predictor.factory import EmbedderOptions, make_embedder  # noqa: E402
-from predictor.ranker import N_FEATURES, features, fit_head  # noqa: E402
-from predictor.ranker_prior import MPNET_PRIOR_PATH, PRIOR_PATH, TUNED_PRIOR_PATH, save_prior  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 SHAREGPT = REPO.parent / "shared" / "data" / "sharegpt" / "sharegpt_v3_first_turn_pairs.jsonl.gz"
 

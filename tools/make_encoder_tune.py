@@ -1,6 +1,6 @@
 """Train the encoder's shipped length tune (``predictor/data/encoder_tune.npz``) offline on ShareGPT pairs.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/make_encoder_tune.py [--pairs FILE] [--train 5400]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m tools.make_encoder_tune [--pairs FILE] [--train 5400]
         [--select 6000] [--epochs 4] [--lr 5e-4] [--rank 16] [--alpha 32] [--threads 2] [--out PATH]
         [--teacher mpnet --distill 100]
 
@@ -24,7 +24,7 @@ batch's cosine similarities and the teacher's (the teacher as the gateway serves
 projected; its vectors of the training pairs only), so MiniLM's neighbours move toward the ones the
 larger encoder finds, at MiniLM's cost per prompt. About 100–200 s per epoch on two threads here. Then
 refit the tuned prior:
-``benchmarks/make_ranker_prior.py --encoder tuned``.
+``python -m tools.make_ranker_prior --encoder tuned``.
 
 ``--model-dir`` runs the same recipe on another mean-pooled encoder (BERT or MPNet layer names; an
 experiment, written to ``--out``, never over the shipped file), reading the same window text through
@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -47,16 +46,14 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from core.request import prompt_digest
+from predictor.embedder import MiniLMEmbedder, flatten_prompt, model_dir
+from predictor.encoder_tune import TUNE_PATH
+from predictor.encoders import DEFAULT_ENCODER, ENCODERS
+from predictor.evaluate import load_items
+from tools.vectors import encoder_vectors
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from bench_ranker import encoder_vectors  # noqa: E402
-
-from core.request import prompt_digest  # noqa: E402
-from predictor.embedder import MiniLMEmbedder, flatten_prompt, model_dir  # noqa: E402
-from predictor.encoder_tune import TUNE_PATH  # noqa: E402
-from predictor.encoders import DEFAULT_ENCODER, ENCODERS  # noqa: E402
-from predictor.evaluate import load_items  # noqa: E402
 
 SHAREGPT = REPO.parent / "shared" / "data" / "sharegpt" / "sharegpt_v3_first_turn_pairs.jsonl.gz"
 TARGETS = (
