@@ -1,6 +1,6 @@
 """Another sentence encoder against the shipped MiniLM: what it ranks, and what it costs per prompt.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_alt_embedder.py --model-dir DIR \
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks bench_alt_embedder --model-dir DIR \
         [--pairs FILE] [--latency 300] [--vectors saved.npy]
 
 ``DIR`` is a sentence-transformers folder with a mean-pooled BERT-family encoder (config.json,

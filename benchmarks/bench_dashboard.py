@@ -1,6 +1,6 @@
 """What the dashboard costs the gateway: its CPU with and without open pages, under load.
 
-    .venv/bin/python benchmarks/bench_dashboard.py [--rate 200] [--duration 20] [--pages 3] [--rounds 2]
+    .venv/bin/python -m benchmarks bench_dashboard [--rate 200] [--duration 20] [--pages 3] [--rounds 2]
 
 One gateway process (``sagegate.cmd_serve``) in front of two simulated backends, an open-loop stream
 of short chat requests at ``--rate``; rounds alternate *no page* and *``--pages`` pages* (each polling
@@ -14,14 +14,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gateway import PIDS, _open_loop, backend, cpu_seconds, gateway
+from benchmarks.load import open_loop
+from benchmarks.servers import PIDS, backend, cpu_seconds, gateway
 
 KEY = "bench-admin"
 
@@ -53,7 +51,7 @@ async def _round(
     stop = asyncio.Event()
     pollers = asyncio.create_task(_pages(url, pages, stop, latencies, builds)) if pages else None
     c0, t0 = cpu_seconds(pid), time.perf_counter()
-    load = await _open_loop([url], rate, duration, max_tokens=16)
+    load = await open_loop([url], rate, duration, max_tokens=16)
     cpu = (cpu_seconds(pid) - c0) / (time.perf_counter() - t0)
     stop.set()
     if pollers is not None:
@@ -108,7 +106,7 @@ def main() -> None:
     if args.accounting_only:
         return
     with backend(50.0) as b0, backend(50.0) as b1, gateway([b0, b1], admin_key=KEY) as gw:
-        asyncio.run(_open_loop([gw], args.rate, 3.0, max_tokens=16))  # warm-up
+        asyncio.run(open_loop([gw], args.rate, 3.0, max_tokens=16))  # warm-up
         plain: list[float] = []
         viewed: list[float] = []
         latencies: list[float] = []

@@ -12,7 +12,7 @@ Prints two Markdown tables:
    and long ones (~13k tokens, of which the window is read), and batch throughput (``--batch``
    prompts in one call).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_embedders.py [--rounds 3] [--calls 150] [--mpnet]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks bench_embedders [--rounds 3] [--calls 150] [--mpnet]
 
 ``--mpnet`` adds the opt-in all-mpnet-base-v2 (ONNX int8, tuned, projected; fetched first with
 ``sagegate predictor fetch-encoder mpnet``) to both tables.
@@ -35,16 +35,14 @@ import httpx
 import numpy as np
 import yaml
 
+from benchmarks.servers import backend, stop_server
+from harness.procs import free_port
+from loadgen.data import SHAREGPT, find_data
+from predictor.embedder import MiniLMEmbedder, TextEmbedder
+from predictor.evaluate import load_items
+from predictor.factory import EmbedderOptions, make_embedder
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from bench_gateway import _stop, backend, free_port  # noqa: E402
-
-from loadgen.data import SHAREGPT, find_data  # noqa: E402
-from predictor.embedder import MiniLMEmbedder, TextEmbedder  # noqa: E402
-from predictor.evaluate import load_items  # noqa: E402
-from predictor.factory import EmbedderOptions, make_embedder  # noqa: E402
 
 GATEWAYS = {
     "global": {"predictor": "global"},
@@ -95,7 +93,7 @@ def one_gateway(name: str, backend_url: str, prompts: list[str], requests: int) 
                 client.post(url + "/v1/chat/completions", json=body).raise_for_status()
         return startup, rss_mb(proc.pid)
     finally:
-        _stop(proc)
+        stop_server(proc)
         os.unlink(f.name)
 
 

@@ -1,11 +1,11 @@
 """Gateway benchmarks: overhead, capacity, dispatch cost, and admission at 2x overload.
 
-    .venv/bin/python benchmarks/bench_gateway.py overhead   [--n 300] [--predictors none,length-bucket]
-    .venv/bin/python benchmarks/bench_gateway.py capacity   [--duration 4] [--no-litellm]
-    .venv/bin/python benchmarks/bench_gateway.py compare    # overhead + capacity + one summary table
-    .venv/bin/python benchmarks/bench_gateway.py dispatch   [--queued 10000 --backends 64]
-    .venv/bin/python benchmarks/bench_gateway.py admission  [--requests 500] [--rules peak,sum]
-    .venv/bin/python benchmarks/bench_gateway.py all
+    .venv/bin/python -m benchmarks bench_gateway overhead   [--n 300] [--predictors none,length-bucket]
+    .venv/bin/python -m benchmarks bench_gateway capacity   [--duration 4] [--no-litellm]
+    .venv/bin/python -m benchmarks bench_gateway compare    # overhead + capacity + one summary table
+    .venv/bin/python -m benchmarks bench_gateway dispatch   [--queued 10000 --backends 64]
+    .venv/bin/python -m benchmarks bench_gateway admission  [--requests 500] [--rules peak,sum]
+    .venv/bin/python -m benchmarks bench_gateway all
 
 Every server is a real process on loopback (``sagegate backend`` and ``python -m sagegate.cmd_serve``);
 the client is this process. Figures are printed; nothing is asserted.
@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,89 +37,26 @@ from typing import Any
 import httpx
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.load import (
+    LIMIT_MS,
+    backend_preemptions,
+    capacity_rps,
+    capacity_sweep,
+    median_ms,
+    open_loop,
+    replay_split,
+    ttft_ttlt,
+    warm_embedder,
+)
+from benchmarks.servers import PIDS, backend, gateway, stop_server, wait_ready
+from harness.procs import free_port
 
-PROMPT = "The quick brown fox jumps over the lazy dog. " * 6  # ~60 tokens
+REPO = Path(__file__).resolve().parents[1]
+
 LITELLM_BIN = REPO / ".venv-litellm" / "bin" / "litellm"  # benchmarks/litellm_env.sh makes it
 
 
-# --- processes ------------------------------------------------------------------------------------
-PIDS: dict[str, int] = {}
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time a process has used so far (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait(url: str, path: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url + path, timeout=1).status_code == 200:
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"{url}{path} not ready")
-
-
-def _stop(proc: subprocess.Popen[bytes], grace: float = 30) -> None:
-    """``harness.procs.stop``, saying so when the process had to be killed."""
-    from harness.procs import stop
-
-    if stop(proc, grace):
-        print(f"(note: pid {proc.pid} ignored SIGTERM for {grace:g} s: killed)", file=sys.stderr)
-
-
-@contextlib.contextmanager
-def backend(time_scale: float, *extra: str) -> Iterator[str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "sagegate.cli", "backend", "--port", str(port), "--served-model-name", "sim"]
-    cmd += ["--time-scale", str(time_scale), *extra]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    PIDS[url] = proc.pid
-    try:
-        _wait(url, "/health", proc)
-        yield url
-    finally:
-        _stop(proc, 10)
-
-
-@contextlib.contextmanager
-def gateway(backends: Sequence[str], **settings: Any) -> Iterator[str]:
-    port = free_port()
-    cfg = {
-        "backends": list(backends),
-        "port": port,
-        "log_level": "warning",
-        "policy": "fcfs",
-        "predictor": "none",
-    }
-    cfg.update(settings)
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        yaml.safe_dump(cfg, f)
-    cmd = [sys.executable, "-m", "sagegate.cmd_serve", "--config", f.name]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    PIDS[url] = proc.pid
-    try:
-        _wait(url, "/ready", proc)
-        yield url
-    finally:
-        _stop(proc)
-        os.unlink(f.name)
-
-
+# --- LiteLLM's proxy (the backends and sagegate's gateway: benchmarks.servers) --------------------
 @contextlib.contextmanager
 def litellm_proxy(backends: Sequence[str]) -> Iterator[str]:
     """LiteLLM's proxy from ``.venv-litellm`` (``benchmarks/litellm_env.sh``), one worker process, with
@@ -167,14 +103,14 @@ def litellm_proxy(backends: Sequence[str]) -> Iterator[str]:
     PIDS[url] = proc.pid
     try:
         try:
-            _wait(url, "/health/readiness", proc, timeout=180)
+            wait_ready(url, "/health/readiness", proc, timeout=180)
         except RuntimeError:
             log.seek(0)
             sys.stderr.write(log.read()[-3000:].decode(errors="replace"))
             raise
         yield url
     finally:
-        _stop(proc)
+        stop_server(proc)
         log.close()
         os.unlink(log.name)
         os.unlink(f.name)
@@ -195,31 +131,8 @@ def front(name: str, backends: Sequence[str], **gw_settings: Any) -> Iterator[st
         predictor = name.split("/", 1)[1]
         with gateway(backends, predictor=predictor, **gw_settings) as url:
             if predictor == "semantic":
-                _warm_embedder(url)
+                warm_embedder(url)
             yield url
-
-
-def _paths_not_late(url: str) -> float:
-    """Predictions the gateway made with the embedding in time (``sagegate_predictor_path`` != late)."""
-    total = 0.0
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("sagegate_predictor_path_total{") and 'path="late"' not in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
-def _warm_embedder(url: str, timeout: float = 240) -> None:
-    """The semantic gateway loads its embedding model on the first request, and answers from the
-    prior ("late") until it is in: send requests one at a time until one is predicted in time."""
-    path, body = request_body("chat", 2)
-    deadline = time.monotonic() + timeout
-    before = _paths_not_late(url)
-    while time.monotonic() < deadline:
-        httpx.post(url + path, json=body, timeout=60).raise_for_status()
-        if _paths_not_late(url) > before:
-            return
-        time.sleep(0.2)
-    print(f"(note: the semantic predictor at {url} still answered late after {timeout:g} s)", file=sys.stderr)
 
 
 def litellm_available(skip: bool) -> bool:
@@ -234,42 +147,7 @@ def litellm_available(skip: bool) -> bool:
     return True
 
 
-# --- one streamed request -------------------------------------------------------------------------
-def request_body(route: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
-    """The same request for every path: a chat turn (default) or a completion of ``PROMPT``."""
-    if route == "chat":
-        msgs = [{"role": "user", "content": PROMPT}]
-        return "/v1/chat/completions", {
-            "model": "sim",
-            "messages": msgs,
-            "max_tokens": max_tokens,
-            "stream": True,
-        }
-    return "/v1/completions", {"model": "sim", "prompt": PROMPT, "max_tokens": max_tokens, "stream": True}
-
-
-async def ttft_ttlt(
-    client: httpx.AsyncClient, url: str, max_tokens: int, route: str = "chat"
-) -> tuple[float, float, int]:
-    """Seconds to the first body chunk and to the end, and the number of SSE data events."""
-    path, body = request_body(route, max_tokens)
-    t0 = time.perf_counter()
-    first = None
-    events = 0
-    async with client.stream("POST", url + path, json=body) as r:
-        r.raise_for_status()
-        async for chunk in r.aiter_raw():
-            if first is None:
-                first = time.perf_counter() - t0
-            events += chunk.count(b"data:")
-    assert first is not None
-    return first, time.perf_counter() - t0, events
-
-
-def _median_ms(xs: Sequence[float]) -> float:
-    return statistics.median(xs) * 1000
-
-
+# --- figures --------------------------------------------------------------------------------------
 def _pct_ms(xs: Sequence[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(q * len(s)))] * 1000
@@ -326,10 +204,10 @@ def bench_overhead(n: int, predictors: Sequence[str], with_litellm: bool, route:
                 continue
             all_direct += d
             added = [b - a for a, b in zip(d, g, strict=True)]
-            added_med[name] = _median_ms(g) - _median_ms(d)
-            rows.append((name, _median_ms(d), _median_ms(g), added_med[name], _pct_ms(added, 0.9)))
+            added_med[name] = median_ms(g) - median_ms(d)
+            rows.append((name, median_ms(d), median_ms(g), added_med[name], _pct_ms(added, 0.9)))
     if all_direct:
-        print(f"{'direct':>24} {_median_ms(all_direct):>10.2f} {'-':>11} {0:>9.2f} {'-':>13} {'-':>17}")
+        print(f"{'direct':>24} {median_ms(all_direct):>10.2f} {'-':>11} {0:>9.2f} {'-':>13} {'-':>17}")
     base = added_med.get("sagegate/none", float("nan"))
     for name, dm, gm, am, p90 in rows:
         print(f"{name:>24} {dm:>10.2f} {gm:>11.2f} {am:>9.2f} {p90:>13.2f} {_ratio(am, base):>17}")
@@ -337,64 +215,6 @@ def bench_overhead(n: int, predictors: Sequence[str], with_litellm: bool, route:
 
 
 # --- capacity -------------------------------------------------------------------------------------
-async def _open_loop(
-    urls: Sequence[str], rate: float, duration: float, max_tokens: int, route: str = "chat"
-) -> dict[str, float]:
-    rng = random.Random(1)
-    results: list[tuple[float, float, int]] = []
-    errors = 0
-    limits = httpx.Limits(max_connections=4000, max_keepalive_connections=4000)
-    async with httpx.AsyncClient(timeout=30, limits=limits) as c:
-
-        async def one(url: str) -> None:
-            nonlocal errors
-            try:
-                results.append(await ttft_ttlt(c, url, max_tokens, route))
-            except (httpx.HTTPError, AssertionError):
-                errors += 1
-
-        tasks = []
-        t0 = time.perf_counter()
-        t = 0.0
-        i = 0
-        while t < duration:
-            t += rng.expovariate(rate)
-            delay = t0 + t - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(urls[i % len(urls)])))
-            i += 1
-        await asyncio.gather(*tasks)
-        wall = time.perf_counter() - t0
-    ttfts = [r[0] for r in results] or [float("nan")]
-    return {
-        "sent": float(i),
-        "rate": i / duration,
-        "ttft_ms": _median_ms(ttfts),
-        "ttlt_ms": _median_ms([r[1] for r in results] or [float("nan")]),
-        "chunks": float(sum(r[2] for r in results)),
-        "chunks_s": sum(r[2] for r in results) / wall,
-        "errors": float(errors),
-    }
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU time of a process and its live descendants (a proxy may fork workers)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(stat.parent.name))
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        with contextlib.suppress(OSError):
-            total += cpu_seconds(p)
-        todo += children.get(p, [])
-    return total
-
-
-LIMIT_MS = 10.0  # the capacity criterion: added median TTFT at most this
 
 
 @dataclass
@@ -407,65 +227,6 @@ class Capacity:
     chunks_s: float = float("nan")
     cpu_us_req: float = float("nan")
     cpu_us_chunk: float = float("nan")
-
-
-def _idle_cpu_rate(pid: int, seconds: float = 2.0) -> float:
-    """CPU seconds per second the proxy spends with no client traffic."""
-    c0, t0 = tree_cpu_seconds(pid), time.perf_counter()
-    time.sleep(seconds)
-    return (tree_cpu_seconds(pid) - c0) / (time.perf_counter() - t0)
-
-
-def _sweep(
-    name: str, gw: str, direct: Sequence[str], rates: Sequence[float], refine: int, duration: float,
-    max_tokens: int, route: str,
-) -> tuple[float, float, float, float]:  # fmt: skip
-    """Rates up the grid until the added median TTFT passes ``LIMIT_MS`` (or >1% errors), then
-    ``refine`` bisection steps between the last good rate and the first bad one. Returns the highest
-    good (offered req/s, delivered SSE chunks/s) and the net CPU µs per request and per chunk of the
-    run that sent most."""
-    best = (0.0, 0.0)
-    busiest = (0.0, float("nan"), float("nan"))  # requests sent, CPU us/request, CPU us/chunk
-    idle = _idle_cpu_rate(PIDS[gw])
-
-    def run(rate: float) -> bool:
-        nonlocal best, busiest
-        d = asyncio.run(_open_loop(direct, rate, duration, max_tokens, route))
-        cpu0, t0 = tree_cpu_seconds(PIDS[gw]), time.perf_counter()
-        g = asyncio.run(_open_loop([gw], rate, duration, max_tokens, route))
-        wall = time.perf_counter() - t0
-        cpu = tree_cpu_seconds(PIDS[gw]) - cpu0
-        net = max(0.0, cpu - idle * wall)
-        us_req, us_chunk = 1e6 * net / max(1.0, g["sent"]), 1e6 * net / max(1.0, g["chunks"])
-        added = g["ttft_ms"] - d["ttft_ms"]
-        ok = added <= LIMIT_MS and g["errors"] <= 0.01 * g["sent"] and d["errors"] <= 0.01 * d["sent"]
-        print(
-            f"{name:>22} {g['rate']:>7.0f} {g['chunks_s']:>9.0f} {d['ttft_ms']:>10.2f} {g['ttft_ms']:>11.2f} "
-            f"{added:>9.2f} {100 * cpu / wall:>6.1f} {us_req:>10.0f} {us_chunk:>11.0f} "
-            f"{g['errors'] + d['errors']:>7.0f} {'' if ok else '  over':>6}",
-            flush=True,
-        )
-        if ok and g["rate"] > best[0]:
-            best = (g["rate"], g["chunks_s"])
-        if g["sent"] > busiest[0]:
-            busiest = (g["sent"], us_req, us_chunk)
-        return ok
-
-    lo, hi = 0.0, float("nan")
-    for rate in rates:
-        if not run(rate):
-            hi = rate
-            break
-        lo = rate
-    for _ in range(refine if hi == hi else 0):
-        mid = round((lo + hi) / 2) if lo > 0 else hi / 2
-        if mid in (lo, hi):
-            break
-        if run(mid):
-            lo = mid
-        else:
-            hi = mid
-    return best[0], best[1], busiest[1], busiest[2]
 
 
 def bench_capacity(
@@ -485,7 +246,7 @@ def bench_capacity(
     open_admission = {"policy": "fcfs", "admission": {"max_waiting": 1_000_000, "target": 1000.0}}
     found: dict[str, Capacity] = {}
     with backend(1000.0) as b1, backend(1000.0) as b2:
-        asyncio.run(_open_loop([b1, b2], 20, 1, 2, route))  # warm up the backends
+        asyncio.run(open_loop([b1, b2], 20, 1, 2, route))  # warm up the backends
         for label, max_tokens, sweep in (("requests", 2, rates), ("chunks", 64, chunk_rates)):
             print(f"\n{label} sweep (max_tokens={max_tokens})")
             print(
@@ -495,8 +256,8 @@ def bench_capacity(
             for name in _target_names(predictors, with_litellm):
                 try:
                     with front(name, [b1, b2], **open_admission) as gw:
-                        asyncio.run(_open_loop([gw], 20, 1, 2, route))  # warm up: tokenizers, connections
-                        rate, chunks, us_req, us_chunk = _sweep(
+                        asyncio.run(open_loop([gw], 20, 1, 2, route))  # warm up: tokenizers, connections
+                        rate, chunks, us_req, us_chunk = capacity_sweep(
                             name, gw, [b1, b2], sweep, refine, duration, max_tokens, route
                         )
                 except RuntimeError as exc:
@@ -636,37 +397,6 @@ def bench_dispatch_all(queued: int, n_backends: int, cycles: int) -> None:
 
 
 # --- admission at 2x overload ---------------------------------------------------------------------
-def _capacity_rps(engine: dict[str, Any], engines: int, requests: list[Any]) -> float:
-    """Saturated throughput (req/s) of ``engines`` vLLM-like engines, from the simulator: the same
-    requests arriving far faster than they can be served."""
-    from sim.config import EngineConfig
-    from sim.des import SimSetup, simulate
-    from sim.hardware import get_gpu, get_model
-    from sim.perf import PerfModel
-
-    cfg = EngineConfig(**engine)
-    perf = PerfModel(get_model(cfg.model), get_gpu(cfg.gpu))
-    fast = [replace(r, arrival_s=r.rid * 0.001) for r in requests]
-    return float(simulate(fast, SimSetup(perf=perf, engine=cfg, engines=engines)).summary["throughput_req_s"])
-
-
-def _preemptions(urls: Sequence[str]) -> str:
-    """The backends' preemptions, as the table prints them ("?" when a backend does not say)."""
-    from loadgen.scrape import scrape_preemptions
-
-    count = scrape_preemptions([u + "/metrics" for u in urls])
-    return "?" if count is None else str(int(count))
-
-
-async def _replay_split(requests: list[Any], urls: Sequence[str], time_scale: float) -> list[Any]:
-    from loadgen.client import ReplayConfig, replay_async
-
-    parts = [requests[i :: len(urls)] for i in range(len(urls))]
-    cfgs = [
-        ReplayConfig(url=u, time_scale=time_scale, model="sim", queue_metric=None, prime=False) for u in urls
-    ]
-    results = await asyncio.gather(*(replay_async(p, c) for p, c in zip(parts, cfgs, strict=True)))
-    return [rec for res in results for rec in res.records]
 
 
 def bench_admission(n: int, overload: float, time_scale: float, blocks: int, rules: Sequence[str]) -> None:
@@ -694,7 +424,7 @@ def bench_admission(n: int, overload: float, time_scale: float, blocks: int, rul
             DEFAULT_CLIENT_MAX_TOKENS,
         )
 
-    cap = _capacity_rps(engine, 2, workload(1.0))
+    cap = capacity_rps(engine, 2, workload(1.0))
     rate = overload * cap
     work = workload(rate)
     flags = ["--num-gpu-blocks-override", str(blocks)]
@@ -713,11 +443,11 @@ def bench_admission(n: int, overload: float, time_scale: float, blocks: int, rul
     for label, gw_settings in setups:
         with backend(time_scale, *flags) as b1, backend(time_scale, *flags) as b2:
             if gw_settings is None:
-                records = asyncio.run(_replay_split(work, [b1, b2], time_scale))
+                records = asyncio.run(replay_split(work, [b1, b2], time_scale))
             else:
                 with gateway([b1, b2], predictor="global", **gw_settings) as gw:
-                    records = asyncio.run(_replay_split(work, [gw], time_scale))
-            pre = _preemptions([b1, b2])
+                    records = asyncio.run(replay_split(work, [gw], time_scale))
+            pre = backend_preemptions([b1, b2])
         s = summarize(records)
         print(
             f"{label:>28} {pre:>12} {s['throughput_req_s']:>7.2f} {s['throughput_tok_s']:>8.0f} "

@@ -11,7 +11,7 @@ What a dispatch costs once replicas share the ledger, beside the local decision 
 * ``view``: the local decision's cost with the others' charges folded into the view, µs per
   ``choose_backend`` against the same without them.
 
-    python benchmarks/bench_ledger.py [--charges 200] [--burst 256] [--rounds 5]
+    python -m benchmarks bench_ledger [--charges 200] [--burst 256] [--rounds 5]
 
 Starts its own ``redis-server`` on a free port (none needs to be running).
 """

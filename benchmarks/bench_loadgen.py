@@ -5,7 +5,7 @@ A near-free streaming server (loadgen/fakeserver.py) runs in its own process; th
 driven at increasing Poisson rates. A rate "keeps up" when the median send lateness stays under 5 ms,
 the 99th percentile under 25 ms, and every request completes. The ceiling is the highest such rate.
 
-    .venv/bin/python benchmarks/bench_loadgen.py [--duration 5] [--tokens 32] [--interval-ms 5]
+    .venv/bin/python -m benchmarks bench_loadgen [--duration 5] [--tokens 32] [--interval-ms 5]
 """
 
 from __future__ import annotations
@@ -19,12 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from core.summary import errors_by_kind
+from loadgen.client import ReplayConfig, replay
+from loadgen.schedule import prepare_workload
 
-from core.summary import errors_by_kind  # noqa: E402
-from loadgen.client import ReplayConfig, replay  # noqa: E402
-from loadgen.schedule import prepare_workload  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 P50_MS, P99_MS = 5.0, 25.0
 

@@ -19,23 +19,21 @@ to the cache (``shared_prefix=false``) and ``sagesched`` cache-aware (both, the 
 figures are ratios to round robin, side by side. A cache-aware *router* (vllm-router's
 ``cache_aware``) is not simulated here: the live comparison (``benchmarks/neutral_client.py``) is.
 
-    .venv/bin/python benchmarks/bench_locality.py --workload shared-prefix --loads 0.5,1.0,1.3
-    .venv/bin/python benchmarks/bench_locality.py --workload sessions --sessions 400 --predictor semantic
+    .venv/bin/python -m benchmarks bench_locality --workload shared-prefix --loads 0.5,1.0,1.3
+    .venv/bin/python -m benchmarks bench_locality --workload sessions --sessions 400 --predictor semantic
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from core.request import TraceRequest
+from core.summary import summarize
 
-from core.request import TraceRequest  # noqa: E402
-from core.summary import summarize  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 SETUPS: list[tuple[str, str | None, str]] = [
     ("round robin", None, ""),

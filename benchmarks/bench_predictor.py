@@ -5,7 +5,7 @@ concurrency (micro-batching), the hnswlib query and the full hybrid search at ``
 entries (random unit vectors, Zipf-distributed hashed terms of ShareGPT-like counts), the resident memory
 those entries add beyond the model, and optionally the replica-to-replica propagation delay through Redis.
 
-    .venv/bin/python benchmarks/bench_predictor.py [--entries 100000] [--redis redis://127.0.0.1:6379/0]
+    .venv/bin/python -m benchmarks bench_predictor [--entries 100000] [--redis redis://127.0.0.1:6379/0]
         [--window 64] [--quantize/--no-quantize] [--compare 256:fp32,128:int8]
 
 ``--compare`` also times each listed embedder configuration (``window:fp32|int8``) on the same index,
@@ -20,15 +20,11 @@ import asyncio
 import gc
 import math
 import statistics
-import sys
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from predictor.embed_queue import BatchingEmbedder
 from predictor.embedder import DEFAULT_QUANTIZE, DEFAULT_WINDOW, MiniLMEmbedder

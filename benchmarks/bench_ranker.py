@@ -1,6 +1,6 @@
 """The ranking head, measured: ShareGPT's tail with a warm history, and curves on an unseen source.
 
-    HF_HUB_OFFLINE=1 SAGEGATE_CACHE=/work/data-ext/cache .venv/bin/python benchmarks/bench_ranker.py \
+    HF_HUB_OFFLINE=1 SAGEGATE_CACHE=/work/data-ext/cache .venv/bin/python -m benchmarks bench_ranker \
         [--sharegpt FILE] [--unseen /work/data-ext/codealpaca/pairs.jsonl ...] [--test 1500]
 
 ShareGPT: the online replay of :func:`predictor.evaluate.replay_semantic` (every scored item predicted

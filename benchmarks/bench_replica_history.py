@@ -7,7 +7,7 @@ the admission ledger (``order: threshold``, 50 ms sync, 0.5 ms commits), against
 Two ways of learning: one history for all replicas (what ``redis_url`` gives since the baselines
 share theirs), or each replica its own (a predictor per replica, told only its own completions).
 
-    python benchmarks/bench_replica_history.py [--seeds 8] [--replicas 3] [--predictor global]
+    python -m benchmarks bench_replica_history [--seeds 8] [--replicas 3] [--predictor global]
 
 The seed changes the replicas' pass order only (the requests are the same). Figures are printed;
 nothing is asserted.
@@ -18,9 +18,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bench_gateway import _capacity_rps
-from bench_replicas import workload
-
+from benchmarks.bench_replicas import workload
+from benchmarks.load import capacity_rps
 from core.distribution import LengthDistribution
 from core.predictor import LengthPredictor
 from core.request import PredictionQuery
@@ -64,7 +63,7 @@ def main() -> None:
     ap.add_argument("--predictor", default="global")
     args = ap.parse_args()
     engine = {"num_gpu_blocks_override": args.blocks}
-    cap = _capacity_rps(engine, 2, workload(args.requests, 1.0, args.blocks))
+    cap = capacity_rps(engine, 2, workload(args.requests, 1.0, args.blocks))
     work = workload(args.requests, args.overload * cap, args.blocks)
     cfg = EngineConfig(**engine)
     perf = PerfModel(get_model(cfg.model), get_gpu(cfg.gpu))

@@ -8,7 +8,7 @@ Per load: one replica, then for each replica count the three orders (``none``: t
 behaviour; ``threshold``; ``global``), the same requests split round robin. Ratios are against the
 one replica of the same run.
 
-    python benchmarks/bench_replica_order.py [--requests 1500] [--replicas 2 3] [--loads 0.9 2.0]
+    python -m benchmarks bench_replica_order [--requests 1500] [--replicas 2 3] [--loads 0.9 2.0]
         [--rtt-ms 0.5] [--publish-ms 50] [--policy sagesched] [--wake own|any] [--split round-robin|random]
         [--send-first 0.1 0.2]
 

@@ -7,7 +7,7 @@ of their own that starts empty (``redis_url``; ``--local-history``: each replica
 before the baselines shared theirs); preemptions from the backends' ``/metrics``,
 throughput and latency from the client. Ratios are against the one gateway of the same run.
 
-    python benchmarks/bench_replicas.py [--requests 240] [--replicas 2] [--blocks 1024] [--time-scale 4]
+    python -m benchmarks bench_replicas [--requests 240] [--replicas 2] [--blocks 1024] [--time-scale 4]
         [--order-none] [--policy fcfs] [--repeats 1] [--sync-interval 0.05] [--skip-own]
         [--predictor global] [--max-waiting-tokens N] [--local-history] [--one-ledger] [--burner 0.25]
         [--publish-s 0.002] [--send-first 0.1] [--dump DIR]
@@ -54,8 +54,8 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-from bench_gateway import PIDS, _capacity_rps, _preemptions, _replay_split, backend, cpu_seconds, gateway
-
+from benchmarks.load import backend_preemptions, capacity_rps, replay_split
+from benchmarks.servers import PIDS, backend, cpu_seconds, gateway
 from harness.live import BackendSampler
 from harness.procs import free_port
 from harness.redis import RedisServer, redis_server_binary
@@ -179,7 +179,7 @@ def main() -> None:
     redis = RedisServer(binary, free_port())
     redis.start()
     engine = {"num_gpu_blocks_override": args.blocks}
-    cap = _capacity_rps(engine, 2, workload(args.requests, 1.0, args.blocks))
+    cap = capacity_rps(engine, 2, workload(args.requests, 1.0, args.blocks))
     rate = args.overload * cap
     work = workload(args.requests, rate, args.blocks)
     flags = ["--num-gpu-blocks-override", str(args.blocks)]
@@ -274,14 +274,14 @@ def run_setup(
             before = {g: sum(cpu_seconds(p) for p in pids) for g, pids in groups.items()}
             me, t0 = os.times(), time.perf_counter()
             with BackendSampler([b1, b2], time_scale, interval_s=0.1) as sampler:
-                records = asyncio.run(_replay_split(work, fronts, time_scale))
+                records = asyncio.run(replay_split(work, fronts, time_scale))
             wall = time.perf_counter() - t0
             waits = commit_waits(fronts)
             first = sent_first(fronts)
             used = {g: sum(cpu_seconds(p) for p in pids) - before[g] for g, pids in groups.items()}
             mine = os.times()
             used["client"] = mine.user + mine.system - me.user - me.system
-        pre = _preemptions([b1, b2])
+        pre = backend_preemptions([b1, b2])
     if dump is not None:
         write_records(dump, records)
     s = summarize(records)

@@ -1,6 +1,6 @@
 """What a request's length costs on the gateway's path: token counting, prediction, added TTFT.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_request_path.py [--lengths 100,1000,10000,30000]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks bench_request_path [--lengths 100,1000,10000,30000]
         [--reps 30] [--rounds 40] [--predictors none,semantic] [--baseline ../main-checkout]
         [--no-gateway] [--no-predict] [--load-rate 0 --load-requests 200]
 
@@ -42,13 +42,12 @@ from pathlib import Path
 import httpx
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from benchmarks.load import warm_embedder
+from benchmarks.servers import PIDS, backend, cpu_seconds, stop_server, wait_ready
+from core.tokens import count_tokens
+from harness.procs import free_port
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from bench_gateway import PIDS, _stop, _wait, _warm_embedder, backend, cpu_seconds, free_port  # noqa: E402
-
-from core.tokens import count_tokens  # noqa: E402
 
 SHAREGPT = REPO / "loadgen" / "shipped" / "sharegpt" / "sharegpt_v3_first_turn_pairs_4000.jsonl.gz"
 
@@ -147,12 +146,12 @@ def gateway(root: Path, backends: Sequence[str], **settings: object) -> Iterator
     url = f"http://127.0.0.1:{port}"
     PIDS[url] = proc.pid
     try:
-        _wait(url, "/ready", proc, timeout=240)
+        wait_ready(url, "/ready", proc, timeout=240)
         if settings.get("predictor") == "semantic":
-            _warm_embedder(url)
+            warm_embedder(url)
         yield url
     finally:
-        _stop(proc)
+        stop_server(proc)
         os.unlink(f.name)
 
 

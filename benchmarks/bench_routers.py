@@ -36,7 +36,7 @@ Latencies are engine seconds (wall x T). Throughput: output tokens a second betw
 last completion). Prefix hit rate: the backends' ``vllm:prefix_cache_hits_total`` over
 ``queries_total``, deltas over the run (after the warm-up requests).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_routers.py --peers /tmp/peers --out /tmp/routers
+    .venv/bin/python -m benchmarks bench_routers --peers /tmp/peers --out /tmp/routers
         [--workloads shared-prefix,sessions] [--loads 0.5,1.0,1.3] [--fronts rr,cache_aware,sagegate]
         [--groups 150 --per-group 5] [--sessions 3000 --horizon-s 60]
         [--time-scale shared-prefix=0.5,sessions=0.1]
@@ -59,12 +59,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from bench_locality import builder  # noqa: E402
-from live_fronts import (  # noqa: E402
+from benchmarks.bench_locality import builder
+from benchmarks.live_fronts import (
     BLOCK,
     FRONTS,
     aiperf_profile,
@@ -73,11 +69,12 @@ from live_fronts import (  # noqa: E402
     warm,
     write_jsonl,
 )
+from core.request import TraceRequest
+from core.summary import loaded_throughput
+from harness.live import backend_counters
+from harness.simtwin import bulk_rate
 
-from core.request import TraceRequest  # noqa: E402
-from core.summary import loaded_throughput  # noqa: E402
-from harness.live import backend_counters  # noqa: E402
-from harness.simtwin import bulk_rate  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 WORKLOADS = ("shared-prefix", "sessions")
 DEFAULT_T = "shared-prefix=0.5,sessions=0.1"

@@ -3,7 +3,7 @@
 (a) the full Azure 2023 conversation hour on one H100 Llama-3.1-8B engine, at the trace's rate and at
 ``--rate-scale 4``; (b) 200-request windows near saturation (rate scale 3.5), median over windows.
 
-    .venv/bin/python benchmarks/bench_sim.py [--repeat 3]
+    .venv/bin/python -m benchmarks bench_sim [--repeat 3]
 """
 
 from __future__ import annotations

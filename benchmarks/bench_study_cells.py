@@ -6,7 +6,7 @@ source as the study does, then runs the cells of ``--regions`` × ``--entries`` 
 milliseconds per cell, plus the calibration CPU per window. Bailian ``deepseek-r1`` (long reasoning
 outputs, many decode steps) dominates the full study's CPU.
 
-    .venv/bin/python benchmarks/bench_study_cells.py [--windows 2] [--entries study] [--profile out.prof]
+    .venv/bin/python -m benchmarks bench_study_cells [--windows 2] [--entries study] [--profile out.prof]
 """
 
 from __future__ import annotations

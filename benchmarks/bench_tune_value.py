@@ -1,6 +1,6 @@
 """What the encoder's length tune changes in what the scheduler buys, in the simulator (issue 19).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_tune_value.py [--seeds 0 1 2 3 4] [--minutes 0.5]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks bench_tune_value [--seeds 0 1 2 3 4] [--minutes 0.5]
         [--utilisation 1.2] [--policy sagesched]
 
 The demo's workload (``harness.live.azure_workload``: Azure conversation arrivals, each a real ShareGPT
@@ -17,12 +17,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from core.summary import summarize
 from gateway.settings import PredictorSettings

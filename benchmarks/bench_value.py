@@ -9,7 +9,7 @@ The same workloads go through the discrete-event simulator (engine level for vLL
 level with the live gateway's admission settings for the others), which gives the capacity the load
 levels are quoted against and a live-versus-simulated check.
 
-    .venv/bin/python benchmarks/bench_value.py [--minutes 10] [--light-util 0.5] [--high-util 1.7]
+    .venv/bin/python -m benchmarks bench_value [--minutes 10] [--light-util 0.5] [--high-util 1.7]
         [--time-scale 1] [--high-time-scale 0.5] [--predictor length-bucket] [--out out/value] [--sim-only] [--loads light,high]
 
 Latencies are seconds of engine time. Figures are printed and written to ``<out>/value.json``.
@@ -31,13 +31,10 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from core.record import RequestRecord  # noqa: E402
-from core.request import TraceRequest  # noqa: E402
-from core.summary import summarize  # noqa: E402
-from loadgen.results import write_results  # noqa: E402
+from core.record import RequestRecord
+from core.request import TraceRequest
+from core.summary import summarize
+from loadgen.results import write_results
 
 ALONE = "vLLM alone"
 
@@ -379,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     scales = {"light": args.light_util, "high": args.high_util}
     report: dict[str, Any] = {
-        "command": " ".join([".venv/bin/python", "benchmarks/bench_value.py", *sys.argv[1:]]),
+        "command": " ".join([".venv/bin/python", "-m", "benchmarks", "bench_value", *sys.argv[1:]]),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "loadavg_start": os.getloadavg(),
         "loads": {},

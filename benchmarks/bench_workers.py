@@ -14,7 +14,7 @@ The per-decision cost of the ledger (one commit's round trip, batched commits, a
 can become the ceiling (the direct TTFT it measures rises too); see docs/journal/BENCHMARKS.md, *The
 load generator's own ceiling*. CPU % is the supervisor and its workers together.
 
-    python benchmarks/bench_workers.py [--workers 1 2 4] [--duration 4] [--rates 50,100,...] [--refine 2]
+    python -m benchmarks bench_workers [--workers 1 2 4] [--duration 4] [--rates 50,100,...] [--refine 2]
 
 Starts its own ``redis-server``. Figures are printed; nothing is asserted.
 """
@@ -31,14 +31,18 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
-from bench_gateway import PIDS, REPO, _open_loop, _stop, _sweep, _wait, backend, free_port
 
+from benchmarks.load import capacity_sweep, open_loop
+from benchmarks.servers import PIDS, backend, stop_server, wait_ready
+from harness.procs import free_port
 from harness.redis import RedisServer, redis_server_binary
 
+REPO = Path(__file__).resolve().parents[1]
 OPEN_ADMISSION = {"max_waiting": 1_000_000, "target": 1000.0}
 ADMIN_KEY = uuid.uuid4().hex
 
@@ -79,12 +83,12 @@ def served(backends: Sequence[str], workers: int, redis_url: str | None) -> Iter
     url = f"http://127.0.0.1:{port}"
     PIDS[url] = proc.pid
     try:
-        _wait(url, "/ready", proc)
+        wait_ready(url, "/ready", proc)
         if redis_url is not None and (n := _replicas_seen(url, workers)) < workers:
             raise RuntimeError(f"only {n} of {workers} workers answered")
         yield url
     finally:
-        _stop(proc)
+        stop_server(proc)
         os.unlink(f.name)
 
 
@@ -111,12 +115,12 @@ def main() -> None:
     found: list[tuple[str, float, float]] = []
     try:
         with backend(1000.0) as b1, backend(1000.0) as b2:
-            asyncio.run(_open_loop([b1, b2], 20, 1, 2))  # warm up the backends
+            asyncio.run(open_loop([b1, b2], 20, 1, 2))  # warm up the backends
             for label, workers, url in setups:
                 try:
                     with served([b1, b2], workers, url) as gw:
-                        asyncio.run(_open_loop([gw], 20, 1, 2))  # warm up: connections to every worker
-                        rate, _, us_req, _ = _sweep(
+                        asyncio.run(open_loop([gw], 20, 1, 2))  # warm up: connections to every worker
+                        rate, _, us_req, _ = capacity_sweep(
                             label, gw, [b1, b2], rates, args.refine, args.duration, 2, "chat"
                         )
                 except RuntimeError as exc:

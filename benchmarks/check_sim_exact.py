@@ -7,8 +7,8 @@ study does, at KNEE and HIGH_PRESSURE, every entry of the panel) plus synthetic 
 never makes — shared prompt prefixes (prefix caching on), a small KV pool (heavy preemption), two
 engines at both levels.
 
-    .venv/bin/python benchmarks/check_sim_exact.py --save /tmp/before.json
-    .venv/bin/python benchmarks/check_sim_exact.py --check /tmp/before.json
+    .venv/bin/python -m benchmarks check_sim_exact --save /tmp/before.json
+    .venv/bin/python -m benchmarks check_sim_exact --check /tmp/before.json
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.bench_study_cells import load_windows
 from core.request import TraceRequest, answer_key
 from policies.registry import parse_policy
 from predictor.factory import make_predictor
@@ -34,9 +35,6 @@ from study.calibrate import calibrate_window
 from study.config import StudyConfig
 from study.simrun import run_window
 from study.sweep import panel
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_study_cells import load_windows
 
 FIELDS = (
     "status",

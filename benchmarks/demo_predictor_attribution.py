@@ -4,7 +4,7 @@ previous one (``SemanticConfig(head_weight=0, head_prior_weight=0, shipped_prior
 calibrate=False)``), on the demo's workload (30 s of Azure conversation arrivals carrying ShareGPT
 pairs, utilisation 1.2, two Qwen3-32B/H100 engines, the demo's 30 s queue timeout in engine time).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/demo_predictor_attribution.py [--utilisation 1.2]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks demo_predictor_attribution [--utilisation 1.2]
 """
 
 from __future__ import annotations

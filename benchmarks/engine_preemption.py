@@ -13,7 +13,7 @@ measures it (saturated, 10th–90th percentile of completions). Policies: ``fcfs
 rank says so) and ``sagesched`` (after: only when the gain exceeds the recompute cost). Every figure
 is printed as a ratio to ``fcfs`` on the same workload and load.
 
-    .venv/bin/python benchmarks/engine_preemption.py [--requests 800] [--workers 2] [--md out.md]
+    .venv/bin/python -m benchmarks engine_preemption [--requests 800] [--workers 2] [--md out.md]
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ def main() -> None:
                 f"  {key}: mean TTLT {summary['ttlt_mean_s']:.2f} s, {summary['preemptions']:.0f} preemptions",
                 flush=True,
             )
-    cmd = f".venv/bin/python benchmarks/engine_preemption.py --requests {args.requests}"
+    cmd = f".venv/bin/python -m benchmarks engine_preemption --requests {args.requests}"
     if args.step_time_scale is not None:
         cmd += f" --step-time-scale {args.step_time_scale:g}"
     text = render(results, caps, cmd)

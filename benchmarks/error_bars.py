@@ -4,7 +4,7 @@ The engine model is calibrated to within ~±10% of real vLLM (docs/fidelity.md);
 capacity error is a large latency error. So the key simulated results are re-run with every step's
 GPU time × 0.85, × 1.0 and × 1.15 (``StepTerms.step_time_scale``) and reported as a range:
 
-* **the value twin** (``benchmarks/bench_value.py --sim-only``, ``harness/simtwin.py``): gateway
+* **the value twin** (``python -m benchmarks bench_value --sim-only``, ``harness/simtwin.py``): gateway
   ``sagesched`` against vLLM alone on two simulated Qwen3-32B/H100 backends, Azure conversation
   arrivals with ShareGPT pairs, at light and high load;
 * **the policy-experiment headline** (``benchmarks/policy_experiments.py``): ``sagesched`` (noisy
@@ -15,7 +15,7 @@ that scale's utilisation, so "high = 1.7× capacity" means the same thing at eve
 rate*: the arrival rate of scale 1.0 replayed on the scaled engine, what a miscalibrated model does
 to a user who sets a rate (a ×1.15 model sees ~1.15× the utilisation).
 
-    .venv/bin/python benchmarks/error_bars.py [--out docs/experiments/error_bars.md] [--quick]
+    .venv/bin/python -m benchmarks error_bars [--out docs/experiments/error_bars.md] [--quick]
 
 Figures are ratios sagesched / vLLM alone from runs of one scale (below 1: sagesched is better).
 """
@@ -34,13 +34,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from core.request import TraceRequest  # noqa: E402
-from core.summary import summarize  # noqa: E402
-from loadgen.records import scale_rate  # noqa: E402
+from core.request import TraceRequest
+from core.summary import summarize
+from loadgen.records import scale_rate
 
 SCALES = (0.85, 1.0, 1.15)
 CAPACITY = "capacity-anchored"
@@ -138,7 +134,7 @@ class Job:
 
 
 def _run_job(args: tuple[list[TraceRequest], Job]) -> tuple[Job, dict[str, float]]:
-    from policy_experiments import run_one
+    from benchmarks.policy_experiments import run_one
 
     native, job = args
     timed = scale_rate(native, job.rate_scale)
@@ -146,7 +142,7 @@ def _run_job(args: tuple[list[TraceRequest], Job]) -> tuple[Job, dict[str, float
 
 
 def _cap_job(args: tuple[list[TraceRequest], str, float]) -> tuple[str, float, float]:
-    from policy_experiments import saturated_rate
+    from benchmarks.policy_experiments import saturated_rate
 
     work, setup, s = args
     return setup, s, saturated_rate(work, setup, s)
@@ -156,7 +152,7 @@ RUNS = (("fcfs", "engine", None), ("sagesched", "engine", 0.2), ("sagesched", "g
 
 
 def policy_rows(args: argparse.Namespace) -> list[Row]:
-    from policy_experiments import SETUPS, load_workloads
+    from benchmarks.policy_experiments import SETUPS, load_workloads
 
     workloads = load_workloads(args.requests)
     if args.quick:
@@ -370,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         ap.error("--scales must include 1.0 (the nominal model)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     command = " ".join(
-        [".venv/bin/python", "benchmarks/error_bars.py", *(sys.argv[1:] if argv is None else argv)]
+        [".venv/bin/python", "-m", "benchmarks", "error_bars", *(sys.argv[1:] if argv is None else argv)]
     )
     t0 = time.perf_counter()
     rows: list[Row] = []

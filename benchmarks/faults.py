@@ -1,8 +1,8 @@
 """The fault suite: the gateway's fault matrix against a live stack on loopback, one Markdown table.
 
-    .venv/bin/python benchmarks/faults.py            # the full matrix (~10 min here)
-    .venv/bin/python benchmarks/faults.py --quick    # the same faults, smaller (~4 min)
-    .venv/bin/python benchmarks/faults.py --only fuzz,drain
+    .venv/bin/python -m benchmarks faults            # the full matrix (~10 min here)
+    .venv/bin/python -m benchmarks faults --quick    # the same faults, smaller (~4 min)
+    .venv/bin/python -m benchmarks faults --only fuzz,drain
 
 The stack: a private ``redis-server``, two simulated backends (``sagegate backend``, small KV pools,
 high ``--time-scale``), the gateway (``sagegate serve`` with its defaults: ``sagesched``, the semantic
@@ -48,12 +48,9 @@ from typing import Any
 import httpx
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from harness.live import backend_args  # noqa: E402
-from harness.procs import Child, child, free_port  # noqa: E402
-from harness.redis import RedisServer  # noqa: E402
+from harness.live import backend_args
+from harness.procs import Child, child, free_port
+from harness.redis import RedisServer
 
 MODEL = "llama-3.1-8b"
 POISON = "POISON-INPUT"
@@ -737,7 +734,7 @@ def mutate(rng: random.Random) -> tuple[str, str, bytes, dict[str, str]]:
     return ("POST", "/v1/chat/completions", bytes(raw), {"content-type": "application/json"})
 
 
-# --- the misbehaving backend (its own process: ``python benchmarks/faults.py bad-backend``) -----------
+# --- the misbehaving backend (its own process: ``python -m benchmarks.faults bad-backend``) --------
 def bad_backend_app() -> Any:
     """A vLLM-like server that misbehaves by model: ``bad-429`` (429 with retry-after: 7),
     ``bad-die`` (dies after five chunks), ``bad-negative`` (negative usage), ``bad-endless`` (one SSE

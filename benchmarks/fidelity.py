@@ -12,7 +12,7 @@ run overloaded vLLM, by the completion rate it reached.
 The fit (``--fit``) searches the H100 profile's free terms on the training runs only; the table's
 held-out rows were not seen by it (docs/fidelity.md).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/fidelity.py [--data /work/.mirror/inference-sim+training/repo]
+    .venv/bin/python -m benchmarks fidelity [--data /work/.mirror/inference-sim+training/repo]
 """
 
 from __future__ import annotations
@@ -21,15 +21,11 @@ import argparse
 import math
 import random
 import statistics
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from fidelity_data import DEFAULT_SOURCE, Run, load_runs
-
+from benchmarks.fidelity_data import DEFAULT_SOURCE, Run, load_runs
 from core.request import TraceRequest
 from sim.config import EngineConfig
 from sim.des import SimSetup, client_view, simulate

@@ -5,7 +5,7 @@ efficiency, minimising the squared log errors of each training stage's mean E2E 
 quarter weight) TTFT. Runs that overloaded vLLM (client timeouts, or a mean E2E many times the light
 load) are left out: their latency measures the client's timeout and queue, not the engine.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/fidelity_fit.py [--window 200] [--rounds 3]
+    .venv/bin/python -m benchmarks fidelity_fit [--window 200] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -13,14 +13,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from fidelity import HELD_OUT, OVERLOAD_FAILURES, compare, simulate_run
-from fidelity_data import DEFAULT_SOURCE, Run, load_runs
-
+from benchmarks.fidelity import HELD_OUT, OVERLOAD_FAILURES, compare, simulate_run
+from benchmarks.fidelity_data import DEFAULT_SOURCE, Run, load_runs
 from sim.hardware import DEFAULT_TERMS, GPUSpec, get_gpu, get_model
 from sim.perf import PerfModel
 

@@ -16,7 +16,7 @@ default), gateway ``sagesched`` with pausing (``policies.pause.PauseConfig(enabl
 defaults otherwise), and a sensitivity row with the resume left unpriced (``hysteresis=0``,
 ``prefill_tokens_per_step=1e6``: pause whenever the rank and the exchange gain say so; not the default). Ratios to vLLM alone, from one run.
 
-    .venv/bin/python benchmarks/gateway_pause.py [--requests 800] [--workers 2] [--md out.md]
+    .venv/bin/python -m benchmarks gateway_pause [--requests 800] [--workers 2] [--md out.md]
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ import argparse
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from engine_preemption import SETUPS_BY_NAME, Setup, at_loads, ratio
-
+from benchmarks.engine_preemption import SETUPS_BY_NAME, Setup, at_loads, ratio
 from core.request import TraceRequest, answer_key
 
 LOADS = (0.5, 0.9, 1.1)
@@ -143,7 +142,7 @@ def main() -> None:
                 f"  {key}: mean TTLT {summary['ttlt_mean_s']:.2f} s, {summary['pauses']:.0f} pauses",
                 flush=True,
             )
-    cmd = f".venv/bin/python benchmarks/gateway_pause.py --requests {args.requests}"
+    cmd = f".venv/bin/python -m benchmarks gateway_pause --requests {args.requests}"
     text = render(results, caps, cmd)
     print(text)
     print(f"{len(jobs)} runs in {time.perf_counter() - t0:.0f} s wall")

@@ -9,28 +9,21 @@ pause whenever the rank and the exchange gain say so). The gateway's predictor i
 learning online (a live gateway has no oracle); the true length travels only in the field the
 simulated backend honours. Each run is also simulated with the same settings. Ratios to vLLM alone.
 
-    .venv/bin/python benchmarks/gateway_pause_live.py [--requests 400] [--utilisation 1.1] [--time-scale 1]
+    .venv/bin/python -m benchmarks gateway_pause_live [--requests 400] [--utilisation 1.1] [--time-scale 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import bench_value as bv  # noqa: E402
-from engine_preemption import load_workload  # noqa: E402
-from gateway_pause import UNPRICED  # noqa: E402
-
-from core.summary import summarize  # noqa: E402
-from loadgen.prompts import attach_prompts  # noqa: E402
-from loadgen.records import scale_rate  # noqa: E402
+from benchmarks import bench_value as bv
+from benchmarks.engine_preemption import load_workload
+from benchmarks.gateway_pause import UNPRICED
+from core.summary import summarize
+from loadgen.prompts import attach_prompts
+from loadgen.records import scale_rate
 
 RUNS: tuple[tuple[str, bv.Setup, dict[str, float]], ...] = (
     ("vLLM alone", bv.ALONE_SETUP, {}),

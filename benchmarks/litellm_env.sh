@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv-litellm/: LiteLLM's proxy for the side-by-side gateway benchmark
-# (benchmarks/bench_gateway.py overhead|capacity). A separate venv so LiteLLM's pins
+# (python -m benchmarks bench_gateway overhead|capacity). A separate venv so LiteLLM's pins
 # never touch the project's own dependencies in .venv/.
 set -euo pipefail
 cd "$(dirname "$0")/.."

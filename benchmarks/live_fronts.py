@@ -13,15 +13,9 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
 
 BLOCK = 512  # Mooncake (and aiperf's mooncake_trace loader): tokens per hash id
 GATEWAY_ENV = {"SAGEGATE_CAP_AT_MAX_TOKENS": "false", "SAGEGATE_QUEUE__MAX_WAIT_S": "86400"}

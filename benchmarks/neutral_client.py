@@ -9,7 +9,7 @@ The slice is the trace's first ``--limit`` requests, its timestamps stretched by
 its timestamps divided by T, so both send in wall time what the engines (running T× faster) see in engine
 time. The load is quoted as utilisation of vLLM alone's capacity on this mix (``harness.simtwin``).
 
-    .venv/bin/python benchmarks/neutral_client.py --peers /tmp/peers [--limit 400] [--rate-scale 0.8]
+    .venv/bin/python -m benchmarks neutral_client --peers /tmp/peers [--limit 400] [--rate-scale 0.8]
         [--time-scale 1.5] [--out /tmp/neutral] [--runs aiperf:router,aiperf:gateway,replay:router,replay:gateway]
 
 ``--peers`` is a folder laid out by ``../shared/peers/install.sh`` with ``venv_aiperf``,
@@ -31,13 +31,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.live_fronts import BLOCK, aiperf_profile, fronted, warm, write_jsonl
+from harness.live import backend_counters
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from live_fronts import BLOCK, aiperf_profile, fronted, warm, write_jsonl  # noqa: E402
-
-from harness.live import backend_counters  # noqa: E402
 
 TRACE = Path("/work/shared/data/mooncake/synthetic_trace.jsonl")
 RUNS = "aiperf:router,aiperf:gateway,replay:router,replay:gateway"

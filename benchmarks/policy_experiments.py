@@ -6,7 +6,7 @@ memory-bound (one H100, Qwen3-32B, ~37k KV tokens). Loads: utilisation 0.5, 0.8,
 utilisation = offered request rate / the rate vLLM alone sustains on that workload (measured here by
 running it saturated). Every figure is relative to vLLM alone (engine-level ``fcfs``, no gateway).
 
-    .venv/bin/python benchmarks/policy_experiments.py --out docs/experiments/policies.md [--quick]
+    .venv/bin/python -m benchmarks policy_experiments --out docs/experiments/policies.md [--quick]
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def render(
     lines = [
         "# Policy experiments (issue 3)",
         "",
-        f"Command: `.venv/bin/python benchmarks/policy_experiments.py --requests {args.requests}"
+        f"Command: `.venv/bin/python -m benchmarks policy_experiments --requests {args.requests}"
         f"{' --quick' if args.quick else ''}`; {len(results)} simulated runs, {wall:.0f} s wall on "
         f"{args.workers} worker(s).",
         "",

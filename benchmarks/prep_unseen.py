@@ -1,6 +1,6 @@
-"""Turn Code Alpaca's instruction file into the JSONL that ``bench_ranker.py --unseen`` reads.
+"""Turn Code Alpaca's instruction file into the JSONL that ``bench_ranker --unseen`` reads.
 
-    .venv/bin/python benchmarks/prep_unseen.py /work/data-ext/codealpaca/new_codealpaca.json \
+    .venv/bin/python -m benchmarks prep_unseen /work/data-ext/codealpaca/new_codealpaca.json \
         /work/data-ext/codealpaca/pairs.jsonl
 
 Source: ``sahil280114/codealpaca`` @ ``2f78ddc5c682ed6738ad092bbbfa59ba915afcb0``, ``data/new_codealpaca.json``
@@ -15,12 +15,10 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from core.tokens import count_tokens
 
 
-def main(src: Path, out: Path) -> int:
+def convert(src: Path, out: Path) -> int:
     rows = json.loads(src.read_text(encoding="utf-8"))
     seen: set[str] = set()
     n = 0
@@ -42,7 +40,11 @@ def main(src: Path, out: Path) -> int:
     return n
 
 
-if __name__ == "__main__":
+def main() -> None:
     if len(sys.argv) != 3:
         sys.exit(__doc__)
-    print(main(Path(sys.argv[1]), Path(sys.argv[2])), "pairs written")
+    print(convert(Path(sys.argv[1]), Path(sys.argv[2])), "pairs written")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,6 +1,6 @@
 """Re-choose the semantic predictor's hyperparameters for the served vectors, on validation only.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/select_semantic.py [--encoder tuned-onnx] \
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks select_semantic [--encoder tuned-onnx] \
         [--from previous|default] [--rounds 2] [--params floor dense_weight ...] [--jobs 2]
 
 The defaults of :class:`predictor.semantic.SemanticConfig` were tuned on the stock encoder's vectors; the

@@ -3,26 +3,20 @@
 For each workload, set-up and load, every candidate rule is run behind the gateway and compared
 with vLLM alone (engine-level `fcfs`): mean TTLT ratio, throughput ratio, preemptions.
 
-    .venv/bin/python benchmarks/tune_admission.py [--loads 0.5,0.8,0.95,1.1,2.0] [--n 1000]
+    .venv/bin/python -m benchmarks tune_admission [--loads 0.5,0.8,0.95,1.1,2.0] [--n 1000]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
+from benchmarks import policy_experiments as pe
 from core.request import answer_key
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import policy_experiments as pe
-
+from harness.simtwin import perf_and_engine
 from loadgen.records import scale_rate
 from policies.admission import AdmissionConfig
 from policies.registry import parse_policy
 from predictor.factory import make_predictor
-from sim.config import EngineConfig
 from sim.des import SimSetup, simulate
 
 CANDIDATES = {
@@ -49,9 +43,7 @@ def main() -> None:
     print("|---|---|---|---|" + "---|" * len(names))
     for wname, work in workloads.items():
         for setup in pe.SETUPS:
-            perf = pe._perf(setup)
-            model, gpu = pe.SETUPS[setup]
-            cfg = EngineConfig(model=model, gpu=gpu)
+            perf, cfg = perf_and_engine(*pe.SETUPS[setup])
             cap = pe.saturated_rate(work, setup)
             rate = len(work) / work[-1].arrival_s
             for load in loads:
