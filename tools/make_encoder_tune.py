@@ -29,7 +29,7 @@ refit the tuned prior:
 ``--model-dir`` runs the same recipe on another mean-pooled encoder (BERT or MPNet layer names; an
 experiment, written to ``--out``, never over the shipped file), reading the same window text through
 its own tokenizer (``--pieces`` of them); ``--vectors-out`` writes every pair's vector from the kept
-epoch, for ``benchmarks/bench_alt_embedder.py --vectors``. all-mpnet-base-v2
+epoch, for ``python -m benchmarks bench_alt_embedder --vectors``. all-mpnet-base-v2
 (docs/journal/BENCHMARKS.md, *A second encoder*): ``--model-dir DIR --pieces 80 --epochs 3``, ~10 min
 per epoch on two threads.
 """
