@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("core", "loadgen", "policies", "predictor", "sim", "gateway", "study", "sagegate")
+PRODUCT = ("core", "loadgen", "policies", "predictor", "sim", "gateway", "study")
+PACKAGES = (*PRODUCT, "harness", "sagegate")
 ALLOWED: dict[str, set[str]] = {
     "core": set(),
     "loadgen": {"core"},
@@ -18,8 +19,11 @@ ALLOWED: dict[str, set[str]] = {
     "sim": {"core", "policies"},
     "gateway": {"core", "policies", "predictor"},
     "study": {"core", "loadgen", "policies", "predictor", "sim"},
+    "harness": set(PRODUCT),
     "sagegate": set(PACKAGES),
 }
+LAB = ("benchmarks", "tools")
+"""Beside the floors, with ``tests``: they may import any package, and no package imports them."""
 
 
 def imports_of(path: Path, *, top_level_only: bool = False) -> set[str]:
@@ -36,6 +40,17 @@ def imports_of(path: Path, *, top_level_only: bool = False) -> set[str]:
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
     return {m for m in out if m.split(".")[0] in PACKAGES}
+
+
+def import_roots(path: Path) -> set[str]:
+    """The top-level names of every absolute import in ``path`` (project or not)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            out.update(a.name.split(".")[0] for a in node.names)
+    return out
 
 
 @cache
@@ -59,6 +74,24 @@ def test_a_package_imports_only_the_floors_below_it(pkg: str) -> None:
             if floor != pkg and floor not in ALLOWED[pkg]:
                 bad.append(f"{name} imports {target}")
     assert not bad, "\n".join(bad)
+
+
+def test_no_package_imports_the_lab() -> None:
+    """``benchmarks`` and ``tools`` use the packages; no package, the harness included, uses them."""
+    bad = [
+        f"{name} imports {root}" for name, path in modules().items() for root in import_roots(path) & set(LAB)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_nothing_outside_tests_imports_tests() -> None:
+    bad = [
+        str(path.relative_to(ROOT))
+        for top in (*PACKAGES, *LAB)
+        for path in (ROOT / top).rglob("*.py")
+        if "tests" in import_roots(path)
+    ]
+    assert not bad, bad
 
 
 def test_no_import_circles_when_modules_load() -> None:
