@@ -17,8 +17,10 @@ Each round sends, through every front:
 Prompts are ShareGPT first turns (the shipped slice), each sent once per front, so no cache of the
 front's sees a repeat. CPU is the front process's user + system time over the phase (/proc). The
 client is this process, ``--concurrency`` requests at a time. ``--profile DIR`` runs each sagegate
-front under pyinstrument for the last round and writes its HTML profile there. Figures are printed;
-nothing is asserted.
+front under pyinstrument for the last round and writes its HTML profile there; ``--py-spy BIN`` with
+it records every front of that round with py-spy instead (all threads, native frames left out) as
+collapsed stacks (``NAME.folded``) and prints the hottest frames. Figures are printed; nothing is
+asserted.
 """
 
 from __future__ import annotations
@@ -114,6 +116,33 @@ async def drive(url: str, texts: Sequence[str], tokens: int, concurrency: int) -
 
 
 @contextlib.contextmanager
+def py_spy(binary: str | None, pid: int, out: Path) -> Iterator[None]:
+    """Sample ``pid`` with py-spy while the block runs (nothing without ``binary``)."""
+    if binary is None:
+        yield
+        return
+    cmd = [binary, "record", "--pid", str(pid), "--format", "raw", "--output", str(out), "--rate", "250"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)  # py-spy writes what it sampled and exits
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)
+
+
+def hottest(folded: Path, n: int = 15) -> list[tuple[float, str]]:
+    """The frames most often on the stack (inclusive share of samples) in py-spy's collapsed stacks."""
+    total, seen = 0, dict[str, int]()
+    for line in folded.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        total += int(count)
+        for frame in set(stack.split(";")):
+            seen[frame] = seen.get(frame, 0) + int(count)
+    return sorted(((c / max(1, total), f) for f, c in seen.items()), reverse=True)[:n]
+
+
+@contextlib.contextmanager
 def front(f: Front, backend: str, profile: Path | None) -> Iterator[tuple[str, int]]:
     """The front's URL and pid, stopped on exit."""
     port = free_port()
@@ -161,6 +190,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--profile", type=Path, default=None)
+    ap.add_argument("--py-spy", default=None, help="py-spy's executable (with --profile)")
     args = ap.parse_args()
     fronts = [Front.parse(s) for s in args.fronts]
     if args.profile is not None:
@@ -178,18 +208,24 @@ def main() -> None:
             for f in fronts:
                 profile = args.profile if rnd == args.rounds - 1 else None
                 with contextlib.ExitStack() as stack:
+                    wrap = None if args.py_spy else profile  # pyinstrument, unless py-spy samples instead
                     try:
-                        url, pid = stack.enter_context(front(f, backend, profile))
+                        url, pid = stack.enter_context(front(f, backend, wrap))
                     except FileNotFoundError as exc:
                         print(f"{f.name}: skipped ({exc})")
                         continue
                     one = texts[cursor : cursor + args.concurrency + args.requests]
                     many = texts[cursor + len(one) : cursor + len(one) + args.concurrency + args.streams]
                     cursor += len(one) + len(many)
-                    per_request = measure(url, pid, one, 1, args.concurrency)[0] / args.requests
-                    cpu_many, n_tokens = measure(url, pid, many, args.tokens, args.concurrency)
+                    folded = (profile or Path()) / f"{f.name.replace(':', '_').replace(',', '_')}.folded"
+                    with py_spy(args.py_spy if profile is not None else None, pid, folded):
+                        per_request = measure(url, pid, one, 1, args.concurrency)[0] / args.requests
+                        cpu_many, n_tokens = measure(url, pid, many, args.tokens, args.concurrency)
                     per_token = (cpu_many - per_request * args.streams) / max(1, n_tokens)
                     print(f"{f.name} | {rnd} | {per_request * 1e3:.2f} | {per_token * 1e6:.1f}", flush=True)
+                if profile is not None and args.py_spy and folded.exists():
+                    for share, frame in hottest(folded):
+                        print(f"    {share:6.1%}  {frame}")
     if args.profile is not None:
         print(f"profiles: {args.profile}/")
 
