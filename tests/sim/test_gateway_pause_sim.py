@@ -18,7 +18,7 @@ from sim.des import QueueLimits, SimResult, SimSetup, Simulation, simulate
 from sim.engine import EngineRequest
 from sim.engine_request import RUNNING
 from sim.gateway_level import SimGateway
-from tests.test_fold_exact import PERF, assert_same, workload
+from tests.sim.test_fold_exact import PERF, assert_same, workload
 
 EAGER = PauseConfig(enabled=True, max_pauses=2, hysteresis=0.0, prefill_tokens_per_step=1e6)
 """Pauses whenever the rank says so (a resume costs next to nothing): as many pauses as possible."""

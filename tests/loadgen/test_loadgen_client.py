@@ -22,7 +22,7 @@ from loadgen.prompts import filler_text
 from loadgen.records import with_client_cap
 from loadgen.schedule import prepare_workload
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

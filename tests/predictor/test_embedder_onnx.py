@@ -24,7 +24,7 @@ from tests.semantic_support import LONG_TASKS, SHORT_TASKS, family
 pytest.importorskip("onnxruntime")
 pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LONG = "Summarise the following. " + "filler words go here. " * 400 + "Answer in one word."
 CHAT = flatten_prompt(
     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]

@@ -20,8 +20,8 @@ from core.outcomes import Outcome, Reason
 from gateway.app import Gateway, create_app
 from gateway.backends import Backend
 from gateway.lifecycle import Lifecycle, LifecycleError, RequestState
+from tests.gateway.test_gateway_units import _dispatcher, _req
 from tests.gateway_support import FakeBackend, ServerThread, chat_body, settings_for, wait_until
-from tests.test_gateway_units import _dispatcher, _req
 
 
 @dataclass

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("core", "loadgen", "policies", "predictor", "sim", "gateway", "study")
 PACKAGES = (*PRODUCT, "harness", "sagegate")
 ALLOWED: dict[str, set[str]] = {

@@ -17,7 +17,7 @@ from gateway.queue import BoundedQueue, GatewayRequest
 from gateway.settings import GatewaySettings
 from policies.admission import AdmissionConfig, Charge
 from policies.registry import parse_policy
-from tests.test_gateway_predict_budget import _SlowFace
+from tests.gateway.test_gateway_predict_budget import _SlowFace
 
 CFG = AdmissionConfig()
 SHORT = LengthDistribution((20, 40), (0.5, 0.5))

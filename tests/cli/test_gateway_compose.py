@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from sagegate import cmd_backend, cmd_serve
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"
 
 

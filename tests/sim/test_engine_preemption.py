@@ -158,11 +158,11 @@ def test_declaration() -> None:
 
 @pytest.mark.parametrize("policy", ["sagesched", "gittins-length"])
 def test_fold_stays_exact_with_priced_preemption(policy: str) -> None:
-    """The tests/test_fold_exact.py run, with the cost rule on: folded equals unfolded."""
+    """The tests/sim/test_fold_exact.py run, with the cost rule on: folded equals unfolded."""
     from core.request import answer_key
     from predictor.factory import make_predictor
     from sim.des import SimSetup, simulate
-    from tests.test_fold_exact import workload
+    from tests.sim.test_fold_exact import workload
 
     work = workload()
 

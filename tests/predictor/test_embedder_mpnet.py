@@ -27,7 +27,7 @@ from predictor.ranker_prior import MPNET_PRIOR_PATH, encoder_family, prior_path,
 from tests.semantic_support import LONG_TASKS, SHORT_TASKS, family
 
 pytest.importorskip("onnxruntime")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = [
     *family(SHORT_TASKS, ["cats", "rain"]),
     *family(LONG_TASKS, ["trains"]),

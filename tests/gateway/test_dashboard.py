@@ -1,5 +1,5 @@
 """The dashboard's feed, its access rule and the telemetry behind it (no browser: see
-tests/test_dashboard_browser.py for the page itself)."""
+tests/gateway/test_dashboard_browser.py for the page itself)."""
 
 from __future__ import annotations
 

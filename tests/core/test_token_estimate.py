@@ -24,7 +24,7 @@ from core.tokens import (
 from gateway.tokens import count_prompt, measure_prompt
 from predictor.lexical import extract_terms
 
-SHIPPED = Path(__file__).resolve().parents[1] / "loadgen" / "shipped" / "sharegpt"
+SHIPPED = Path(__file__).resolve().parents[2] / "loadgen" / "shipped" / "sharegpt"
 SHAREGPT = SHIPPED / "sharegpt_v3_first_turn_pairs_4000.jsonl.gz"
 
 

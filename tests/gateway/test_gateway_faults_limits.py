@@ -20,8 +20,8 @@ from tests.fault_support import (
     read_until_closed,
     stop_and_log,
 )
+from tests.gateway.test_gateway_faults_stream import idle, stack
 from tests.gateway_support import FakeBackend, ServerThread, admin, chat_body, metric, wait_until
-from tests.test_gateway_faults_stream import idle, stack
 
 
 def _status(response: bytes) -> int:
