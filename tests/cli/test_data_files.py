@@ -102,6 +102,7 @@ def test_the_shipped_conversations_read_as_sessions_none_a_predictor_learned_fro
     assert not {prompt_digest(r.extra["messages"][0]["content"]) for r in firsts} & learned_prompts()  # type: ignore[index]
 
 
+@pytest.mark.heavy
 def test_the_shipped_subset_is_the_documented_draw() -> None:
     """Re-drawn from the full pairs file by the committed script: the same 4,000 pairs."""
     data_path(*SHAREGPT)
@@ -132,6 +133,7 @@ def test_package_data_covers_every_shipped_file() -> None:
     assert {"DATA.md", "LICENSE-CC-BY-4.0.txt", "LICENSE-Apache-2.0.txt"} <= {p.name for p in files}
 
 
+@pytest.mark.heavy
 def test_a_broken_command_module_fails_the_cli_loudly() -> None:
     """A subcommand whose module cannot be imported must not vanish from the CLI silently (a fresh
     interpreter: in this one the module is already imported)."""

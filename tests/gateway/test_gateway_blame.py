@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 
 import httpx
+import pytest
 
 from gateway.blame import RetryBudget, Suspect, Verdicts, error_object, refused_input
 from tests.gateway_support import admin, chat_body, fleet, idle, metric, wait_until
@@ -25,6 +26,7 @@ def circuits(url: str) -> list[bool]:
 
 
 # --- the verdict over HTTP -------------------------------------------------------------------------
+@pytest.mark.heavy
 def test_a_request_that_fails_on_two_backends_is_blamed_and_no_circuit_opens() -> None:
     poisoned = {"poison": POISON}
     with fleet(poisoned, poisoned, health={"failure_threshold": 1}) as (fakes, url):
@@ -40,6 +42,7 @@ def test_a_request_that_fails_on_two_backends_is_blamed_and_no_circuit_opens() -
         assert idle(url)
 
 
+@pytest.mark.heavy
 def test_a_backend_error_that_says_the_input_was_refused_becomes_a_400() -> None:
     refused = {"poison": POISON, "poison_type": "BadRequestError"}
     with fleet(refused, refused) as (_, url):
@@ -50,6 +53,7 @@ def test_a_backend_error_that_says_the_input_was_refused_becomes_a_400() -> None
         assert "the engine failed on this input" in body["message"]
 
 
+@pytest.mark.heavy
 def test_one_tenants_poison_burst_leaves_every_circuit_closed_for_the_others() -> None:
     """Eight poison requests at once (which opened both circuits before), a victim tenant alongside."""
     poisoned = {"poison": POISON, "delay_s": 0.002}
@@ -76,6 +80,7 @@ def test_one_tenants_poison_burst_leaves_every_circuit_closed_for_the_others() -
         wait_until(lambda: idle(url), what="nothing held")
 
 
+@pytest.mark.heavy
 def test_a_backend_failing_everyone_is_still_charged_and_taken_out() -> None:
     """The first backend answers every request 500; the second serves them: the first is charged."""
     with fleet({"mode": "fail500", "blocks": 8192}, {"blocks": 1024}) as (fakes, url):
@@ -86,6 +91,7 @@ def test_a_backend_failing_everyone_is_still_charged_and_taken_out() -> None:
         assert fakes[0].state.requests == 3
 
 
+@pytest.mark.heavy
 def test_a_tenant_past_its_retry_budget_gets_the_first_failure_and_others_keep_theirs() -> None:
     """Poison for the first backend only (it has more room, so it is tried first); the second serves."""
     first_only = [{"poison": POISON, "blocks": 8192}, {"blocks": 1024}]

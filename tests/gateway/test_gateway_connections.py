@@ -15,6 +15,8 @@ import pytest
 from tests.fault_support import gateway_process, raw_socket, read_until_closed, stop_and_log
 from tests.gateway_support import FakeBackend, ServerThread, chat_body, metric, wait_until
 
+pytestmark = pytest.mark.heavy  # a sagegate serve process
+
 
 @pytest.fixture(scope="module")
 def defaults() -> Iterator[str]:

@@ -96,6 +96,7 @@ def sse_events(url: str, body: dict[str, Any]) -> list[str]:
 
 
 # --- over loopback HTTP ---------------------------------------------------------------------------
+@pytest.mark.heavy
 def test_a_whole_answer_and_a_stream_each_release_their_reservation_once() -> None:
     with stack({"tokens": 5}) as (url, _gw, seen):
         assert post(url, chat_body()).status_code == 200
@@ -103,6 +104,7 @@ def test_a_whole_answer_and_a_stream_each_release_their_reservation_once() -> No
     assert len(seen.taken) == 2
 
 
+@pytest.mark.heavy
 def test_client_gone_while_queued_takes_no_reservation() -> None:
     # the backend reports a long waiting list: the admission rule holds every request
     with stack({"waiting": 50}) as (url, _gw, seen), pytest.raises(httpx.ReadTimeout):
@@ -110,6 +112,7 @@ def test_client_gone_while_queued_takes_no_reservation() -> None:
     assert seen.taken == []
 
 
+@pytest.mark.heavy
 def test_client_gone_mid_stream_releases_once() -> None:
     with (
         stack({"tokens": 400, "delay_s": 0.02}) as (url, gw, seen),
@@ -127,12 +130,14 @@ def test_client_gone_mid_stream_releases_once() -> None:
     assert len(seen.taken) == 1
 
 
+@pytest.mark.heavy
 def test_client_gone_while_the_backend_computes_a_whole_answer_releases_once() -> None:
     with stack({"tokens": 100, "delay_s": 0.05}) as (url, _gw, seen), pytest.raises(httpx.ReadTimeout):
         post(url, chat_body(), timeout=0.3)
     assert len(seen.taken) == 1
 
 
+@pytest.mark.heavy
 def test_backend_500_retried_on_another_releases_each_reservation_once() -> None:
     with stack({"mode": "fail500", "blocks": 8192}, {"blocks": 1024}) as (url, _gw, seen):
         r = post(url, chat_body())
@@ -140,6 +145,7 @@ def test_backend_500_retried_on_another_releases_each_reservation_once() -> None
     assert [name for _, name in seen.taken] == ["backend-0", "backend-1"]
 
 
+@pytest.mark.heavy
 def test_every_backend_500_is_a_502_with_each_reservation_released_once() -> None:
     with stack({"mode": "fail500"}, {"mode": "fail500"}) as (url, _gw, seen):
         r = post(url, chat_body())
@@ -147,6 +153,7 @@ def test_every_backend_500_is_a_502_with_each_reservation_released_once() -> Non
     assert len(seen.taken) == 2
 
 
+@pytest.mark.heavy
 def test_backend_dying_mid_stream_releases_once() -> None:
     with stack({"mode": "midstream", "tokens": 10, "die_after": 3}) as (url, gw, seen):
         events = sse_events(url, chat_body(stream=True, max_tokens=10))
@@ -157,6 +164,7 @@ def test_backend_dying_mid_stream_releases_once() -> None:
     assert len(seen.taken) == 1
 
 
+@pytest.mark.heavy
 def test_queue_timeout_withdraws_without_a_reservation() -> None:
     with stack({"waiting": 50}, queue={"max_wait_s": 0.2}) as (url, _gw, seen):
         r = post(url, chat_body())
@@ -164,6 +172,7 @@ def test_queue_timeout_withdraws_without_a_reservation() -> None:
     assert seen.taken == []
 
 
+@pytest.mark.heavy
 def test_upstream_read_timeout_releases_once_and_answers_502() -> None:
     with stack({"tokens": 50, "delay_s": 0.1}, upstream={"read_timeout_s": 0.2}) as (url, _gw, seen):
         r = post(url, chat_body())
@@ -171,6 +180,7 @@ def test_upstream_read_timeout_releases_once_and_answers_502() -> None:
     assert len(seen.taken) == 1
 
 
+@pytest.mark.heavy
 def test_the_drain_deadline_ends_a_stream_and_releases_it_once() -> None:
     with stack({"tokens": 400, "delay_s": 0.02}) as (url, gw, seen):
         results: list[Any] = []

@@ -10,9 +10,12 @@ import time
 from contextlib import AbstractContextManager
 
 import httpx
+import pytest
 
 from tests.fault_support import gateway_process
 from tests.gateway_support import FakeBackend, ServerThread, chat_body, wait_until
+
+pytestmark = pytest.mark.heavy  # a sagegate serve process
 
 CLEAN_EXIT = (0, -signal.SIGTERM)
 """uvicorn re-raises the signal after its graceful shutdown, so a drained process dies of SIGTERM."""

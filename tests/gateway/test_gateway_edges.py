@@ -16,6 +16,8 @@ from gateway.app import create_app
 from gateway.jsonbody import depth
 from tests.gateway_support import FakeBackend, ServerThread, settings_for, wait_until
 
+pytestmark = pytest.mark.heavy  # a live gateway and backends on loopback
+
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[tuple[str, FakeBackend]]:

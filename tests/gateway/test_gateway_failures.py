@@ -16,6 +16,8 @@ import pytest
 from gateway.app import create_app
 from tests.gateway_support import FakeBackend, ServerThread, admin, chat_body, idle, settings_for, wait_until
 
+pytestmark = pytest.mark.heavy  # a live gateway and backends on loopback
+
 
 @contextmanager
 def gateway(backends: list[ServerThread], **kw: Any) -> Iterator[str]:

@@ -23,6 +23,8 @@ from tests.fault_support import (
 from tests.gateway.test_gateway_faults_stream import idle, stack
 from tests.gateway_support import FakeBackend, ServerThread, admin, chat_body, metric, wait_until
 
+pytestmark = pytest.mark.heavy  # a live gateway and backends; some a sagegate serve process
+
 
 def _status(response: bytes) -> int:
     return int(response.split(b" ", 2)[1])

@@ -49,6 +49,7 @@ def sse_events(url: str, body: dict[str, Any], timeout: float = 20) -> list[str]
 
 
 # --- row 1: whatever the upstream client raises is the backend failing ------------------------------
+@pytest.mark.heavy
 def test_an_unexpected_exception_from_the_upstream_send_is_retried_not_a_cancellation() -> None:
     with stack(FakeBackend(blocks=8192), FakeBackend(blocks=1024)) as (url, gw):
         gw.proxy.client = httpx.AsyncClient(transport=FaultyTransport(fail_sends=1))
@@ -61,6 +62,7 @@ def test_an_unexpected_exception_from_the_upstream_send_is_retried_not_a_cancell
         assert idle(url)
 
 
+@pytest.mark.heavy
 def test_an_unexpected_exception_mid_stream_ends_it_with_an_sse_error_event() -> None:
     with stack(FakeBackend(tokens=20, delay_s=0.01)) as (url, gw):
         gw.proxy.client = httpx.AsyncClient(transport=FaultyTransport(break_after=4))
@@ -91,6 +93,7 @@ def _answer(url: str, i: int) -> str:
     return "sse_error" if "error" in json.loads(events[-1]) else "truncated"
 
 
+@pytest.mark.heavy
 def test_a_backend_killed_mid_run_loses_no_request() -> None:
     """Two backend processes, 45 requests (two thirds streaming); one backend is SIGKILLed while
     streams run on it. Each request is answered 200, a stream that was on the dead backend ends with
@@ -123,6 +126,7 @@ def test_a_backend_killed_mid_run_loses_no_request() -> None:
 
 
 # --- row 3: an SSE event that never ends ------------------------------------------------------------
+@pytest.mark.heavy
 def test_an_endless_sse_event_ends_the_stream_with_an_error_and_closes_the_backend_request() -> None:
     bad = BadBackend("endless")
     with stack(bad, upstream={"max_sse_event_bytes": 256 * 1024}) as (url, _):
@@ -161,6 +165,7 @@ def test_scanner_scans_each_byte_once() -> None:
 
 
 # --- row 10: a backend's usage is checked before it is recorded -------------------------------------
+@pytest.mark.heavy
 def test_implausible_usage_is_not_recorded() -> None:
     with stack(BadBackend("bad_usage", tokens=8)) as (url, _):
         events = sse_events(url, chat_body(stream=True, max_tokens=50))
@@ -174,6 +179,7 @@ def test_implausible_usage_is_not_recorded() -> None:
         assert metric(url, 'sagegate_requests_total{route="chat",status="ok"}') == 2
 
 
+@pytest.mark.heavy
 def test_usage_beyond_max_tokens_is_not_recorded() -> None:
     with stack(BadBackend("bad_usage", tokens=8, usage=10**9)) as (url, _):
         sse_events(url, chat_body(stream=True, max_tokens=50))
@@ -191,6 +197,7 @@ def _stream_into(url: str, out: list[Any]) -> None:
         out.append(exc)
 
 
+@pytest.mark.heavy
 def test_drain_deadline_ends_running_streams_with_an_sse_error_event() -> None:
     fake = FakeBackend(tokens=1000, delay_s=0.05)  # 50-second streams
     with (

@@ -18,6 +18,8 @@ from hypothesis.errors import Unsatisfiable
 from gateway.app import create_app
 from tests.gateway_support import FakeBackend, ServerThread, settings_for
 
+pytestmark = pytest.mark.heavy  # a live gateway and backend on loopback
+
 schemathesis = pytest.importorskip("schemathesis")
 
 EXAMPLES = 30

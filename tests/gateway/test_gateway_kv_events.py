@@ -265,6 +265,7 @@ def turn(gw: str, backend: str, messages: list[dict[str, str]]) -> tuple[int, in
     )
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("tokenizer", ["local", "backend"])
 def test_a_conversations_predicted_hits_are_the_engines_own(tokenizer: str, monkeypatch: Any) -> None:
     """``local``: the gateway's own BPE and rendering; ``backend``: the backend's ``/tokenize``."""
@@ -305,6 +306,7 @@ def test_a_conversations_predicted_hits_are_the_engines_own(tokenizer: str, monk
             watch.close()
 
 
+@pytest.mark.heavy
 def test_without_events_or_before_any_the_approximate_index_places() -> None:
     silent = free_port()  # configured, but nothing ever publishes there
     with sim_backend(None) as url, gateway([{"url": url, "kv_events": f"tcp://127.0.0.1:{silent}"}]) as gw:
@@ -329,6 +331,7 @@ def test_without_events_or_before_any_the_approximate_index_places() -> None:
         assert turn(gw, url, messages)[0] > 0
 
 
+@pytest.mark.heavy
 def test_a_restarted_backends_index_is_cleared_and_follows_the_new_engine() -> None:
     ev, port = free_port(), free_port()
     backend = [{"url": f"http://127.0.0.1:{port}", "kv_events": f"tcp://127.0.0.1:{ev}"}]

@@ -28,6 +28,8 @@ from predictor.semantic import SemanticPredictor
 from predictor.semantic_async import AsyncSemantic
 from tests.gateway_support import FakeBackend, ServerThread, chat_body, settings_for, wait_until
 
+pytestmark = pytest.mark.heavy  # a sagegate serve process and the real embedder
+
 
 class ColdEmbedder:
     """Unit vectors from a hash of the text; the first call (in any thread) sleeps ``cold_s``, as

@@ -15,6 +15,8 @@ from sim.server import BackendSettings
 from sim.server import create_app as backend_app
 from tests.gateway_support import ServerThread, admin, settings_for, wait_until
 
+pytestmark = pytest.mark.heavy  # a live gateway and simulated backends on loopback
+
 
 def sim_backend(name: str = "sim", **engine: object) -> ServerThread:
     cfg = EngineConfig(**engine)  # type: ignore[arg-type]

@@ -22,6 +22,8 @@ from sim.server import BackendSettings
 from sim.server import create_app as backend_app
 from tests.gateway_support import ServerThread, admin, settings_for, wait_until
 
+pytestmark = pytest.mark.heavy  # a live gateway and a simulated backend on loopback
+
 N = 6
 
 

@@ -5,8 +5,11 @@ sticky traffic, a client's session is credited where its last turn went, and eve
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.gateway_support import admin, fleet, metric, wait_until
+
+pytestmark = pytest.mark.heavy  # a live gateway and backends on loopback
 
 SYSTEM_A = "You are a careful assistant for the railway company. " * 150  # ~2,000 tokens
 SYSTEM_B = "You translate customer letters into formal German prose. " * 150

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from core.distribution import LengthDistribution
 from gateway.predict import PredictInput, SemanticAdapter
 from predictor.semantic_async import FeaturesJob
@@ -96,6 +98,7 @@ def test_a_vector_made_in_time_is_used_though_the_loop_was_slow_to_pick_it_up():
     assert inner.recorded == ["ready-r"]
 
 
+@pytest.mark.heavy
 def test_through_the_real_embedder_a_blocked_loop_does_not_make_a_prediction_late():
     """The real worker thread and MiniLM: the loop is blocked past the budget while the worker embeds
     (a busy gateway); the vector was made in time, so the prediction uses it."""

@@ -8,12 +8,15 @@ import threading
 from typing import Any
 
 import httpx
+import pytest
 
 from gateway.app import create_app
 from sim.config import EngineConfig
 from sim.server import BackendSettings
 from sim.server import create_app as backend_app
 from tests.gateway_support import ServerThread, admin, settings_for, wait_until
+
+pytestmark = pytest.mark.heavy  # a live gateway and a simulated backend on loopback
 
 N = 6
 WORDS = 1200  # prompt tokens each: N of them running is well over the sample minimum (capacity / 8)

@@ -13,10 +13,13 @@ from collections.abc import Sequence
 
 import httpx
 import numpy as np
+import pytest
 
 from gateway.app import create_app
 from gateway.predict import SemanticAdapter
 from tests.gateway_support import FakeBackend, ServerThread, settings_for, wait_until
+
+pytestmark = pytest.mark.heavy  # live replicas and backends, Redis
 
 DIM = 384  # the history index is built for MiniLM-sized vectors
 

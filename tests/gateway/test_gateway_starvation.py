@@ -63,6 +63,7 @@ def _overload(share: float) -> int:
             return r.status_code
 
 
+@pytest.mark.heavy
 def test_a_large_prompt_is_served_under_overload_and_refusals_are_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

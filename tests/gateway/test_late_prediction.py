@@ -8,6 +8,7 @@ import asyncio
 import itertools
 
 import httpx
+import pytest
 
 from core.distribution import LengthDistribution
 from gateway.backends import BackendPool
@@ -135,6 +136,7 @@ def _late_outcomes(url: str) -> dict[str, float]:
     return counter_by_label(httpx.get(url + "/metrics").text, "sagegate_late_predictions", "outcome")
 
 
+@pytest.mark.heavy
 def test_through_the_gateway_a_waiting_request_learns_its_late_prediction() -> None:
     """Two late predictions over real HTTP: the first request goes at once (an idle backend) and
     runs on the prior's rank; the second waits behind it, and its prediction, coming while it

@@ -21,6 +21,8 @@ from harness.redis import RedisServer
 from loadgen.client import ReplayConfig, replay_async
 from loadgen.scrape import scrape_preemptions
 
+pytestmark = pytest.mark.heavy  # replica and backend processes, a private Redis
+
 BLOCKS = 1024  # 16 tokens each: ~16k tokens of KV per backend, so admission decides
 TIME_SCALE = 4.0
 ENGINE = ["--num-gpu-blocks-override", str(BLOCKS), "--served-model-name", "sim"]

@@ -22,6 +22,8 @@ from harness.redis import RedisServer
 from tests.fault_support import backend_process, gateway_process
 from tests.gateway_support import chat_body, wait_until
 
+pytestmark = pytest.mark.heavy  # replica and backend processes, Redis
+
 pytest.importorskip("redis")
 
 ADMIN = {"authorization": "Bearer admin-secret"}

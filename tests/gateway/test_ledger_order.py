@@ -108,6 +108,7 @@ def test_ledger_order_is_validated() -> None:
 ADMIN = {"authorization": "Bearer admin-secret"}
 
 
+@pytest.mark.heavy
 def test_replica_processes_hold_a_later_request_for_an_earlier_one_elsewhere(
     redis_url: str, redis_prefix: str
 ) -> None:
@@ -156,6 +157,7 @@ def test_replica_processes_hold_a_later_request_for_an_earlier_one_elsewhere(
             assert earlier.result().status_code == 200
 
 
+@pytest.mark.heavy
 def test_replicas_stamp_arrivals_on_one_scale() -> None:
     """Rank keys carry the gateway clock's arrival times and replicas compare published keys: two
     processes' clocks must agree (``time.monotonic`` starts at each host's boot)."""

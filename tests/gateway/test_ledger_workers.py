@@ -15,6 +15,8 @@ from harness.procs import free_port
 from tests.fault_support import backend_process
 from tests.gateway_support import REPO_ROOT, chat_body, wait_until
 
+pytestmark = pytest.mark.heavy  # sagegate serve --workers 2, Redis
+
 pytest.importorskip("redis")
 
 ADMIN = {"authorization": "Bearer admin-secret"}

@@ -19,6 +19,8 @@ from sim.des import SimSetup, client_view, simulate
 from sim.hardware import get_gpu, get_model
 from sim.perf import PerfModel
 
+pytestmark = pytest.mark.heavy  # gateway and backend processes
+
 TIME_SCALE = 4.0
 MODEL, GPU = "qwen3-32b", "h100"
 

@@ -37,6 +37,7 @@ def _body(words: int, forced: int, cap: int = 4096) -> dict[str, Any]:
     }
 
 
+@pytest.mark.heavy
 def test_the_live_gateway_never_reads_the_forced_length() -> None:
     engine = EngineConfig(max_num_seqs=1)
     backend = backend_app(BackendSettings(engine=engine, served_model_name="sim", time_scale=1.0))

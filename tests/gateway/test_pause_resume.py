@@ -118,6 +118,7 @@ def text_of(chunks: list[Any], chat: bool) -> str:
     return "".join(c.choices[0].text for c in chunks if c.choices)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
 @pytest.mark.parametrize("at", [(3,), (3, 12)], ids=["one-pause", "two-pauses"])
 def test_a_paused_stream_is_the_unpaused_one(
@@ -145,6 +146,7 @@ def test_a_paused_stream_is_the_unpaused_one(
     wait_until(lambda: settled(gw), what="every reservation released")
 
 
+@pytest.mark.heavy
 def test_without_usage_asked_no_usage_reaches_the_client(
     stack: tuple[ServerThread, list[ServerThread]],
 ) -> None:
@@ -156,6 +158,7 @@ def test_without_usage_asked_no_usage_reaches_the_client(
     wait_until(lambda: settled(gw), what="every reservation released")
 
 
+@pytest.mark.heavy
 def test_the_forced_length_counts_from_the_response_start(
     stack: tuple[ServerThread, list[ServerThread]],
 ) -> None:
@@ -175,6 +178,7 @@ def test_the_forced_length_counts_from_the_response_start(
     assert len(text_of(chunks, False).split()) == 120
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
 def test_a_paused_whole_answer_is_the_unpaused_one(
     stack: tuple[ServerThread, list[ServerThread]], chat: bool
@@ -207,6 +211,7 @@ def test_a_paused_whole_answer_is_the_unpaused_one(
     wait_until(lambda: settled(gw), what="every reservation released")
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("paused", [False, True], ids=["streaming", "paused-first"])
 def test_a_backend_that_dies_mid_stream_loses_no_request(paused: bool) -> None:
     """Its backend dies mid-stream (perhaps after it was paused and resumed there): it goes on on the
@@ -236,6 +241,7 @@ def test_a_backend_that_dies_mid_stream_loses_no_request(paused: bool) -> None:
             wait_until(lambda: settled(gw), what="every reservation released")
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("resume", [True, False], ids=["default", "resume_broken-off"])
 def test_a_broken_stream_resumes_by_default_with_pausing_off(resume: bool) -> None:
     """With pausing off (the default) a stream its backend broke still goes on elsewhere
@@ -306,6 +312,7 @@ def _hold_paused(gw: ServerThread) -> tuple[Any, str, threading.Thread]:
     return stream, rid, hold
 
 
+@pytest.mark.heavy
 def test_a_client_that_leaves_while_paused_is_withdrawn() -> None:
     be, gw = _blocked()
     with be, gw:
@@ -319,6 +326,7 @@ def test_a_client_that_leaves_while_paused_is_withdrawn() -> None:
         assert pause(gw.url, rid).status_code == 404
 
 
+@pytest.mark.heavy
 def test_a_pause_asked_while_the_client_leaves_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """The client leaves mid-stream and a pause arrives while its reader is still closing the
     upstream (the relay's stop yields there): the pause is refused, and nothing is left queued,
@@ -363,6 +371,7 @@ def test_a_pause_asked_while_the_client_leaves_is_refused(monkeypatch: pytest.Mo
         assert pauses(gw.url, "paused") == 0
 
 
+@pytest.mark.heavy
 def test_a_paused_request_that_waits_too_long_ends_with_an_error_event() -> None:
     be, gw = _blocked(queue={"max_wait_s": 0.5})
     with be, gw:
@@ -374,6 +383,7 @@ def test_a_paused_request_that_waits_too_long_ends_with_an_error_event() -> None
         wait_until(lambda: settled(gw), what="every reservation released")
 
 
+@pytest.mark.heavy
 def test_a_drain_ends_a_paused_request_cleanly() -> None:
     be, gw = _blocked()
     with be, gw:
@@ -389,6 +399,7 @@ def test_a_drain_ends_a_paused_request_cleanly() -> None:
         assert not gw.app.state.gateway.director.ledger
 
 
+@pytest.mark.heavy
 def test_pause_bounds_and_bad_input(stack: tuple[ServerThread, list[ServerThread]]) -> None:
     gw, _ = stack
     assert pause(gw.url, "no-such-request").status_code == 404
@@ -404,6 +415,7 @@ def test_pause_bounds_and_bad_input(stack: tuple[ServerThread, list[ServerThread
     assert pause(gw.url, rid.headers["x-sagegate-request-id"]).status_code == 404
 
 
+@pytest.mark.heavy
 def test_pausing_is_off_by_default() -> None:
     with sim_backend() as be, gateway([be.url], pause={}) as gw:
         c = client(gw.url)
@@ -471,6 +483,7 @@ def test_a_continuation_is_charged_as_the_request_it_continues() -> None:
     assert fresh.held == 50 and fresh.remaining > 0
 
 
+@pytest.mark.heavy
 def test_the_simulated_backend_continues_its_own_text() -> None:
     text = "".join(filler_word(i) for i in range(13))
     assert written_before("a prompt" + text) == 13
@@ -513,6 +526,7 @@ def test_a_resumed_prompt_finds_the_paused_output_cached() -> None:
     assert resumed.cached_tokens == (held - 1) // 16 * 16 > 64  # past the prompt's own blocks
 
 
+@pytest.mark.heavy
 def test_random_pauses_under_concurrency_lose_nothing_and_release_everything() -> None:
     """Twelve clients at once (both routes, streamed and not, some leaving early) while an operator
     pauses whatever is running: every finished answer is whole, and nothing is left held."""

@@ -26,6 +26,8 @@ from gateway.shared_prefixes_parts import encode
 from harness.redis import RedisServer
 from tests.gateway_support import FakeBackend, ServerThread, admin, metric, settings_for, wait_until
 
+pytestmark = pytest.mark.heavy  # live replicas and backends, Redis
+
 pytest.importorskip("redis")
 
 HISTORY = "You are the booking assistant of a railway company; answer from the timetable. " * 120

@@ -177,6 +177,7 @@ def sim_backend() -> Iterator[str]:
             proc.stderr.close()
 
 
+@pytest.mark.heavy
 def test_replay_against_the_simulated_backend(sim_backend: str) -> None:
     work = prepare_workload(
         "synthetic",
@@ -233,6 +234,7 @@ def test_a_trace_that_records_a_cap_sends_its_own() -> None:
     assert with_client_cap(reqs, None) == reqs
 
 
+@pytest.mark.heavy
 def test_preemptions_come_from_the_backends_counters() -> None:
     """A client cannot see preemptions: the replay reads the backends' ``vllm:num_preemptions`` before
     and after, and reports their difference (a small KV pool under a burst preempts)."""

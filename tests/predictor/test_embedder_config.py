@@ -27,6 +27,8 @@ from predictor.history import WindowBounds
 from predictor.semantic import SemanticConfig, SemanticPredictor
 from tests.semantic_support import real_embedder
 
+pytestmark = pytest.mark.heavy  # the real MiniLM model
+
 FIRST_VERSION = "minilm-l6-v2/head128-tail122/v1"  # histories built before the fast default
 LONG = "Summarise the following. " + "filler words go here. " * 400 + "Answer in one word."
 TEXTS = ["Translate into French: cat", "Write an essay on the history of the railways.", LONG]

@@ -75,6 +75,7 @@ def _torch_reference(texts: list[str]) -> np.ndarray:
     return project(v)
 
 
+@pytest.mark.heavy
 def test_int8_vectors_are_close_to_torch_float32_through_the_projection(int8: Path) -> None:
     pytest.importorskip("torch")
     emb = OnnxEmbedder(int8, model="mpnet")
@@ -86,6 +87,7 @@ def test_int8_vectors_are_close_to_torch_float32_through_the_projection(int8: Pa
     assert [emb.fit_text(t) for t in SAMPLE] == [MiniLMEmbedder().fit_text(t) for t in SAMPLE]
 
 
+@pytest.mark.heavy
 def test_its_vectors_keep_the_task_structure(int8: Path) -> None:
     """Nearest neighbours stay within a kind of task (what the kNN and the head rely on)."""
     short, long = family(SHORT_TASKS, ["apples", "chess"]), family(LONG_TASKS, ["apples", "chess"])
@@ -96,6 +98,7 @@ def test_its_vectors_keep_the_task_structure(int8: Path) -> None:
     assert (kind[sims.argmax(1)] == kind).mean() >= 0.9
 
 
+@pytest.mark.heavy
 def test_it_has_its_own_history_and_prior(int8: Path) -> None:
     version = OnnxEmbedder(int8, model="mpnet").version
     assert version == onnx_version(64, True, True, "mpnet")
@@ -106,6 +109,7 @@ def test_it_has_its_own_history_and_prior(int8: Path) -> None:
     assert shipped_prior(onnx_version(64, True, True)) is not shipped_prior(version)
 
 
+@pytest.mark.heavy
 def test_another_encoders_file_is_refused(int8: Path, tmp_path: Path) -> None:
     with pytest.raises(OnnxModelMissing, match="holds the mpnet encoder, not minilm"):
         OnnxEmbedder(int8, model="minilm").embed(["hello"])
@@ -126,6 +130,7 @@ def test_settings_keep_it_on_onnx() -> None:
         make_embedder(EmbedderOptions(model="mpnet", runtime="torch"))
 
 
+@pytest.mark.heavy
 def test_the_gateway_predictor_runs_on_it_without_torch(int8: Path) -> None:
     """Built from the gateway's settings in a fresh process: warmed, asked, taught, asked again."""
     code = f"""

@@ -48,6 +48,7 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.sum(a * b, axis=1)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("window", [64, 256])
 def test_float32_onnx_gives_the_torch_vectors(files: dict[str, Path], window: int) -> None:
     torch_emb = MiniLMEmbedder(quantize=False, window=window)
@@ -60,6 +61,7 @@ def test_float32_onnx_gives_the_torch_vectors(files: dict[str, Path], window: in
     assert onnx_emb.version == torch_emb.version == embed_version(window, quantize=False)
 
 
+@pytest.mark.heavy
 def test_int8_onnx_stays_close_to_float32_and_has_its_own_version(files: dict[str, Path]) -> None:
     emb = OnnxEmbedder(files["int8"], quantize=True)
     ref = MiniLMEmbedder(quantize=False).embed(SAMPLE)
@@ -70,6 +72,7 @@ def test_int8_onnx_stays_close_to_float32_and_has_its_own_version(files: dict[st
     assert len({onnx_version(w, q) for w in WINDOWS for q in (False, True)}) == 2 * len(WINDOWS)
 
 
+@pytest.mark.heavy
 def test_a_file_made_with_another_tune_is_refused(files: dict[str, Path], tmp_path: Path) -> None:
     """The file's metadata names the tune merged into it; vectors of another encoder never load
     under this one's version (they would poison a shared history). Both ways, each error naming
@@ -86,6 +89,7 @@ def test_a_file_made_with_another_tune_is_refused(files: dict[str, Path], tmp_pa
     assert cosines(got, MiniLMEmbedder(quantize=False, tuned=True).embed(SAMPLE)).min() < 0.95
 
 
+@pytest.mark.heavy
 def test_onnx_path_never_imports_torch(files: dict[str, Path]) -> None:
     """The gateway's predictor, built from its settings, warmed and asked once, in a fresh process."""
     code = f"""
@@ -107,6 +111,7 @@ p.core.close()
     assert out == {"heavy": [], "dim": 384, "version": onnx_version(64, True)}
 
 
+@pytest.mark.heavy
 def test_missing_file_is_refused_or_replaced_by_torch_as_set(tmp_path: Path) -> None:
     missing = str(tmp_path / "absent.onnx")
     with pytest.raises(
@@ -122,6 +127,7 @@ def test_missing_file_is_refused_or_replaced_by_torch_as_set(tmp_path: Path) -> 
         make_embedder(EmbedderOptions(runtime="tensorflow"))
 
 
+@pytest.mark.heavy
 def test_a_failed_export_says_why(tmp_path: Path) -> None:
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")

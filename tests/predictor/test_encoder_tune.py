@@ -84,6 +84,7 @@ def test_the_shipped_tune_is_on_by_default_and_named_in_every_version() -> None:
     assert len(trained_on(TUNE_PATH)) >= 5000
 
 
+@pytest.mark.heavy
 def test_the_tuned_encoder_moves_the_vectors_and_keeps_their_sense() -> None:
     texts = [
         "Write a short poem about the sea.",

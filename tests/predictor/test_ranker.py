@@ -121,6 +121,7 @@ def test_training_never_runs_in_the_request_path(monkeypatch: pytest.MonkeyPatch
     pred.close()
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("tuned", [False, True], ids=["stock", "tuned"])
 def test_the_shipped_prior_loads_offline_and_tells_an_essay_from_one_sentence(tuned: bool) -> None:
     """Each encoder's prior, over that encoder's real vectors (the tuned one reads length from the

@@ -80,6 +80,7 @@ def test_scores_are_perfect_for_a_perfect_predictor() -> None:
     assert s["pinball_10"] == s["pinball_50"] == s["pinball_90"] == 0.0
 
 
+@pytest.mark.heavy
 def test_semantic_replay_beats_length_buckets_when_meaning_decides_length(clustered: Path) -> None:
     items = load_items(clustered)
     report = evaluate(items, history=40, embedder=real_embedder())

@@ -26,6 +26,8 @@ from predictor.semantic_async import AsyncSemantic
 from predictor.semantic_sim import SemanticLengthPredictor
 from tests.semantic_support import LONG_TASKS, SHORT_TASKS, TOPICS, family, real_embedder
 
+pytestmark = pytest.mark.heavy  # the real MiniLM model
+
 SHORT, LONG = 20, 900
 NEIGHBOURS_ONLY: dict[str, object] = {"head_weight": 0.0, "head_prior_weight": 0.0}  # exact supports
 

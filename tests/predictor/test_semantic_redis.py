@@ -23,6 +23,8 @@ from predictor.semantic import PromptFeatures, SemanticConfig, SemanticPredictor
 from tests.redis_support import NO_REDIS, wait_for
 from tests.semantic_support import LONG_TASKS, SHORT_TASKS, TOPICS, family, real_embedder
 
+pytestmark = pytest.mark.heavy  # the real MiniLM model, Redis servers
+
 
 @pytest.fixture(scope="module")
 def feats() -> list[PromptFeatures]:

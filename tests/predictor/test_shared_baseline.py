@@ -119,6 +119,7 @@ def test_baseline_and_semantic_streams_stay_apart(redis_url: str, redis_prefix: 
         asyncio.run(b.aclose())
 
 
+@pytest.mark.heavy
 def test_redis_down_the_baseline_learns_alone_and_shares_when_back() -> None:
     binary = redis_server_binary()
     if binary is None:

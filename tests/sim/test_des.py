@@ -91,6 +91,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.heavy
 def test_cli_simulate_json_has_the_documented_keys():
     out = _cli("simulate", "--trace", "synthetic", "--requests", "300", "--rate", "20", "--json")
     assert out.returncode == 0, out.stderr
@@ -112,6 +113,7 @@ def test_cli_simulate_json_has_the_documented_keys():
     assert summary["requests"] == summary["completed"] == 300
 
 
+@pytest.mark.heavy
 def test_cli_rate_scale_makes_arrivals_denser(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text(
@@ -125,6 +127,7 @@ def test_cli_rate_scale_makes_arrivals_denser(tmp_path):
     assert fast["ttlt_mean_s"] > slow["ttlt_mean_s"]
 
 
+@pytest.mark.heavy
 def test_cli_malformed_trace_names_file_and_line(tmp_path):
     trace = tmp_path / "bad.jsonl"
     trace.write_text(json.dumps({"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 5}) + "\n{not json\n")
@@ -134,12 +137,14 @@ def test_cli_malformed_trace_names_file_and_line(tmp_path):
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.heavy
 def test_cli_unknown_policy_lists_valid_ones():
     out = _cli("simulate", "--policy", "nope", "--json")
     assert out.returncode == 2
     assert "fcfs" in out.stderr
 
 
+@pytest.mark.heavy
 def test_cli_admission_rule_is_chosen_and_checked():
     base = ("simulate", "--level", "gateway", "--policy", "sagesched", "--num-gpu-blocks-override", "600")
     base += ("--requests", "300", "--rate", "20", "--json")

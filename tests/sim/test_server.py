@@ -20,6 +20,8 @@ from sim.hardware import get_gpu, get_model
 from sim.perf import PerfModel
 from sim.server import PriorityPolicy
 
+pytestmark = pytest.mark.heavy  # a sagegate backend process per fixture
+
 SERVED = "sim-llama"
 SMALL_BLOCKS = 256  # 4096 tokens of KV: long requests fill it quickly, long prompts do not fit
 METRIC_NAMES = (

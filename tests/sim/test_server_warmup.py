@@ -7,6 +7,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.heavy  # a sagegate backend process
+
 PROBE = """
 from fastapi.testclient import TestClient
 from core.tokens import _encoder

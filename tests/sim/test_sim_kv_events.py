@@ -167,6 +167,7 @@ def chat(url: str, content: str, max_tokens: int = 20) -> list[dict[str, str]]:
     return messages
 
 
+@pytest.mark.heavy
 def test_a_backend_publishes_stored_removed_and_cleared_as_vllm_frames_them(
     publisher: tuple[str, int, int],
 ) -> None:
@@ -226,6 +227,7 @@ def test_a_backend_publishes_stored_removed_and_cleared_as_vllm_frames_them(
         sub.close()
 
 
+@pytest.mark.heavy
 def test_the_array_layout_of_older_vllm() -> None:
     port = free_port()
     cfg = {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}", "layout": "array"}
@@ -242,6 +244,7 @@ def test_the_array_layout_of_older_vllm() -> None:
             sub.close()
 
 
+@pytest.mark.heavy
 def test_the_command_line_refuses_a_bad_kv_events_config() -> None:
     bad = '{"enable_kv_cache_events": true, "endpont": "tcp://*:1"}'
     with (

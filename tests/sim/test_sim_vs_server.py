@@ -40,7 +40,7 @@ RATE = 1.5  # requests per engine second
 SEED = 7
 EVENT = b"data: {"  # a token chunk (the stream ends with "data: [DONE]")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # heavy: a sagegate backend process
 
 
 @pytest.fixture(scope="module")

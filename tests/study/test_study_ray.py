@@ -10,6 +10,8 @@ from typer.testing import CliRunner
 
 from sagegate.cmd_study import study
 
+pytestmark = pytest.mark.heavy  # a local Ray cluster
+
 app = typer.Typer()
 app.command()(study)
 

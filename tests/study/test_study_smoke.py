@@ -17,6 +17,8 @@ from typer.testing import CliRunner
 from sagegate.cmd_study import study
 from study.config import smoke_config
 
+pytestmark = pytest.mark.heavy  # the smoke study on a pool of worker processes
+
 app = typer.Typer()
 app.command()(study)
 
