@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-fast lint bench clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (set PYTHON=...)"; exit 1; }
@@ -21,6 +21,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/pytest -q
+
+# The fast lane (tests/README.md): no slow or heavy tests; AREA=gateway runs tests/gateway alone.
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -m "not slow and not heavy" tests/$(AREA)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -61,7 +61,7 @@ SAMPLE_CHARS = 64
 ESTIMATE_ERROR = 0.10
 """Bound on the relative error of the estimated part. Measured on 400 random cuts (20k-400k characters)
 of the 4,000 shipped ShareGPT prompts concatenated: the whole count's error had median ~0, 1st-99th
-percentiles within −6%/+7%, worst −6.8%/+7.5% (``tests/test_token_estimate.py`` holds it)."""
+percentiles within −6%/+7%, worst −6.8%/+7.5% (``tests/core/test_token_estimate.py`` holds it)."""
 
 
 @dataclass(frozen=True, slots=True)

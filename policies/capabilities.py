@@ -3,7 +3,7 @@
 A policy lists its capabilities in ``Policy.capabilities``; drivers (the gateway dispatcher, the
 simulator's queue and engine) read that set and nothing else: they never look at which methods a
 policy overrides. A capability a policy does not declare is a hook the drivers may skip, so a policy
-that overrides a hook must declare its capability (``tests/test_policy_capabilities.py`` checks the
+that overrides a hook must declare its capability (``tests/policies/test_policy_capabilities.py`` checks the
 registered panel). Each member's docstring states the invariant the policy promises and what the
 drivers may rely on. :func:`check_declaration` checks a declaration once, when a policy class is
 created and when an instance changes its own (a parameter turning a capability on or off).

@@ -3,7 +3,7 @@
 Only the shapes that decide time and memory are kept: layer count, widths, head counts, vocabulary.
 Parameter counts follow the Llama/Qwen decoder layout (q/k/v/o projections, a gated MLP, two RMS
 norms per layer, an output head and an input embedding) and reproduce the published counts
-(docs/design/engine_model.md; ``tests/test_perf.py``).
+(docs/design/engine_model.md; ``tests/sim/test_perf.py``).
 """
 
 from __future__ import annotations

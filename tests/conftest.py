@@ -87,6 +87,17 @@ def private_redis() -> Iterator[RedisServer]:
     server.kill()
 
 
+REDIS_FIXTURES = frozenset({"redis_server", "redis_url", "redis_prefix", "private_redis"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that needs a redis-server is ``heavy`` (out of the fast lane) without saying so."""
+    for item in items:
+        if REDIS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.heavy)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Say loudly when tests that need Redis were skipped for want of a server."""
     skipped = [

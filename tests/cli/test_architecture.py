@@ -1,0 +1,129 @@
+"""The floors: who may import whom (docs/architecture.md). A change that reaches up a floor fails here."""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PRODUCT = ("core", "loadgen", "policies", "predictor", "sim", "gateway", "study")
+PACKAGES = (*PRODUCT, "harness", "sagegate")
+ALLOWED: dict[str, set[str]] = {
+    "core": set(),
+    "loadgen": {"core"},
+    "policies": {"core"},
+    "predictor": {"core"},
+    "sim": {"core", "policies"},
+    "gateway": {"core", "policies", "predictor"},
+    "study": {"core", "loadgen", "policies", "predictor", "sim"},
+    "harness": set(PRODUCT),
+    "sagegate": set(PACKAGES),
+}
+LAB = ("benchmarks", "tools")
+"""Beside the floors, with ``tests``: they may import any package, and no package imports them."""
+
+
+def imports_of(path: Path, *, top_level_only: bool = False) -> set[str]:
+    """Project modules ``path`` imports (all of them, or only those imported when it loads);
+    ``from pkg import sub`` counts as importing the submodule ``pkg.sub``."""
+    known = modules()
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    out: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            subs = {f"{node.module}.{a.name}" for a in node.names} & set(known)
+            out.update(subs or {node.module})
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return {m for m in out if m.split(".")[0] in PACKAGES}
+
+
+def import_roots(path: Path) -> set[str]:
+    """The top-level names of every absolute import in ``path`` (project or not)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            out.update(a.name.split(".")[0] for a in node.names)
+    return out
+
+
+@cache
+def modules() -> dict[str, Path]:
+    found = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+@pytest.mark.parametrize("pkg", PACKAGES)
+def test_a_package_imports_only_the_floors_below_it(pkg: str) -> None:
+    bad = []
+    for name, path in modules().items():
+        if name.split(".")[0] != pkg:
+            continue
+        for target in imports_of(path):
+            floor = target.split(".")[0]
+            if floor != pkg and floor not in ALLOWED[pkg]:
+                bad.append(f"{name} imports {target}")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_package_imports_the_lab() -> None:
+    """``benchmarks`` and ``tools`` use the packages; no package, the harness included, uses them."""
+    bad = [
+        f"{name} imports {root}" for name, path in modules().items() for root in import_roots(path) & set(LAB)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_nothing_outside_tests_imports_tests() -> None:
+    bad = [
+        str(path.relative_to(ROOT))
+        for top in (*PACKAGES, *LAB)
+        for path in (ROOT / top).rglob("*.py")
+        if "tests" in import_roots(path)
+    ]
+    assert not bad, bad
+
+
+def test_no_import_circles_when_modules_load() -> None:
+    """Module-level imports form no cycle (a late import inside a function, e.g. registration, is fine)."""
+    mods = modules()
+    graph = {
+        name: {t for t in imports_of(path, top_level_only=True) if t in mods} for name, path in mods.items()
+    }
+    state: dict[str, int] = {}
+    cycles: list[str] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join([*stack[stack.index(nxt) :], nxt]))
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "\n".join(cycles)
+
+
+MAX_LINES = 450
+"""A module past ~400 lines is doing more than one job (docs/architecture.md); this leaves some slack."""
+
+
+def test_no_module_is_long() -> None:
+    long = {
+        name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, long

@@ -1,0 +1,162 @@
+"""A prediction that missed its budget still comes: the request waited on the prior's rank, and if it
+still waits when the prediction comes it is ranked (and charged) by it; if it has left, it ran on the
+prior. The budget bounds what a request waits for, not what the queue may learn."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import httpx
+import pytest
+
+from core.distribution import LengthDistribution
+from gateway.backends import BackendPool
+from gateway.dispatcher import Dispatcher
+from gateway.predict import PredictInput, SemanticAdapter
+from gateway.queue import BoundedQueue, GatewayRequest
+from gateway.settings import GatewaySettings
+from policies.admission import AdmissionConfig, Charge
+from policies.registry import parse_policy
+from tests.gateway.test_gateway_predict_budget import _SlowFace
+
+CFG = AdmissionConfig()
+SHORT = LengthDistribution((20, 40), (0.5, 0.5))
+LONG = LengthDistribution((2000, 4000), (0.5, 0.5))
+_rids = itertools.count()
+
+
+def full_dispatcher(policy: str = "sagesched") -> Dispatcher:
+    """One backend of capacity 10,000 already holding 9,900: nothing queued can go."""
+    s = GatewaySettings.model_validate({"backends": ["http://b0"]})
+    pool = BackendPool(s, httpx.AsyncClient())
+    load = pool.backends[0].load
+    load.capacity_tokens, load.healthy = 10_000, True
+    load.charge(Charge(9_900, LengthDistribution.point(1), CFG))
+    pol = parse_policy(policy)
+    return Dispatcher(pol, pool, CFG, BoundedQueue(pol, 100, 10**9))
+
+
+def waiting(arrival: float, pred: LengthDistribution) -> GatewayRequest:
+    return GatewayRequest(
+        next(_rids),
+        arrival,
+        100,
+        body={},
+        route="chat",
+        model="m",
+        prompt="",
+        prediction=pred,
+        prediction_path="late",
+    )
+
+
+def test_the_late_prediction_arrives_on_the_input() -> None:
+    async def run() -> tuple[str, float, float | None]:
+        adapter = SemanticAdapter(_SlowFace(delay_s=0.1), budget_s=0.01)  # type: ignore[arg-type]
+        inp = PredictInput(prompt="p", prompt_tokens=10, model="m")
+        dist, path = await adapter.predict(inp)
+        assert dist is not None and inp.later is not None and not inp.later.done()
+        late = await inp.later
+        return path, dist.mean, None if late is None else late.mean
+
+    path, first, later = asyncio.run(run())
+    assert (path, first, later) == ("late", 100, 7)  # the prior's answer at once, the embedding's after
+
+
+def test_a_queued_request_is_ranked_again_by_its_late_prediction() -> None:
+    async def run() -> None:
+        d = full_dispatcher()
+        long_one, short_one = waiting(1.0, LONG), waiting(2.0, SHORT)
+        for r in (long_one, short_one):
+            d.submit(r)
+        assert d.queue.ordered(d.clock()) == [short_one, long_one]  # short first, as predicted
+        before = short_one.charge
+        assert d.repredict(short_one, LengthDistribution((5000, 8000), (0.5, 0.5)))
+        assert d.queue.ordered(d.clock()) == [long_one, short_one]  # the late prediction re-ranked it
+        assert short_one.prediction_path == "late+reranked"
+        assert short_one.charge is not before and short_one.charge is not None
+        assert short_one.charge.remaining > 4000  # charged by the new prediction too
+        assert short_one.t_enqueue <= long_one.t_enqueue + 1.0 and len(d.queue) == 2
+
+    asyncio.run(run())
+
+
+def test_a_request_that_left_the_queue_keeps_its_rank() -> None:
+    async def run() -> None:
+        d = full_dispatcher()
+        gone = waiting(1.0, SHORT)
+        d.submit(gone)
+        assert d.withdraw(gone)
+        assert not d.repredict(gone, LONG)  # nothing to re-rank: it is not queued
+        assert gone.prediction is SHORT and len(d.queue) == 0
+
+    asyncio.run(run())
+
+
+def test_a_policy_that_reads_no_prediction_is_left_alone() -> None:
+    async def run() -> None:
+        d = full_dispatcher("fcfs")
+        r = waiting(1.0, SHORT)
+        d.submit(r)
+        assert not d.repredict(r, LONG)
+        assert r.prediction is SHORT and d.queue.ordered(d.clock()) == [r]
+
+    asyncio.run(run())
+
+
+def test_a_request_pushed_again_is_queued_once_at_its_new_key() -> None:
+    from policies.queue import PolicyQueue
+
+    pol = parse_policy("sagesched")
+    q: PolicyQueue[GatewayRequest] = PolicyQueue(pol)
+    a, b = waiting(1.0, SHORT), waiting(2.0, LONG)
+    for r in (a, b):
+        pol.on_arrival(r, 0.0)
+        q.push(r, 0.0)
+    assert q.remove(a)
+    a.prediction = LengthDistribution.point(9000)
+    pol.on_repredict(a, 0.0)
+    q.push(a, 0.0)
+    assert q.ordered(0.0) == [b, a] and len(q) == 2
+    assert [q.pop(0.0), q.pop(0.0), q.pop(0.0)] == [b, a, None]  # the stale entry is never served
+
+
+class _Face(_SlowFace):
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+def _late_outcomes(url: str) -> dict[str, float]:
+    from loadgen.scrape import counter_by_label
+
+    return counter_by_label(httpx.get(url + "/metrics").text, "sagegate_late_predictions", "outcome")
+
+
+@pytest.mark.heavy
+def test_through_the_gateway_a_waiting_request_learns_its_late_prediction() -> None:
+    """Two late predictions over real HTTP: the first request goes at once (an idle backend) and
+    runs on the prior's rank; the second waits behind it, and its prediction, coming while it
+    waits, ranks it again."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gateway.app import create_app
+    from tests.gateway_support import FakeBackend, ServerThread, chat_body, settings_for, wait_until
+
+    fake = FakeBackend(tokens=4, delay_s=0.4, blocks=1)  # 16 KV tokens: one request (11) at a time
+    with ServerThread(fake.app) as be:
+        predictor = SemanticAdapter(_Face(delay_s=0.3), budget_s=0.01)  # type: ignore[arg-type]
+        app = create_app(
+            settings_for([be.url], policy="sagesched", predictor="semantic"), predictor=predictor
+        )
+        with ServerThread(app) as gw, ThreadPoolExecutor(2) as pool:
+            send = lambda: httpx.post(gw.url + "/v1/chat/completions", json=chat_body("hi"), timeout=30)  # noqa: E731
+            first = pool.submit(send)
+            wait_until(lambda: fake.state.requests == 1, what="the first request on the backend")
+            second = pool.submit(send)
+            assert first.result().status_code == 200 and second.result().status_code == 200
+            wait_until(lambda: sum(_late_outcomes(gw.url).values()) == 2, what="both late predictions")
+            assert _late_outcomes(gw.url) == {"dispatched": 1.0, "reranked": 1.0}
