@@ -11,8 +11,8 @@ One simulated backend (time scale 100, so the engine is never what waits) behind
 Each round sends, through every front:
 
 * ``--requests`` chat requests for one token each: the front's CPU per request;
-* ``--streams`` streamed chat requests of ``--tokens`` tokens each: its CPU per relayed token, the
-  per-request cost measured just before taken off.
+* ``--streams`` streamed chat requests for one token each, then the same prompts for ``--tokens``
+  tokens each: its CPU per relayed token is the difference over the difference in tokens.
 
 Prompts are ShareGPT first turns (the shipped slice), each sent once per front, so no cache of the
 front's sees a repeat. CPU is the front process's user + system time over the phase (/proc). The
@@ -195,7 +195,7 @@ def main() -> None:
     fronts = [Front.parse(s) for s in args.fronts]
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
-    need = args.concurrency + max(args.requests, args.streams)
+    need = 2 * args.concurrency + args.requests + args.streams  # per front and round
     texts = prompts(need * len(fronts) * args.rounds)
     backend_port = free_port()
     backend_cmd = [sys.executable, "-m", "sagegate.cli", "backend", "--model", MODEL, "--time-scale", "100"]
@@ -220,8 +220,10 @@ def main() -> None:
                     folded = (profile or Path()) / f"{f.name.replace(':', '_').replace(',', '_')}.folded"
                     with py_spy(args.py_spy if profile is not None else None, pid, folded):
                         per_request = measure(url, pid, one, 1, args.concurrency)[0] / args.requests
-                        cpu_many, n_tokens = measure(url, pid, many, args.tokens, args.concurrency)
-                    per_token = (cpu_many - per_request * args.streams) / max(1, n_tokens)
+                        cpu_short, n_short = measure(url, pid, many, 1, args.concurrency)
+                        cpu_long, n_long = measure(url, pid, many, args.tokens, args.concurrency)
+                    # the same prompts twice, one token then many: the difference is the relay's alone
+                    per_token = (cpu_long - cpu_short) / max(1, n_long - n_short)
                     print(f"{f.name} | {rnd} | {per_request * 1e3:.2f} | {per_token * 1e6:.1f}", flush=True)
                 if profile is not None and args.py_spy and folded.exists():
                     for share, frame in hottest(folded):
