@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     if name not in known:
         print(f"no experiment {name!r} (python -m benchmarks list names them)", file=sys.stderr)
         return 2
+    from harness.procs import exit_on_sigterm
+
+    exit_on_sigterm()  # a killed experiment stops the servers it started
     module = importlib.import_module(f"benchmarks.{name}")
     sys.argv = [name, *rest]  # each experiment's main() parses sys.argv[1:]
     result = module.main()
