@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -273,6 +273,11 @@ class BackendPool:
 
     def any_healthy(self) -> bool:
         return any(b.healthy for b in self.backends)
+
+    def can_serve(self, model: str, excluding: Container[int] = ()) -> bool:
+        """Whether a healthy backend serving ``model``, other than those indexed in ``excluding``, could
+        take a request now (a retry, or the resume of a broken stream, has somewhere to go)."""
+        return any(b.healthy and i not in excluding and b.serves(model) for i, b in enumerate(self.backends))
 
     def models(self) -> list[dict[str, Any]]:
         seen: dict[str, dict[str, Any]] = {}

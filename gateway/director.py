@@ -280,7 +280,9 @@ class Director:
                 raise answer
             req.attempt += 1
             req.excluded.add(idx)
-            out_of_tries = req.attempt >= self.max_attempts or not self._others_healthy(req)
+            out_of_tries = req.attempt >= self.max_attempts or not self.pool.can_serve(
+                req.model, req.excluded
+            )
             suspect = outcome.suspect is not None
             spent = not out_of_tries and suspect and not self.retry_budget.take(req.tenant)
             if out_of_tries or spent:
@@ -316,13 +318,6 @@ class Director:
             self.pool.request_failed(by_name[name], hard=False)
         self.metrics.suspect_failures.labels("backend").inc(len(charged))
         self.metrics.suspect_failures.labels("this_input").inc(len(verdicts.suspects) - len(charged))
-
-    def _others_healthy(self, req: GatewayRequest) -> bool:
-        """Whether a backend ``req`` has not tried yet could take it now."""
-        return any(
-            b.healthy and i not in req.excluded and b.serves(req.model)
-            for i, b in enumerate(self.pool.backends)
-        )
 
     async def wait_for_dispatch(self, lc: Lifecycle) -> int:
         """The backend the dispatcher chose, within ``queue.max_wait_s`` of enqueueing (then 429, or

@@ -108,10 +108,7 @@ class Resumer:
             and not sse.proxy.closing
             and not self.transcript.finished
             and req.pauses < sse.proxy.settings.pause.max_pauses
-            and any(
-                b.healthy and i != req.backend and b.serves(req.model)
-                for i, b in enumerate(sse.proxy.pool.backends)
-            )
+            and sse.proxy.pool.can_serve(req.model, () if req.backend is None else (req.backend,))
         )
 
     async def recover(self) -> None:
