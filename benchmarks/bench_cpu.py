@@ -19,7 +19,7 @@ front's sees a repeat. CPU is the front process's user + system time over the ph
 client is this process, ``--concurrency`` requests at a time. ``--profile DIR`` runs each sagegate
 front under pyinstrument for the last round and writes its HTML profile there; ``--py-spy BIN`` with
 it records every front of that round with py-spy instead (all threads, native frames left out) as
-collapsed stacks (``NAME.folded``) and prints the hottest frames. Figures are printed; nothing is
+collapsed stacks (``NAME.folded``) and prints the frames running most (their own time). Figures are printed; nothing is
 asserted.
 """
 
@@ -40,6 +40,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.servers import backend as served_backend
 from core.request import FORCED_OUTPUT_FIELD
 from harness.procs import free_port, running
 from loadgen.data import SHAREGPT, find_data
@@ -62,6 +63,11 @@ class Front:
             key, _, value = pair.partition("=")
             env[f"SAGEGATE_{key.upper()}"] = value
         return cls(spec, None if name == "router" else name, env)
+
+    @property
+    def slug(self) -> str:
+        """Its name as a file name."""
+        return self.name.replace(":", "_").replace(",", "_")
 
 
 def cpu_s(pid: int) -> float:
@@ -132,13 +138,14 @@ def py_spy(binary: str | None, pid: int, out: Path) -> Iterator[None]:
 
 
 def hottest(folded: Path, n: int = 15) -> list[tuple[float, str]]:
-    """The frames most often on the stack (inclusive share of samples) in py-spy's collapsed stacks."""
+    """The frames most often running (their own share of samples, callees excluded) in py-spy's
+    collapsed stacks: an inclusive share would rank the entry point and the event loop first."""
     total, seen = 0, dict[str, int]()
     for line in folded.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
+        leaf = stack.rsplit(";", 1)[-1]
         total += int(count)
-        for frame in set(stack.split(";")):
-            seen[frame] = seen.get(frame, 0) + int(count)
+        seen[leaf] = seen.get(leaf, 0) + int(count)
     return sorted(((c / max(1, total), f) for f, c in seen.items()), reverse=True)[:n]
 
 
@@ -148,20 +155,19 @@ def front(f: Front, backend: str, profile: Path | None) -> Iterator[tuple[str, i
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     if f.predictor is None:
-        from harness.live import vllm_router_binary
+        from harness.live import vllm_router_binary, vllm_router_command
 
         binary = vllm_router_binary()
         if binary is None:
             raise FileNotFoundError("vllm-router is not installed (pip install vllm-router)")
-        cmd = [binary, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", backend]
-        cmd += ["--policy", "round_robin", "--prometheus-port", str(free_port()), "--log-level", "warning"]
+        cmd = vllm_router_command(binary, port, [backend], "round_robin")
         ready = "/health"
     else:
         serve = ["-m", "sagegate.cli", "serve", "--backend", backend, "--predictor", f.predictor]
         serve += ["--host", "127.0.0.1", "--port", str(port)]
         head = [sys.executable]
         if profile is not None:
-            out = profile / f"{f.name.replace(':', '_').replace(',', '_')}.html"
+            out = profile / f"{f.slug}.html"
             head += ["-m", "pyinstrument", "-r", "html", "-o", str(out)]
         cmd = [*head, *serve]
         ready = "/ready"
@@ -197,12 +203,8 @@ def main() -> None:
         args.profile.mkdir(parents=True, exist_ok=True)
     need = 2 * args.concurrency + args.requests + args.streams  # per front and round
     texts = prompts(need * len(fronts) * args.rounds)
-    backend_port = free_port()
-    backend_cmd = [sys.executable, "-m", "sagegate.cli", "backend", "--model", MODEL, "--time-scale", "100"]
-    backend_cmd += ["--served-model-name", "sim", "--host", "127.0.0.1", "--port", str(backend_port)]
     print("front | round | CPU per request (ms) | CPU per relayed token (µs)")
-    with running(backend_cmd, f"http://127.0.0.1:{backend_port}", "/health") as _backend:
-        backend = f"http://127.0.0.1:{backend_port}"
+    with served_backend(100, "--model", MODEL) as backend:
         cursor = 0
         for rnd in range(args.rounds):
             for f in fronts:
@@ -217,7 +219,7 @@ def main() -> None:
                     one = texts[cursor : cursor + args.concurrency + args.requests]
                     many = texts[cursor + len(one) : cursor + len(one) + args.concurrency + args.streams]
                     cursor += len(one) + len(many)
-                    folded = (profile or Path()) / f"{f.name.replace(':', '_').replace(',', '_')}.folded"
+                    folded = (profile or Path()) / f"{f.slug}.folded"
                     with py_spy(args.py_spy if profile is not None else None, pid, folded):
                         per_request = measure(url, pid, one, 1, args.concurrency)[0] / args.requests
                         cpu_short, n_short = measure(url, pid, many, 1, args.concurrency)

@@ -240,18 +240,25 @@ def vllm_router_binary() -> str | None:
     return here if os.access(here, os.X_OK) else shutil.which("vllm-router")
 
 
+def vllm_router_command(binary: str, port: int, workers: Sequence[str], policy: str) -> list[str]:
+    """vllm-router on loopback ``port`` over ``workers`` with ``policy``, its defaults otherwise (its
+    metrics on another free port, its log quiet)."""
+    from harness.procs import free_port
+
+    cmd = [binary, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers]
+    cmd += ["--policy", policy, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+    return [*cmd, "--log-level", "warning"]
+
+
 @contextlib.contextmanager
 def vllm_router(binary: str, workers: Sequence[str], policy: str = "cache_aware") -> Iterator[str]:
     """vllm-router (the vLLM project's Rust router) over ``workers`` with ``policy`` and its defaults
     otherwise; stopped on exit."""
     from harness.procs import free_port, running
 
-    port, prom = free_port(), free_port()
-    cmd = [binary, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers]
-    cmd += ["--policy", policy, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom)]
-    cmd += ["--log-level", "warning"]
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with running(cmd, url, "/health", startup_timeout_s=60):
+    with running(vllm_router_command(binary, port, workers, policy), url, "/health", startup_timeout_s=60):
         yield url
 
 
