@@ -89,10 +89,11 @@ def test_disconnect_while_queued_removes_it_from_the_queue() -> None:
 
 # --- backends failing -----------------------------------------------------------------------------
 def test_backend_refusing_is_retried_elsewhere_and_circuit_opens_then_recovers() -> None:
-    # The refusing backend has more room, so it is chosen first.
+    # The refusing backend has more room, so it is chosen first. The circuit stays open for 3 s: long
+    # enough that a slow, shared machine cannot let it half-open between the two requests below.
     with fakes({"mode": "fail500", "blocks": 8192}, {"blocks": 1024}) as pairs:
         (bad, bad_srv), (good, good_srv) = pairs
-        with gateway([bad_srv, good_srv], health={"failure_threshold": 1, "open_s": 0.2}) as url:
+        with gateway([bad_srv, good_srv], health={"failure_threshold": 1, "open_s": 3.0}) as url:
             r = httpx.post(url + "/v1/chat/completions", json=chat_body(), timeout=10)
             assert r.status_code == 200
             assert bad.state.requests == 1 and good.state.requests == 1
@@ -102,7 +103,7 @@ def test_backend_refusing_is_retried_elsewhere_and_circuit_opens_then_recovers()
             assert httpx.post(url + "/v1/chat/completions", json=chat_body(), timeout=10).status_code == 200
             assert bad.state.requests == 1
             bad.state.mode = "ok"
-            wait_until(lambda: admin(url)["backends"][0]["healthy"], what="circuit closed by a probe")
+            wait_until(lambda: admin(url)["backends"][0]["healthy"], timeout=10, what="circuit closed by a probe")
             assert 'sagegate_retries_total{backend="backend-0"} 1.0' in httpx.get(url + "/metrics").text
 
 
