@@ -20,8 +20,7 @@ from typing import Any
 
 from benchmarks.bench_replicas import workload
 from benchmarks.load import capacity_rps
-from core.distribution import LengthDistribution
-from core.predictor import LengthPredictor
+from core.predictor import LengthPredictor, Prediction
 from core.request import PredictionQuery
 
 
@@ -36,13 +35,21 @@ class RoundRobinHistories:
         self._arrivals = 0
         self._owner: dict[int, int] = {}
 
-    def predict(self, req: PredictionQuery) -> LengthDistribution:
+    async def predict(self, req: PredictionQuery) -> Prediction:
         r = self._owner.setdefault(req.rid, self._arrivals % len(self.predictors))
         self._arrivals += 1
-        return self.predictors[r].predict(req)
+        return await self.predictors[r].predict(req)
 
-    def observe(self, req: PredictionQuery, output_tokens: int) -> None:
-        self.predictors[self._owner[req.rid]].observe(req, output_tokens)
+    async def observe(self, req: PredictionQuery, output_tokens: int, memo: object = None) -> None:
+        await self.predictors[self._owner[req.rid]].observe(req, output_tokens, memo)
+
+    async def start(self) -> None:
+        for p in self.predictors:
+            await p.start()
+
+    async def close(self) -> None:
+        for p in self.predictors:
+            await p.close()
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ prompt cut from a random place of that text to the requested length, so no two p
 (nothing is cached by the tokenizer, the predictor or the backend's prefix cache). For each length:
 
 * **count ms**: ``gateway.tokens.count_prompt`` on a chat message (the gateway's count phase), median;
-* **predict ms**: ``AsyncSemantic.predict`` of the semantic predictor (real MiniLM, the shipped default
+* **predict ms**: ``predict`` of the semantic predictor as the gateway builds it (real MiniLM, the shipped default
   window, a history warmed with 400 ShareGPT completions), one at a time, median and p90;
 * **added TTFT ms**: median TTFT through the gateway minus direct to one simulated backend (real
   processes on loopback, time scale 20, one request at a time, every path in a rotating order), for
@@ -104,11 +104,12 @@ def time_counting(src: PromptSource, lengths: Sequence[int], reps: int) -> dict[
 
 
 def time_prediction(src: PromptSource, lengths: Sequence[int], reps: int) -> dict[int, tuple[float, float]]:
+    from gateway.predict import query_of
     from predictor.factory import semantic_core
-    from predictor.semantic_async import AsyncSemantic
+    from predictor.semantic_face import SemanticLengthPredictor
 
     core = semantic_core()
-    face = AsyncSemantic(core)
+    face = SemanticLengthPredictor(core, budget_s=10.0)  # the gateway's path, never late here
     rows = sharegpt_rows()[:400]
 
     async def run() -> dict[int, tuple[float, float]]:
@@ -122,7 +123,7 @@ def time_prediction(src: PromptSource, lengths: Sequence[int], reps: int) -> dic
             for text in src.prompts(n, reps):
                 msgs = [{"role": "user", "content": text}]
                 t0 = time.perf_counter()
-                await face.predict(msgs, n)
+                await face.predict(query_of(0, msgs, n, "default", "default"))
                 times.append(time.perf_counter() - t0)
             out[n] = (median_ms(times), pct_ms(times, 0.9))
         await face.close()

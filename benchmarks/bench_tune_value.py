@@ -21,7 +21,7 @@ import statistics
 import numpy as np
 
 from core.summary import summarize
-from gateway.settings import PredictorSettings
+from gateway.settings_predictor import SemanticSettings
 from harness.live import azure_workload
 from harness.simtwin import scale_for, simulate_run
 from loadgen.plots import prediction_accuracy
@@ -52,7 +52,7 @@ def main() -> None:
         alone = summarize(simulate_run(work, None, model=MODEL, gpu=GPU).records)
         cells = []
         for name, tuned in ENCODERS.items():
-            opts = PredictorSettings(embed_tuned=tuned)
+            opts = SemanticSettings(embed_tuned=tuned)
             res = simulate_run(
                 work,
                 args.policy,

@@ -96,7 +96,8 @@ class PredictionPath(StrEnum):
     """The embedding missed its budget: ranked from the prompt-length prior until the prediction
     comes (:class:`LateOutcome`)."""
     NO_TEXT = "no_text"
-    """The prompt has no text to read (token ids): ranked from the prompt-length prior, not learnt from."""
+    """The prompt has no text to read (token ids): ranked from the prompt-length prior, which alone
+    learns from its outcome."""
     SEMANTIC = "semantic"
     BUCKET = "bucket"
     GLOBAL = "global"

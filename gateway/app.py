@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
 from core.outcomes import Reason
+from core.predictor import LengthPredictor
 from gateway import errors
 from gateway.admin import MAX_LIMIT, queue_snapshot
 from gateway.backends import BackendPool
@@ -36,7 +37,7 @@ from gateway.ledger import SharedLedger
 from gateway.locality import Locality
 from gateway.metrics import GatewayMetrics
 from gateway.openai_schema import ChatCompletionRequest, CompletionRequest, ErrorBody, Route
-from gateway.predict import GatewayPredictor, Recorder, build_predictor
+from gateway.predict import Recorder, build_predictor
 from gateway.proxy import Proxy
 from gateway.queue import BoundedQueue
 from gateway.settings import GatewaySettings, OpenEndpoint
@@ -59,7 +60,7 @@ class Gateway:
         self,
         settings: GatewaySettings,
         policy: Policy | None = None,
-        predictor: GatewayPredictor | None = None,
+        predictor: LengthPredictor | None = None,
     ) -> None:
         self.settings = settings
         self.clock = fleet_clock
@@ -146,7 +147,7 @@ class Gateway:
 
     async def start(self) -> None:
         await asyncio.to_thread(count_text, "warm up", self.settings.tokenizer)  # loads the BPE (~1 s)
-        await self.predictor.astart()
+        await self.predictor.start()
         await self.pool.start()
         if self.kv_events is not None:
             self.kv_events.start()
@@ -169,7 +170,7 @@ class Gateway:
         if self.shared_prefixes is not None:
             await self.shared_prefixes.stop()
         await self.recorder.drain()
-        await self.predictor.aclose()
+        await self.predictor.close()
         await self.client.aclose()
 
     def ready(self) -> bool:
@@ -181,7 +182,7 @@ class Gateway:
 
 
 def create_app(
-    settings: GatewaySettings, *, policy: Policy | None = None, predictor: GatewayPredictor | None = None
+    settings: GatewaySettings, *, policy: Policy | None = None, predictor: LengthPredictor | None = None
 ) -> FastAPI:
     """The gateway app. ``policy``/``predictor`` override the ones ``settings`` names (tests)."""
     gw = Gateway(settings, policy, predictor)

@@ -20,6 +20,8 @@ from starlette.responses import Response
 
 from core.distribution import LengthDistribution
 from core.outcomes import CancelStage, LateOutcome, Outcome, PredictionPath, Reason
+from core.predictor import LengthPredictor, Prediction
+from core.request import PredictionQuery
 from gateway import errors
 from gateway.backends import BackendPool
 from gateway.blame import RetryBudget, Verdicts
@@ -29,7 +31,7 @@ from gateway.intake import ClientRequest, Intake
 from gateway.lifecycle import Lifecycle, RequestState
 from gateway.metrics import GatewayMetrics
 from gateway.openai_schema import Route
-from gateway.predict import GatewayPredictor, PredictInput, cap
+from gateway.predict import Asked, cap, query_of
 from gateway.proxy import Failed, Proxy
 from gateway.queue import DispatchRefused, GatewayRequest
 from gateway.settings import GatewaySettings
@@ -45,7 +47,7 @@ class Director:
         self,
         settings: GatewaySettings,
         intake: Intake,
-        predictor: GatewayPredictor,
+        predictor: LengthPredictor,
         dispatcher: Dispatcher,
         pool: BackendPool,
         proxy: Proxy,
@@ -89,15 +91,15 @@ class Director:
             arrival = self.clock()
             who = self.authenticate(request, arrival)
             self.resolve_model(client)
-            inp = await self.count_tokens(client, who)
-            prediction, path = await self.predict(inp)
+            query = await self.count_tokens(client, who)
+            asked = Asked(query, await self.predict(query))
             session = request.headers.get(self.settings.placement.session_header)
             locality = self.dispatcher.locality
             chat = client.route is Route.CHAT
             exact = await locality.exact_keys(client.body, chat) if locality is not None else None
-            lc = self.enqueue(self.describe(client, who, inp, prediction, path, arrival, session, exact))
-            self.follow_late_prediction(lc, inp)
-            return await self.serve(lc, inp)
+            lc = self.enqueue(self.describe(client, who, asked, arrival, session, exact))
+            self.follow_late_prediction(lc, asked.prediction)
+            return await self.serve(lc, asked)
         return self.client_gone(route)
 
     # --- before the queue ---------------------------------------------------------------------
@@ -123,47 +125,47 @@ class Director:
                 404, f"the model {model!r} does not exist", reason=Reason.MODEL_NOT_FOUND, param="model"
             )
 
-    async def count_tokens(self, client: ClientRequest, who: Identity) -> PredictInput:
-        """The prompt's length in tokens, as the predictor's input."""
+    async def count_tokens(self, client: ClientRequest, who: Identity) -> PredictionQuery:
+        """The prompt's length in tokens, in the question the predictor is asked (which names the
+        request by the id it keeps to the end)."""
         try:
             prompt_tokens = count_prompt(client.prompt, self.settings.tokenizer)  # bounded: ~1 ms at most
         except (TypeError, ValueError, AttributeError, IndexError, KeyError):
             raise errors.bad_request("the prompt could not be tokenised", "prompt") from None
-        return PredictInput(client.prompt, max(1, prompt_tokens), client.params.model, who.tenant)
+        rid = next(self._ids)
+        return query_of(rid, client.prompt, max(1, prompt_tokens), client.params.model, who.tenant)
 
-    async def predict(self, inp: PredictInput) -> tuple[LengthDistribution | None, str]:
+    async def predict(self, query: PredictionQuery) -> Prediction:
         """The output-length distribution and the path the predictor took; a failing predictor
         leaves the request without a prediction (path ``error``), never fails it."""
         try:
-            dist, path = await self.predictor.predict(inp)
+            prediction = await self.predictor.predict(query)
         except Exception:
             log.exception("the predictor failed; the request goes on without a prediction")
-            dist, path = None, PredictionPath.ERROR
-        self.metrics.predictor_paths.labels(path).inc()
-        if dist is not None:
-            self.metrics.predicted.observe(dist.mean)
-        return dist, path
+            prediction = Prediction(None, PredictionPath.ERROR)
+        self.metrics.predictor_paths.labels(prediction.path).inc()
+        if prediction.distribution is not None:
+            self.metrics.predicted.observe(prediction.distribution.mean)
+        return prediction
 
     def describe(
         self,
         client: ClientRequest,
         who: Identity,
-        inp: PredictInput,
-        prediction: LengthDistribution | None,
-        path: str,
+        asked: Asked,
         arrival: float,
         session: str | None = None,
         exact: ExactKeys | None = None,
     ) -> GatewayRequest:
         """The request as the policy and the dispatcher see it (its prompt blocks keyed for placement)."""
-        rid = next(self._ids)
+        rid = asked.query.rid
         if self.settings.log_prompts:
             log.info("request %d from %s: %r", rid, who.tenant, client.prompt)
         max_tokens = client.max_tokens
         req = GatewayRequest(
             rid,
             arrival,
-            inp.prompt_tokens,
+            asked.query.prompt_tokens,
             body=client.body,
             route=client.route,
             model=client.params.model,
@@ -171,8 +173,8 @@ class Director:
             tenant=who.tenant,
             priority=who.priority,
             deadline_s=who.deadline_s,
-            prediction=self.capped(prediction, max_tokens),
-            prediction_path=path,
+            prediction=self.capped(asked.prediction.distribution, max_tokens),
+            prediction_path=asked.prediction.path,
             stream=client.stream,
             want_usage=client.want_usage,
             max_tokens=max_tokens,
@@ -204,12 +206,12 @@ class Director:
             raise errors.busy(exc.reason, "the gateway's queue is full", retry) from exc
         return lc
 
-    def follow_late_prediction(self, lc: Lifecycle, inp: PredictInput) -> None:
+    def follow_late_prediction(self, lc: Lifecycle, prediction: Prediction) -> None:
         """A prediction that missed its budget still comes; if the request is still queued then, it
         is ranked by it (the budget bounds what a request waits for, not what the queue may learn)."""
-        later = inp.later
-        if later is None:
+        if prediction.later is None:
             return
+        later = asyncio.ensure_future(prediction.later)
 
         def arrived(fut: asyncio.Future[LengthDistribution | None]) -> None:
             if fut.cancelled() or fut.exception() is not None:
@@ -226,14 +228,14 @@ class Director:
         later.add_done_callback(arrived)
 
     # --- from the queue to the client -----------------------------------------------------------
-    async def serve(self, lc: Lifecycle, inp: PredictInput) -> Response:
+    async def serve(self, lc: Lifecycle, asked: Asked) -> Response:
         """Wait for dispatch and forward with retry, settling ``lc`` on every way out: the client
         leaving, the gateway closing (a 503), a bug in the gateway."""
         task = asyncio.current_task()
         if task is not None:
             self.waiting.add(task)
         try:
-            return await self.forward_with_retry(lc, inp)
+            return await self.forward_with_retry(lc, asked)
         except asyncio.CancelledError:
             stage = lc.cancel()
             if stage is not None and not self.closing:
@@ -255,7 +257,7 @@ class Director:
             if task is not None:
                 self.waiting.discard(task)
 
-    async def forward_with_retry(self, lc: Lifecycle, inp: PredictInput) -> Response:
+    async def forward_with_retry(self, lc: Lifecycle, asked: Asked) -> Response:
         """Try the backend the dispatcher picks; on a failure before the first byte, queue again for
         another, up to ``upstream.max_attempts`` tries (then 502, or 429 if a backend throttled). A
         failure the request may have caused waits for the next try's verdict (``gateway.blame``)."""
@@ -265,7 +267,7 @@ class Director:
         while True:
             idx = await self.wait_for_dispatch(lc)
             backend = self.pool.backends[idx]
-            outcome = await self.proxy.attempt(lc, backend, inp)
+            outcome = await self.proxy.attempt(lc, backend, asked)
             if not isinstance(outcome, Failed):
                 if verdicts.suspects and outcome.status_code == 200:
                     self.charge(verdicts)

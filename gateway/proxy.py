@@ -29,7 +29,7 @@ from gateway.dispatcher import Dispatcher
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import GatewayMetrics
 from gateway.openai_schema import Route
-from gateway.predict import PredictInput, Recorder
+from gateway.predict import Asked, Recorder
 from gateway.queue import GatewayRequest
 from gateway.settings import GatewaySettings
 from gateway.sse import USAGE_CAP, SseScanner, plausible_usage
@@ -81,7 +81,7 @@ class Proxy:
         """Set by ``Director.close_all``: the gateway is ending what is still running."""
         self.streams: set[SseResponse] = set()
 
-    async def attempt(self, lc: Lifecycle, b: Backend, inp: PredictInput) -> Response | Failed:
+    async def attempt(self, lc: Lifecycle, b: Backend, asked: Asked) -> Response | Failed:
         """One try on backend ``b``: a response for the client, or why it failed before the first byte."""
         req = lc.req
         upstream_stream = self.streams_upstream(req)
@@ -91,7 +91,7 @@ class Proxy:
         handed_over = False
         try:
             if resp.status_code != 200 or not upstream_stream:
-                return await self._whole(lc, b, resp, inp)
+                return await self._whole(lc, b, resp, asked)
             first = await self.first_chunk(lc, b, resp)
             if isinstance(first, Failed):
                 return first
@@ -101,7 +101,7 @@ class Proxy:
             self.answered(lc, b)
             lc.streaming()
             handed_over = True
-            sse = SseResponse(self, lc, b, inp, resp, chunks, data, scanner, transcript)
+            sse = SseResponse(self, lc, b, asked, resp, chunks, data, scanner, transcript)
             return sse if req.stream else await sse.collect()
         finally:
             if not handed_over:
@@ -180,7 +180,7 @@ class Proxy:
         return Failed(why, suspect=Suspect(b.name, why, suspect_since))
 
     async def _whole(
-        self, lc: Lifecycle, b: Backend, resp: httpx.Response, inp: PredictInput
+        self, lc: Lifecycle, b: Backend, resp: httpx.Response, asked: Asked
     ) -> Response | Failed:
         """A non-streaming answer (or the backend's own client error), read whole then forwarded."""
         try:
@@ -194,7 +194,7 @@ class Proxy:
         if status == 200:
             output = self.plausible(lc.req, b, _completion_tokens(body))
             self.pool.request_succeeded(b)
-        self.settle(lc, inp, Outcome.OK if status == 200 else Outcome.CLIENT_ERROR, output)
+        self.settle(lc, asked, Outcome.OK if status == 200 else Outcome.CLIENT_ERROR, output)
         headers = {
             "content-type": resp.headers.get("content-type", "application/json"),
             **answer_headers(lc.req, b),
@@ -245,14 +245,14 @@ class Proxy:
             log.warning("backend %s reported implausible usage %r (cap %d); not recorded", b.name, usage, cap)
         return value
 
-    def settle(self, lc: Lifecycle, inp: PredictInput, outcome: Outcome, output: int | None) -> None:
+    def settle(self, lc: Lifecycle, asked: Asked, outcome: Outcome, output: int | None) -> None:
         """End the request (its reservation released); on success, teach the predictor the true length."""
         lc.finish(outcome)
         req = lc.req
         self.metrics.requests.labels(req.route, outcome).inc()
         if outcome is Outcome.OK and output is not None:
             self.metrics.outcome(req.prediction, output, self.dispatcher.clock() - req.arrival_s)
-            self.recorder.record(inp, output)
+            self.recorder.record(asked, output)
 
 
 async def _head_of_body(resp: httpx.Response) -> bytes:

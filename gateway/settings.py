@@ -19,7 +19,15 @@ from pydantic_settings import (
 )
 
 from gateway.settings_kv_events import BackendKVEvents, KVEventsSettings
-from gateway.settings_predictor import DEFAULT_BUDGET_S, PREDICTORS, PredictorSettings
+from gateway.settings_limits import LimitSettings
+from gateway.settings_predictor import (
+    DEFAULT_BUDGET_S,
+    PREDICTORS,
+    PredictorSettings,
+    SemanticSettings,
+    check_options,
+    tag_options,
+)
 from gateway.settings_share import ShareSettings
 from policies.admission import AdmissionConfig, Rule
 from policies.pause import PauseConfig
@@ -30,6 +38,7 @@ __all__ = [
     "BackendKVEvents",
     "GatewaySettings",
     "KVEventsSettings",
+    "LimitSettings",
     "PredictorSettings",
     "load_settings",
 ]
@@ -285,39 +294,6 @@ class UpstreamSettings(BaseModel):
     sends more without ending an event has its stream ended with an SSE error event."""
 
 
-class LimitSettings(BaseModel):
-    """What a client may ask for."""
-
-    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
-    max_tokens: int = Field(default=32_768, ge=1)
-    """Largest ``max_tokens`` (or ``max_completion_tokens``) accepted."""
-    max_n: int = Field(default=1, ge=1)
-    header_timeout_s: float = Field(default=10.0, gt=0.0)
-    """A client must send a request's whole head (request line and headers) within this long of
-    starting it (or of connecting); else ``408`` and the connection is closed."""
-    max_header_bytes: int = Field(default=64 * 1024, ge=1024)
-    """Largest request head; a longer one gets ``431`` and the connection is closed."""
-    body_timeout_s: float = Field(default=30.0, gt=0.0)
-    """A client must send a request's whole body within this long of its head; else ``408``."""
-    max_relay_buffer_bytes: int = Field(default=1024 * 1024, ge=4096)
-    """How far a streaming client may fall behind its backend (bytes relayed but not yet taken by the
-    client's connection). Past it the client loses its stream and the backend request is cancelled:
-    a client that stops reading never holds a backend or unbounded memory."""
-    max_connections: int | None = Field(default=None, ge=1)
-    """Open client connections (and requests) at most, beyond which uvicorn answers ``503``
-    (``limit_concurrency``). Off by default: the queue bounds requests and the timeouts above bound
-    idle sockets; set it below the process's file-descriptor limit."""
-    keep_alive_s: float = Field(default=75.0, gt=0.0)
-    """How long an idle client connection stays open for its next request (uvicorn's
-    ``timeout_keep_alive``, 5 s by default). Longer than common client pools keep idle connections
-    (aiohttp 15 s, httpx 5 s, Go 90 s is the exception): a server that closes a pooled connection
-    just as the client reuses it fails that request with no status (measured at uvicorn's 5 s:
-    14 of 750 requests from a pool idling 4.9-5.1 s)."""
-    max_json_depth: int = Field(default=64, ge=2, le=500)
-    """Deepest nesting of arrays and objects a body may have (``400`` beyond): OpenAI bodies, tool
-    schemas included, rarely pass 20; the bound keeps parsing off Python's recursion limit."""
-
-
 class GatewaySettings(BaseSettings):
     """Everything ``sagegate serve`` reads. See docs/gateway.md for each field."""
 
@@ -335,9 +311,10 @@ class GatewaySettings(BaseSettings):
     redis_url: str | None = None
     """Shared prediction history (every predictor but ``none``; in-process when unset), and the
     shared admission ledger's Redis (``ledger.enabled``)."""
-    predictor_options: PredictorSettings = Field(default_factory=PredictorSettings)
-    """The predictor's options (``SAGEGATE_PREDICTOR_OPTIONS='{"predict_budget_s": 0.1}'`` or
-    ``SAGEGATE_PREDICTOR_OPTIONS__PREDICT_BUDGET_S=0.1``)."""
+    predictor_options: PredictorSettings = Field(default_factory=SemanticSettings)
+    """The options of the predictor ``predictor`` names, and only its
+    (``SAGEGATE_PREDICTOR_OPTIONS='{"predict_budget_s": 0.1}'`` or
+    ``SAGEGATE_PREDICTOR_OPTIONS__PREDICT_BUDGET_S=0.1``); unset ones keep its defaults."""
     cap_at_max_tokens: bool = True
     """Cap each predicted distribution at the request's ``max_tokens`` (its mass beyond moves onto the
     cap): a client that sets a tight cap gets the shorter rank it asked for. Off, the gateway ranks by
@@ -391,9 +368,14 @@ class GatewaySettings(BaseSettings):
             raise ValueError(f"unknown predictor {v!r}; valid: {', '.join(PREDICTORS)}")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _options_of_the_predictor(cls, data: Any) -> Any:
+        return tag_options(data)
+
     @model_validator(mode="after")
     def _options_fit_the_predictor(self) -> GatewaySettings:
-        self.predictor_options.check_for(self.predictor)
+        check_options(self.predictor, self.predictor_options)
         return self
 
     @model_validator(mode="after")

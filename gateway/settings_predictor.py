@@ -3,19 +3,19 @@ rest of the one settings object and re-exports these)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
 from predictor.embedder import DEFAULT_QUANTIZE, DEFAULT_WINDOW, WINDOWS
 from predictor.encoder_tune import DEFAULT_TUNED
 from predictor.encoders import DEFAULT_ENCODER, encoder
 from predictor.factory import (
+    HISTORY_PREFIX,
     LIVE_PREDICTORS,
     EmbedderOptions,
     GlobalOptions,
     LengthBucketOptions,
-    PredictorOptions,
     SemanticOptions,
 )
 
@@ -26,50 +26,79 @@ DEFAULT_BUDGET_S = 0.05
 
 
 _SEMANTIC = SemanticOptions()
-
-_OPTIONS_OF: dict[str, frozenset[str]] = {
-    "none": frozenset(),
-    "global": frozenset({"window", "max_points", "min_samples", "refresh_every", "redis_prefix"}),
-    "length-bucket": frozenset(
-        {
-            "window_per_bucket",
-            "buckets",
-            "min_samples",
-            "max_points",
-            "global_window",
-            "refresh_every",
-            "redis_prefix",
-        }
-    ),
-    "semantic": frozenset(
-        {
-            "predict_budget_s",
-            "embed_threads",
-            "embed_window",
-            "embed_quantize",
-            "embed_tuned",
-            "embed_model",
-            "embed_runtime",
-            "onnx_file",
-            "onnx_missing",
-            "default_model",
-            "batch_window_s",
-            "max_batch",
-            "redis_prefix",
-        }
-    ),
-}
-"""Which options each gateway predictor takes; setting another one is an error."""
+_GLOBAL = GlobalOptions()
+_BUCKET = LengthBucketOptions()
 
 
-class PredictorSettings(BaseModel):
-    """``predictor_options``: the options of the predictor ``predictor`` names (an option another
-    predictor takes is refused, as is an unknown one). The history baselines' options left unset keep
-    that predictor's own default."""
+class _Options(BaseModel):
+    """One predictor's options: an option another predictor takes is refused, as is an unknown one."""
 
     model_config = ConfigDict(extra="forbid")
 
-    # --- semantic
+
+class NoPredictorSettings(_Options):
+    """``predictor: none``: no prediction, no options."""
+
+    predictor: Literal["none"] = "none"
+
+    def factory_options(self, redis_url: str | None = None) -> None:
+        return None
+
+
+class GlobalSettings(_Options):
+    """``predictor: global``: the last outputs' distribution, whatever the prompt."""
+
+    predictor: Literal["global"] = "global"
+    window: int = Field(default=_GLOBAL.window, ge=1)
+    """Outputs remembered."""
+    min_samples: int = Field(default=_GLOBAL.min_samples, ge=1)
+    max_points: int = Field(default=_GLOBAL.max_points, ge=1)
+    refresh_every: int = Field(default=_GLOBAL.refresh_every, ge=1)
+    redis_prefix: str = HISTORY_PREFIX
+    """Key prefix of the shared history (``redis_url``): the stream is ``{prefix}:global``."""
+
+    def factory_options(self, redis_url: str | None = None) -> GlobalOptions:
+        return GlobalOptions(
+            self.window,
+            self.max_points,
+            self.min_samples,
+            self.refresh_every,
+            redis_url=redis_url,
+            redis_prefix=self.redis_prefix,
+        )
+
+
+class LengthBucketSettings(_Options):
+    """``predictor: length-bucket``: output-length history per prompt-length bucket."""
+
+    predictor: Literal["length-bucket"] = "length-bucket"
+    window_per_bucket: int = Field(default=_BUCKET.window_per_bucket, ge=1)
+    buckets: tuple[int, ...] | None = None
+    """Ascending prompt-length edges (unset: powers of two)."""
+    min_samples: int = Field(default=_BUCKET.min_samples, ge=1)
+    max_points: int = Field(default=_BUCKET.max_points, ge=1)
+    global_window: int = Field(default=_BUCKET.global_window, ge=1)
+    refresh_every: int = Field(default=_BUCKET.refresh_every, ge=1)
+    redis_prefix: str = HISTORY_PREFIX
+    """Key prefix of the shared history (``redis_url``): the stream is ``{prefix}:length-bucket``."""
+
+    def factory_options(self, redis_url: str | None = None) -> LengthBucketOptions:
+        return LengthBucketOptions(
+            self.window_per_bucket,
+            self.buckets,
+            self.min_samples,
+            self.max_points,
+            self.global_window,
+            self.refresh_every,
+            redis_url=redis_url,
+            redis_prefix=self.redis_prefix,
+        )
+
+
+class SemanticSettings(_Options):
+    """``predictor: semantic``: similar past prompts (the default)."""
+
+    predictor: Literal["semantic"] = "semantic"
     predict_budget_s: float = Field(default=DEFAULT_BUDGET_S, gt=0.0)
     """Longest wait for the embedding; past it the request is ranked from the prior (path ``late``)."""
     embed_threads: int = Field(default=1, ge=1)
@@ -105,22 +134,12 @@ class PredictorSettings(BaseModel):
     batch_window_s: float = Field(default=_SEMANTIC.batch_window_s, ge=0.0)
     """How long the embedder waits for more prompts to batch with a first one."""
     max_batch: int = Field(default=_SEMANTIC.max_batch, ge=1)
-    redis_prefix: str = _SEMANTIC.redis_prefix
-    """Key prefix of the shared history in Redis (``redis_url``): the semantic predictor's stream is
-    ``{prefix}:{embedding version}``, a history baseline's ``{prefix}:{predictor}``."""
-    # --- global and length-bucket (unset: the predictor's own default)
-    window: int | None = Field(default=None, ge=1)
-    """``global``: outputs remembered."""
-    window_per_bucket: int | None = Field(default=None, ge=1)
-    buckets: tuple[int, ...] | None = None
-    """``length-bucket``: ascending prompt-length edges (unset: powers of two)."""
-    global_window: int | None = Field(default=None, ge=1)
-    min_samples: int | None = Field(default=None, ge=1)
-    max_points: int | None = Field(default=None, ge=1)
-    refresh_every: int | None = Field(default=None, ge=1)
+    redis_prefix: str = HISTORY_PREFIX
+    """Key prefix of the shared history in Redis (``redis_url``): the stream is
+    ``{prefix}:{embedding version}``."""
 
     @model_validator(mode="after")
-    def _encoder_usable(self) -> PredictorSettings:
+    def _encoder_usable(self) -> SemanticSettings:
         spec = encoder(self.embed_model)
         if self.embed_tuned and not spec.tune.is_file():
             raise ValueError(
@@ -140,42 +159,59 @@ class PredictorSettings(BaseModel):
             raise ValueError(f"embed_window must be one of {sorted(WINDOWS)}, not {v}")
         return v
 
-    def check_for(self, predictor: str) -> None:
-        """Raise ``ValueError`` if an option set here is not one ``predictor`` takes."""
-        stray = sorted(self.model_fields_set - _OPTIONS_OF[predictor])
-        if stray:
-            takes = ", ".join(sorted(_OPTIONS_OF[predictor])) or "none"
-            given = ", ".join(stray)
-            raise ValueError(f"predictor_options {given}: not options of predictor {predictor!r} ({takes})")
+    def factory_options(self, redis_url: str | None = None) -> SemanticOptions:
+        return SemanticOptions(
+            embed=EmbedderOptions(
+                self.embed_threads,
+                self.embed_window,
+                self.embed_quantize,
+                tuned=self.embed_tuned,
+                runtime=self.embed_runtime,
+                model=self.embed_model,
+                onnx_path=self.onnx_file,
+                onnx_missing=self.onnx_missing,
+            ),
+            default_model=self.default_model,
+            batch_window_s=self.batch_window_s,
+            max_batch=self.max_batch,
+            redis_url=redis_url,
+            redis_prefix=self.redis_prefix,
+            budget_s=self.predict_budget_s,
+        )
 
-    def for_predictor(self, predictor: str, redis_url: str | None = None) -> PredictorOptions | None:
-        """The factory's options for ``predictor`` (None for ``none``)."""
-        self.check_for(predictor)
-        if predictor == "semantic":
-            return SemanticOptions(
-                embed=EmbedderOptions(
-                    self.embed_threads,
-                    self.embed_window,
-                    self.embed_quantize,
-                    tuned=self.embed_tuned,
-                    runtime=self.embed_runtime,
-                    model=self.embed_model,
-                    onnx_path=self.onnx_file,
-                    onnx_missing=self.onnx_missing,
-                ),
-                default_model=self.default_model,
-                batch_window_s=self.batch_window_s,
-                max_batch=self.max_batch,
-                redis_url=redis_url,
-                redis_prefix=self.redis_prefix,
-            )
-        given = {
-            k: v
-            for k, v in self.model_dump(include=set(self.model_fields_set) - {"redis_prefix"}).items()
-            if v is not None
-        }
-        if predictor == "global":
-            return GlobalOptions(**given)
-        if predictor == "length-bucket":
-            return LengthBucketOptions(**given)
-        return None
+
+AnyPredictorSettings = NoPredictorSettings | GlobalSettings | LengthBucketSettings | SemanticSettings
+PredictorSettings = Annotated[AnyPredictorSettings, Field(discriminator="predictor")]
+"""``predictor_options``: the options of the predictor ``predictor`` names, one model per predictor
+(:class:`GatewaySettings` tells them apart by its ``predictor`` field)."""
+
+
+_ADAPTER: TypeAdapter[AnyPredictorSettings] = TypeAdapter(PredictorSettings)
+
+
+def predictor_options(predictor: str, **given: object) -> AnyPredictorSettings:
+    """The options of the predictor ``predictor``: ``given``, the rest its defaults (raises
+    ``pydantic.ValidationError`` for an option it does not take)."""
+    return _ADAPTER.validate_python({**given, "predictor": predictor})
+
+
+def tag_options(data: Any) -> Any:
+    """The raw settings with ``predictor_options`` tagged by ``predictor`` (its models are told apart
+    by their own ``predictor`` field, which a config file need not repeat)."""
+    if not isinstance(data, dict):
+        return data
+    name = data.get("predictor", "semantic")
+    options = data.get("predictor_options")
+    if options is None:
+        return {**data, "predictor_options": {"predictor": name}}
+    if isinstance(options, dict) and isinstance(name, str):
+        check_options(name, options)
+        return {**data, "predictor_options": {**options, "predictor": name}}
+    return data
+
+
+def check_options(predictor: str, options: AnyPredictorSettings | dict[str, Any]) -> None:
+    """Raise ``ValueError`` when ``options`` name another predictor than ``predictor``."""
+    given = options.get("predictor", predictor) if isinstance(options, dict) else options.predictor
+    if given != predictor:
+        raise ValueError(f"predictor_options are {given!r}'s, but predictor is {predictor!r}")

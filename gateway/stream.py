@@ -21,7 +21,7 @@ from gateway.client_guard import CLIENT_ABORT
 from gateway.continuation import Transcript, assemble
 from gateway.disconnect import DisconnectGuard
 from gateway.lifecycle import Lifecycle
-from gateway.predict import PredictInput
+from gateway.predict import Asked
 from gateway.queue import GatewayRequest
 from gateway.resume import Resumer
 from gateway.sse import EventTooLarge, SseScanner
@@ -62,7 +62,7 @@ class SseResponse(Response):
         proxy: Proxy,
         lc: Lifecycle,
         backend: Backend,
-        inp: PredictInput,
+        asked: Asked,
         upstream: httpx.Response,
         chunks: AsyncIterator[bytes],
         first: bytes,
@@ -73,7 +73,7 @@ class SseResponse(Response):
         self.lc = lc
         self.req = lc.req
         self.backend = backend
-        self.inp = inp
+        self.asked = asked
         self.upstream = upstream
         self.chunks = chunks
         self.first = first
@@ -295,7 +295,7 @@ class SseResponse(Response):
         usage = scanner.usage
         total = before + usage if isinstance(usage, int) and not isinstance(usage, bool) else None
         output = proxy.plausible(self.req, b, total) if outcome is Outcome.OK else None
-        proxy.settle(self.lc, self.inp, outcome, before + scanner.events if output is None else output)
+        proxy.settle(self.lc, self.asked, outcome, before + scanner.events if output is None else output)
 
 
 class _ClientTooSlow(Exception):

@@ -14,7 +14,7 @@ from loadgen.records import scale_rate
 
 if TYPE_CHECKING:
     from core.predictor import LengthPredictor
-    from gateway.settings import PredictorSettings
+    from gateway.settings_predictor import AnyPredictorSettings
     from predictor.semantic import SemanticConfig
     from sim.des import SimResult
 
@@ -34,23 +34,24 @@ def sim_predictor(
     name: str,
     seed: int = 0,
     semantic: SemanticConfig | None = None,
-    options: PredictorSettings | None = None,
+    options: AnyPredictorSettings | None = None,
 ) -> LengthPredictor | None:
     """The gateway's predictor ``name`` with the live gateway's options (``options``, default its
-    defaults), on its simulator face (None for ``none``); ``semantic`` replaces the semantic
-    predictor's hyperparameters."""
+    defaults), answering at once as the simulator needs (None for ``none``); ``semantic`` replaces the
+    semantic predictor's hyperparameters."""
     from dataclasses import replace
 
-    from gateway.settings import PredictorSettings
+    from gateway.settings_predictor import predictor_options
     from predictor.factory import SemanticOptions, make_predictor
 
     if name == "none":
         return None
-    opts = (options or PredictorSettings()).for_predictor(name)
+    opts = (options or predictor_options(name)).factory_options()
     if isinstance(opts, SemanticOptions):
         from predictor.semantic import inline_config
 
-        opts = replace(opts, config=inline_config(semantic or opts.config))  # the same run every time
+        # features on the calling thread, refits inline: the same run every time
+        opts = replace(opts, config=inline_config(semantic or opts.config), budget_s=None)
     return make_predictor(name, opts, seed=seed)
 
 
@@ -67,7 +68,7 @@ def simulate_run(
     step_time_scale: float | None = None,
     pause: bool = False,
     pause_options: Mapping[str, float] | None = None,
-    predictor_options: PredictorSettings | None = None,
+    predictor_options: AnyPredictorSettings | None = None,
     placement: str | None = None,
 ) -> SimResult:
     """``policy`` at the gateway (None: vLLM alone, round robin) in the simulator, with the live
@@ -79,7 +80,7 @@ def simulate_run(
     (None: its default)."""
     from gateway.settings import AdmissionSettings, PauseSettings, PlacementSettings, QueueSettings
     from policies.registry import parse_policy
-    from predictor.semantic_sim import SemanticLengthPredictor
+    from predictor.semantic_face import SemanticLengthPredictor
     from sim.des import QueueLimits, SimSetup, client_view, simulate
 
     perf, engine = perf_and_engine(model, gpu, step_time_scale)

@@ -1,7 +1,8 @@
 """Output-length predictors that need no prompt text: the bounds and the floors of the study.
 
-Every predictor answers ``predict(req)`` once per request (before it is queued) and hears
-``observe(req, true_output)`` when a request completes, which is how the history-based ones learn.
+Every one is a :class:`core.predictor.InlinePredictor`: it answers ``predict_inline(req)`` once per
+request (before it is queued) and hears ``observe_inline(req, true_output)`` when a request completes,
+which is how the history-based ones learn.
 All are deterministic: a predictor's answers depend only on its seed and on the sequence of calls
 made to ``observe``, never on wall time or on the order in which ``predict`` is called.
 """
@@ -15,12 +16,12 @@ from collections.abc import Mapping, Sequence
 from statistics import NormalDist
 
 from core.distribution import DEFAULT_PRIOR, LengthDistribution
-from core.predictor import LengthPredictor
+from core.predictor import InlinePredictor
 from core.request import PredictionQuery, truth_of
 
 
 # --- oracles ----------------------------------------------------------------------------------
-class OraclePredictor:
+class OraclePredictor(InlinePredictor):
     """A point at the true output length (an upper bound on what prediction can give).
 
     A query carries no outcome, so an oracle is handed the run's answer key explicitly
@@ -32,11 +33,8 @@ class OraclePredictor:
     def __init__(self, truth: Mapping[int, int]) -> None:
         self.truth = truth
 
-    def predict(self, req: PredictionQuery) -> LengthDistribution:
+    def predict_inline(self, req: PredictionQuery) -> LengthDistribution:
         return LengthDistribution.point(truth_of(self.truth, req))
-
-    def observe(self, req: PredictionQuery, output_tokens: int) -> None:
-        pass
 
 
 _MASK64 = (1 << 64) - 1
@@ -81,7 +79,7 @@ def _unit_shape(sigma: float, points: int) -> tuple[tuple[float, ...], float]:
     return tuple(x / mean for x in xs), 1.0 / points
 
 
-class NoisyOraclePredictor:
+class NoisyOraclePredictor(InlinePredictor):
     """The true length times log-normal noise of a given relative error (LSSP's sensitivity knob).
 
     *Relative error* ``r`` is the standard deviation of the ratio ``prediction / true``, whose mean
@@ -119,7 +117,7 @@ class NoisyOraclePredictor:
         z = unit_normal(self.seed, req.rid)
         return truth_of(self.truth, req) * math.exp(self.sigma * z - 0.5 * self.sigma * self.sigma)
 
-    def predict(self, req: PredictionQuery) -> LengthDistribution:
+    def predict_inline(self, req: PredictionQuery) -> LengthDistribution:
         center = self.noisy_value(req)
         if self.point or self.sigma == 0.0:
             return LengthDistribution.point(center)
@@ -134,9 +132,6 @@ class NoisyOraclePredictor:
                 support.append(v)
                 probs.append(p)
         return LengthDistribution(tuple(support), tuple(probs))
-
-    def observe(self, req: PredictionQuery, output_tokens: int) -> None:
-        pass
 
 
 # --- history ----------------------------------------------------------------------------------
@@ -173,7 +168,7 @@ class _Window:
         return self._dist
 
 
-class GlobalPredictor:
+class GlobalPredictor(InlinePredictor):
     """The empirical distribution of the last ``window`` completed outputs, whatever the prompt.
 
     Below ``min_samples`` observations it answers ``prior`` (default :data:`DEFAULT_PRIOR`).
@@ -194,16 +189,16 @@ class GlobalPredictor:
         self.prior = DEFAULT_PRIOR if prior is None else prior
         self.min_samples = max(1, min_samples)
 
-    def predict(self, req: PredictionQuery) -> LengthDistribution:
+    def predict_inline(self, req: PredictionQuery) -> LengthDistribution:
         if len(self.window) < self.min_samples:
             return self.prior
         return self.window.dist()
 
-    def observe(self, req: PredictionQuery, output_tokens: int) -> None:
+    def observe_inline(self, req: PredictionQuery, output_tokens: int) -> None:
         self.window.add(output_tokens)
 
 
-class LengthBucketPredictor:
+class LengthBucketPredictor(InlinePredictor):
     """Output-length history per prompt-length bucket (AIBrix-style), no prompt text needed.
 
     Buckets are powers of two by default (``[2^(k-1), 2^k)``, keyed by ``prompt_tokens.bit_length()``)
@@ -240,23 +235,23 @@ class LengthBucketPredictor:
             return max(0, int(prompt_tokens)).bit_length()
         return bisect_right(self.edges, prompt_tokens)
 
-    def predict(self, req: PredictionQuery) -> LengthDistribution:
+    def predict_inline(self, req: PredictionQuery) -> LengthDistribution:
         w = self.windows.get(self.bucket_of(req.prompt_tokens))
         if w is None or len(w) < self.min_samples:
-            return self.fallback.predict(req)
+            return self.fallback.predict_inline(req)
         return w.dist()
 
-    def observe(self, req: PredictionQuery, output_tokens: int) -> None:
+    def observe_inline(self, req: PredictionQuery, output_tokens: int) -> None:
         key = self.bucket_of(req.prompt_tokens)
         w = self.windows.get(key)
         if w is None:
             w = self.windows[key] = _Window(self.window_per_bucket, self.max_points, self.refresh_every)
         w.add(output_tokens)
-        self.fallback.observe(req, output_tokens)
+        self.fallback.observe_inline(req, output_tokens)
 
 
 # --- precomputed ------------------------------------------------------------------------------
-class PrecomputedPredictor:
+class PrecomputedPredictor(InlinePredictor):
     """Distributions computed outside the simulation loop, keyed by the request's ``rid``.
 
     Unknown ids go to ``fallback`` (which also hears every observation); without one they raise
@@ -266,19 +261,19 @@ class PrecomputedPredictor:
     name: str = "precomputed"
 
     def __init__(
-        self, dists: Mapping[int, LengthDistribution], fallback: LengthPredictor | None = None
+        self, dists: Mapping[int, LengthDistribution], fallback: InlinePredictor | None = None
     ) -> None:
         self.dists = dists
         self.fallback = fallback
 
-    def predict(self, req: PredictionQuery) -> LengthDistribution:
+    def predict_inline(self, req: PredictionQuery) -> LengthDistribution:
         d = self.dists.get(req.rid)
         if d is not None:
             return d
         if self.fallback is None:
             raise KeyError(f"no precomputed distribution for request {req.rid} and no fallback predictor")
-        return self.fallback.predict(req)
+        return self.fallback.predict_inline(req)
 
-    def observe(self, req: PredictionQuery, output_tokens: int) -> None:
+    def observe_inline(self, req: PredictionQuery, output_tokens: int) -> None:
         if self.fallback is not None:
-            self.fallback.observe(req, output_tokens)
+            self.fallback.observe_inline(req, output_tokens)

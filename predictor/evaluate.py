@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from core.predictor import LengthPredictor
+from core.predictor import InlinePredictor
 from core.request import PredictionQuery
 from predictor.baselines import GlobalPredictor, LengthBucketPredictor
 from predictor.embedder import EMBED_VERSION, PromptLike, TextEmbedder, flatten_prompt
@@ -172,15 +172,15 @@ def replay_semantic(
     return ReplayResult(np.array(means), np.array(quants, dtype=float).reshape(-1, 3), paths)
 
 
-def replay_baseline(items: Sequence[EvalItem], history: int, predictor: LengthPredictor) -> ReplayResult:
+def replay_baseline(items: Sequence[EvalItem], history: int, predictor: InlinePredictor) -> ReplayResult:
     means, quants = [], []
     for i, it in enumerate(items):
         req = PredictionQuery(rid=i, prompt_tokens=it.prompt_tokens)
         if i >= history:
-            d = predictor.predict(req)
+            d = predictor.predict_inline(req)
             means.append(d.mean)
             quants.append([d.quantile(q) for q in QUANTILES])
-        predictor.observe(req, it.output_tokens)
+        predictor.observe_inline(req, it.output_tokens)
     return ReplayResult(np.array(means), np.array(quants, dtype=float).reshape(-1, 3), Counter())
 
 

@@ -1,7 +1,7 @@
 """The one way to build an output-length predictor by name, with typed options.
 
-Every predictor comes out on the simulator's face (:class:`core.predictor.LengthPredictor`); the
-gateway wraps what it gets in its async adapter. Oracles read outcomes, so they are built only from an
+Every predictor comes out behind the one interface (:class:`core.predictor.LengthPredictor`) that the
+gateway and the simulator both call. Oracles read outcomes, so they are built only from an
 explicit answer key (``truth=``, see :func:`core.request.answer_key`), and no other predictor may be
 handed one: a predictor never learns an outcome through its query.
 """
@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from core.distribution import LengthDistribution
-from core.predictor import LengthPredictor
+from core.predictor import InlinePredictor, LengthPredictor
 from predictor.baselines import GlobalPredictor, LengthBucketPredictor, NoisyOraclePredictor, OraclePredictor
 from predictor.embedder import DEFAULT_QUANTIZE, DEFAULT_WINDOW
 from predictor.encoder_tune import DEFAULT_TUNED
 from predictor.encoders import DEFAULT_ENCODER, ENCODERS
+from predictor.history import WindowBounds
 
 if TYPE_CHECKING:
     from predictor.embedder import TextEmbedder
@@ -32,17 +33,32 @@ class NoisyOracleOptions:
     point: bool = False
 
 
+BASELINE_BOUNDS = WindowBounds(max_entries=20_000)
+"""A shared baseline history's stream: the baselines' windows hold 2,000 outcomes by default (500 per
+prompt-length bucket), and a starting replica loads what the stream keeps (24 h at most)."""
+
+HISTORY_PREFIX = "sagegate:history"
+"""Redis key prefix of the shared histories: ``{prefix}:{embedding version}`` for the semantic
+predictor, ``{prefix}:{predictor}`` for a history baseline."""
+
+
 @dataclass(frozen=True, slots=True)
 class GlobalOptions:
+    """``redis_url``: learn from every replica's completions too (:mod:`predictor.shared_history`)."""
+
     window: int = 2000
     max_points: int = 32
     min_samples: int = 1
     refresh_every: int = 32
     prior: LengthDistribution | None = None
+    redis_url: str | None = None
+    redis_prefix: str = HISTORY_PREFIX
 
 
 @dataclass(frozen=True, slots=True)
 class LengthBucketOptions:
+    """``redis_url``: learn from every replica's completions too (:mod:`predictor.shared_history`)."""
+
     window_per_bucket: int = 500
     buckets: tuple[int, ...] | None = None
     min_samples: int = 8
@@ -50,6 +66,8 @@ class LengthBucketOptions:
     global_window: int = 2000
     refresh_every: int = 32
     prior: LengthDistribution | None = None
+    redis_url: str | None = None
+    redis_prefix: str = HISTORY_PREFIX
 
 
 EMBED_RUNTIMES = ("onnx", "torch")
@@ -82,7 +100,10 @@ class EmbedderOptions:
 @dataclass(frozen=True, slots=True)
 class SemanticOptions:
     """The semantic predictor. ``embedder`` (tests, benchmarks) replaces the MiniLM one ``embed``
-    describes; ``redis_url`` shares the history under ``{redis_prefix}:{embedding version}``."""
+    describes; ``redis_url`` shares the history under ``{redis_prefix}:{embedding version}``.
+    ``budget_s``: None computes a prompt's features on the calling thread (a replay); a number
+    embeds on the worker thread and waits that long at most (the gateway; see
+    :mod:`predictor.semantic_face`)."""
 
     embed: EmbedderOptions = field(default_factory=EmbedderOptions)
     embedder: TextEmbedder | None = None
@@ -91,7 +112,8 @@ class SemanticOptions:
     batch_window_s: float = 0.0
     max_batch: int = 32
     redis_url: str | None = None
-    redis_prefix: str = "sagegate:history"
+    redis_prefix: str = HISTORY_PREFIX
+    budget_s: float | None = None
 
 
 PredictorOptions = NoisyOracleOptions | GlobalOptions | LengthBucketOptions | SemanticOptions
@@ -138,12 +160,13 @@ def make_predictor(
         return NoisyOraclePredictor(relative_error, seed, truth=truth, points=noisy.points, point=noisy.point)
     if name == "global":
         g = options if isinstance(options, GlobalOptions) else GlobalOptions()
-        return GlobalPredictor(
+        inline = GlobalPredictor(
             g.window, g.max_points, g.prior, min_samples=g.min_samples, refresh_every=g.refresh_every
         )
+        return shared(inline, g.redis_url, g.redis_prefix)
     if name == "length-bucket":
         b = options if isinstance(options, LengthBucketOptions) else LengthBucketOptions()
-        return LengthBucketPredictor(
+        bucketed = LengthBucketPredictor(
             b.window_per_bucket,
             b.buckets,
             b.min_samples,
@@ -152,13 +175,26 @@ def make_predictor(
             prior=b.prior,
             refresh_every=b.refresh_every,
         )
-    from predictor.semantic_sim import SemanticLengthPredictor  # loads the embedding stack
+        return shared(bucketed, b.redis_url, b.redis_prefix)
+    from predictor.semantic_face import SemanticLengthPredictor  # loads the embedding stack
 
-    return SemanticLengthPredictor(semantic_core(options if isinstance(options, SemanticOptions) else None))
+    opts = options if isinstance(options, SemanticOptions) else SemanticOptions()
+    return SemanticLengthPredictor(semantic_core(opts), opts.budget_s)
+
+
+def shared(inline: InlinePredictor, redis_url: str | None, prefix: str) -> InlinePredictor:
+    """``inline`` alone, or learning from every replica's completions through Redis."""
+    if redis_url is None:
+        return inline
+    from predictor.redis_store import RedisStore
+    from predictor.shared_history import SharedHistory
+
+    store = RedisStore(redis_url, f"{prefix}:{inline.name}", BASELINE_BOUNDS, embedded=False)
+    return SharedHistory(inline, store)
 
 
 def semantic_core(options: SemanticOptions | None = None) -> SemanticPredictor:
-    """The semantic predictor's core (what its async and simulator faces wrap); its history is in
+    """The semantic predictor's core (what :mod:`predictor.semantic_face` wraps); its history is in
     process, or in Redis under one stream per embedding version when ``redis_url`` is set."""
     from predictor.semantic import SemanticConfig, SemanticPredictor
 

@@ -156,9 +156,8 @@ class PredictorStats:
 class SemanticPredictor:
     """The semantic core: predict from a prompt's features, record an outcome under them.
 
-    It has no I/O on the request path and no request type of its own; its faces are thin adapters:
-    :mod:`predictor.semantic_async` (embeddings off the event loop, for the gateway) and
-    :mod:`predictor.semantic_sim` (the simulator's ``LengthPredictor``).
+    It has no I/O on the request path and no request type of its own: :mod:`predictor.semantic_face`
+    puts it behind the one predictor interface the gateway and the simulator call.
     """
 
     name = "semantic"

@@ -16,25 +16,29 @@ caller at a time (the event loop predicts and records, the reader delivers).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
 from collections.abc import Callable
 
 import numpy as np
 
 from core.distribution import LengthDistribution
-from core.predictor import LengthPredictor
+from core.predictor import InlinePredictor
 from core.request import PredictionQuery
 from predictor.history import Completion, HistoryStore, StoreStats, wall_clock
+
+log = logging.getLogger(__name__)
 
 NO_EMBEDDING = np.zeros(0, dtype=np.float32)
 
 
-class SharedHistory:
-    """``inner`` (a :class:`LengthPredictor` learning from outcomes alone), fed every replica's
-    completions through ``store``. Call :meth:`start` before serving and :meth:`close` after."""
+class SharedHistory(InlinePredictor):
+    """``inner`` (an inline predictor learning from outcomes alone), fed every replica's completions
+    through ``store``. Await :meth:`start` before serving and :meth:`close` after."""
 
     def __init__(
-        self, inner: LengthPredictor, store: HistoryStore, *, clock: Callable[[], float] = wall_clock
+        self, inner: InlinePredictor, store: HistoryStore, *, clock: Callable[[], float] = wall_clock
     ) -> None:
         self.inner = inner
         self.name = inner.name
@@ -44,26 +48,30 @@ class SharedHistory:
         """Other replicas' completions learnt from (the window loaded at start included)."""
         self._lock = threading.Lock()
 
-    def start(self) -> int:
+    def load(self) -> int:
         """Learn the live window from the store and start hearing the other replicas; returns how
         many records the window held."""
         records = self.store.start(self._deliver)
         self._deliver(records)
         return len(records)
 
-    def close(self) -> None:
-        self.store.close()
+    async def start(self) -> None:
+        loaded = await asyncio.to_thread(self.load)
+        log.info("%s predictor: %d completions from the shared history", self.name, loaded)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.store.close)
 
     def stats(self) -> StoreStats:
         return self.store.stats()
 
-    def predict(self, req: PredictionQuery) -> LengthDistribution:
+    def predict_inline(self, req: PredictionQuery) -> LengthDistribution:
         with self._lock:
-            return self.inner.predict(req)
+            return self.inner.predict_inline(req)
 
-    def observe(self, req: PredictionQuery, output_tokens: int) -> None:
+    def observe_inline(self, req: PredictionQuery, output_tokens: int) -> None:
         with self._lock:
-            self.inner.observe(req, output_tokens)
+            self.inner.observe_inline(req, output_tokens)
         self.store.append(
             Completion(
                 id=Completion.new_id(),
@@ -82,5 +90,5 @@ class SharedHistory:
                 query = PredictionQuery(
                     rid=0, prompt_tokens=rec.prompt_tokens, tenant=rec.tenant, model=rec.model or None
                 )
-                self.inner.observe(query, rec.output_tokens)
+                self.inner.observe_inline(query, rec.output_tokens)
             self.received += len(records)

@@ -164,11 +164,13 @@ def _draw(draw: int, minutes: float, target: float, model: str, gpu: str) -> tup
 
 def _simulated(work: Any, setup: Any, draw: int, embed_model: str) -> dict[str, list[Any]]:
     """Round robin and the gateway in the simulator, with the live gateway's settings."""
-    from gateway.settings import PredictorSettings
+    from gateway.settings_predictor import predictor_options
     from harness.simtwin import simulate_run
     from sagegate.demo_setups import GATEWAY, ROUND_ROBIN
 
-    options = PredictorSettings(embed_model=embed_model) if setup.predictor == "semantic" else None  # type: ignore[arg-type]
+    options = (
+        predictor_options("semantic", embed_model=embed_model) if setup.predictor == "semantic" else None
+    )
     alone = simulate_run(work, None, model=setup.model, gpu=setup.gpu)
     gw = simulate_run(
         work,

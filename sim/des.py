@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from core.predictor import LengthPredictor
+from core.predictor import LengthPredictor, settle
 from core.record import RequestRecord
 from core.request import PredictionQuery, TraceRequest
 from core.summary import summarize
@@ -131,6 +131,8 @@ class Simulation:
         self.records: dict[int, RequestRecord] = {}
         self.queries: dict[EngineRequest, PredictionQuery] = {}
         """What the predictor was asked about each request (it is told the outcome under the same query)."""
+        self.memos: dict[int, object] = {}
+        """What the predictor kept from each answer (an embedding), handed back with the outcome."""
         self.steps: list[SchedulerOutput | None] = [None] * len(self.engines)
         self.events: list[tuple[float, int, int]] = []  # (time, seq, engine) step ends
         self.seq = 0
@@ -195,7 +197,9 @@ class Simulation:
         pred = None
         if setup.predictor is not None:
             query = PredictionQuery.of(tr)
-            pred = setup.predictor.predict(query)
+            asked = settle(setup.predictor.predict(query))
+            pred = asked.distribution
+            self.memos[tr.rid] = asked.memo
         if pred is not None and setup.cap_at_max_tokens:
             pred = pred.capped(tr.max_tokens)
         req = EngineRequest(
@@ -317,7 +321,8 @@ class Simulation:
         self.in_system -= 1
         query = self.queries.pop(req, None)
         if self.setup.predictor is not None and query is not None:
-            self.setup.predictor.observe(query, req.generated)
+            memo = self.memos.pop(req.rid, None)
+            settle(self.setup.predictor.observe(query, req.generated, memo))
         if self.gw is not None:
             self.gw.finish(req, self.now)
 

@@ -4,10 +4,17 @@ small labelled prompt families whose output lengths differ by kind of task."""
 from __future__ import annotations
 
 import functools
+import re
+import time
+import zlib
+from collections.abc import Sequence
 
+import numpy as np
 import pytest
 
-from predictor.embedder import MiniLMEmbedder
+from predictor.embedder import DIM, MiniLMEmbedder
+from predictor.semantic import SemanticPredictor
+from predictor.semantic_face import SemanticLengthPredictor
 
 SHORT_TASKS = [
     "Translate into French: {x}",
@@ -38,3 +45,29 @@ def real_embedder() -> MiniLMEmbedder:
 
 def family(templates: list[str], topics: list[str] = TOPICS) -> list[str]:
     return [t.format(x=x) for t in templates for x in topics]
+
+
+class SlowEmbedder:
+    """Bag-of-words unit vectors (a hash per word) that take ``delay_s`` per batch, as a busy model
+    does; ``texts`` counts what was embedded."""
+
+    dim = DIM
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
+        self.texts = 0
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        time.sleep(self.delay_s)
+        self.texts += len(texts)
+        out = np.zeros((len(texts), DIM), dtype=np.float32)
+        for i, text in enumerate(texts):
+            for word in re.findall(r"\w+", text.lower()):
+                out[i, zlib.crc32(word.encode()) % DIM] += 1.0
+        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
+
+
+def slow_semantic(delay_s: float, budget_s: float) -> SemanticLengthPredictor:
+    """The semantic predictor as the gateway builds it (a budget for the embedding) over a
+    :class:`SlowEmbedder`."""
+    return SemanticLengthPredictor(SemanticPredictor(SlowEmbedder(delay_s)), budget_s)

@@ -103,7 +103,9 @@ def test_backend_refusing_is_retried_elsewhere_and_circuit_opens_then_recovers()
             assert httpx.post(url + "/v1/chat/completions", json=chat_body(), timeout=10).status_code == 200
             assert bad.state.requests == 1
             bad.state.mode = "ok"
-            wait_until(lambda: admin(url)["backends"][0]["healthy"], timeout=10, what="circuit closed by a probe")
+            wait_until(
+                lambda: admin(url)["backends"][0]["healthy"], timeout=10, what="circuit closed by a probe"
+            )
             assert 'sagegate_retries_total{backend="backend-0"} 1.0' in httpx.get(url + "/metrics").text
 
 

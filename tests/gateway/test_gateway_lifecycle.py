@@ -21,11 +21,10 @@ import numpy as np
 import pytest
 
 from gateway.app import create_app
-from gateway.predict import SemanticAdapter
 from harness.procs import ROOT, free_port, stop
 from predictor.embedder import DIM
 from predictor.semantic import SemanticPredictor
-from predictor.semantic_async import AsyncSemantic
+from predictor.semantic_face import SemanticLengthPredictor
 from tests.gateway_support import FakeBackend, ServerThread, chat_body, settings_for, wait_until
 
 pytestmark = pytest.mark.heavy  # a sagegate serve process and the real embedder
@@ -61,7 +60,7 @@ def _paths(url: str) -> dict[str, float]:
 
 def test_first_request_after_start_is_not_late_for_a_cold_model() -> None:
     embedder = ColdEmbedder(cold_s=2.0)
-    predictor = SemanticAdapter(AsyncSemantic(SemanticPredictor(embedder)), budget_s=0.5)
+    predictor = SemanticLengthPredictor(SemanticPredictor(embedder), budget_s=0.5)
     fake = FakeBackend(tokens=3)
     with ServerThread(fake.app) as be:
         app = create_app(settings_for([be.url], predictor="semantic"), predictor=predictor)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from gateway.app import create_app
-from gateway.predict import SemanticAdapter
+from gateway.settings import DEFAULT_BUDGET_S
 from tests.gateway_support import FakeBackend, ServerThread, settings_for, wait_until
 
 pytestmark = pytest.mark.heavy  # live replicas and backends, Redis
@@ -37,12 +37,13 @@ class BagOfWordsEmbedder:
 
 
 def _replica(backend: str, redis_url: str, prefix: str) -> ServerThread:
-    from predictor.factory import SemanticOptions, semantic_core
-    from predictor.semantic_async import AsyncSemantic
+    from predictor.factory import SemanticOptions, make_predictor
 
-    opts = SemanticOptions(embedder=BagOfWordsEmbedder(), redis_url=redis_url, redis_prefix=prefix)
+    opts = SemanticOptions(
+        embedder=BagOfWordsEmbedder(), redis_url=redis_url, redis_prefix=prefix, budget_s=DEFAULT_BUDGET_S
+    )
     settings = settings_for([backend], predictor="semantic", redis_url=redis_url)
-    return ServerThread(create_app(settings, predictor=SemanticAdapter(AsyncSemantic(semantic_core(opts)))))
+    return ServerThread(create_app(settings, predictor=make_predictor("semantic", opts)))
 
 
 def _ask(url: str, text: str) -> httpx.Response:

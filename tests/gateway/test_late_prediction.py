@@ -11,14 +11,14 @@ import httpx
 import pytest
 
 from core.distribution import LengthDistribution
+from core.request import PredictionQuery
 from gateway.backends import BackendPool
 from gateway.dispatcher import Dispatcher
-from gateway.predict import PredictInput, SemanticAdapter
 from gateway.queue import BoundedQueue, GatewayRequest
 from gateway.settings import GatewaySettings
 from policies.admission import AdmissionConfig, Charge
 from policies.registry import parse_policy
-from tests.gateway.test_gateway_predict_budget import _SlowFace
+from tests.semantic_support import slow_semantic
 
 CFG = AdmissionConfig()
 SHORT = LengthDistribution((20, 40), (0.5, 0.5))
@@ -51,17 +51,25 @@ def waiting(arrival: float, pred: LengthDistribution) -> GatewayRequest:
     )
 
 
-def test_the_late_prediction_arrives_on_the_input() -> None:
+def test_the_late_prediction_arrives_with_the_answer() -> None:
+    predictor = slow_semantic(delay_s=0.1, budget_s=0.01)
+    core = predictor.core
+    tea = [f"a poem about tea {i}" for i in range(20)]  # history: prompts about tea ran long,
+    coffee = [f"one word about coffee {i}" for i in range(20)]  # about coffee short
+    for feats, out in zip(core.features_many(tea + coffee), [900] * 20 + [9] * 20, strict=True):
+        core.record_features(feats, 10, out, "m")
+
     async def run() -> tuple[str, float, float | None]:
-        adapter = SemanticAdapter(_SlowFace(delay_s=0.1), budget_s=0.01)  # type: ignore[arg-type]
-        inp = PredictInput(prompt="p", prompt_tokens=10, model="m")
-        dist, path = await adapter.predict(inp)
-        assert dist is not None and inp.later is not None and not inp.later.done()
-        late = await inp.later
-        return path, dist.mean, None if late is None else late.mean
+        prediction = await predictor.predict(PredictionQuery(0, 10, "a poem about tea", model="m"))
+        assert prediction.distribution is not None and prediction.later is not None
+        later = asyncio.ensure_future(prediction.later)
+        assert not later.done()
+        late = await later
+        return prediction.path, prediction.distribution.mean, None if late is None else late.mean
 
     path, first, later = asyncio.run(run())
-    assert (path, first, later) == ("late", 100, 7)  # the prior's answer at once, the embedding's after
+    assert path == "late"
+    assert later is not None and later > 1.5 * first  # the prior's answer at once, the neighbours' after
 
 
 def test_a_queued_request_is_ranked_again_by_its_late_prediction() -> None:
@@ -122,14 +130,6 @@ def test_a_request_pushed_again_is_queued_once_at_its_new_key() -> None:
     assert [q.pop(0.0), q.pop(0.0), q.pop(0.0)] == [b, a, None]  # the stale entry is never served
 
 
-class _Face(_SlowFace):
-    async def start(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-
 def _late_outcomes(url: str) -> dict[str, float]:
     from loadgen.scrape import counter_by_label
 
@@ -148,7 +148,7 @@ def test_through_the_gateway_a_waiting_request_learns_its_late_prediction() -> N
 
     fake = FakeBackend(tokens=4, delay_s=0.4, blocks=1)  # 16 KV tokens: one request (11) at a time
     with ServerThread(fake.app) as be:
-        predictor = SemanticAdapter(_Face(delay_s=0.3), budget_s=0.01)  # type: ignore[arg-type]
+        predictor = slow_semantic(delay_s=0.3, budget_s=0.01)
         app = create_app(
             settings_for([be.url], policy="sagesched", predictor="semantic"), predictor=predictor
         )

@@ -12,7 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from core.request import FORCED_OUTPUT_FIELD, TraceRequest, answer_key
+from core.predictor import settle
+from core.request import FORCED_OUTPUT_FIELD, PredictionQuery, TraceRequest, answer_key
 from gateway.app import create_app
 from loadgen.records import with_client_cap
 from policies.registry import parse_policy
@@ -139,7 +140,7 @@ def test_the_simulator_caps_predictions_at_the_client_cap_like_the_gateway() -> 
     assert capped.records[0].predicted_mean == 50
     big = make_predictor("global")
     for i in range(30):
-        big.observe(TraceRequest(0.0, 100, 5000, rid=100 + i), 5000)
+        settle(big.observe(PredictionQuery.of(TraceRequest(0.0, 100, 5000, rid=100 + i)), 5000))
     on = simulate(work, SimSetup(PERF, level="gateway", policy=parse_policy("sagesched"), predictor=big))
     assert on.records[0].predicted_mean == 64
     off = simulate(

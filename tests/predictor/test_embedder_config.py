@@ -11,8 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from gateway.predict import SemanticAdapter, build_predictor
-from gateway.settings import PredictorSettings
+from gateway.predict import build_predictor
+from gateway.settings_predictor import SemanticSettings
 from predictor.embedder import (
     DEFAULT_QUANTIZE,
     DEFAULT_WINDOW,
@@ -25,6 +25,7 @@ from predictor.encoder_tune import tune_id
 from predictor.factory import SemanticOptions, semantic_core
 from predictor.history import WindowBounds
 from predictor.semantic import SemanticConfig, SemanticPredictor
+from predictor.semantic_face import SemanticLengthPredictor
 from tests.semantic_support import real_embedder
 
 pytestmark = pytest.mark.heavy  # the real MiniLM model
@@ -90,12 +91,12 @@ def test_fast_default_stays_close_to_the_first_configuration() -> None:
 
 
 def test_gateway_options_choose_the_embedder() -> None:
-    fast = build_predictor("semantic", options=PredictorSettings(embed_runtime="torch"))
-    options = PredictorSettings.model_validate(
+    fast = build_predictor("semantic", options=SemanticSettings(embed_runtime="torch"))
+    options = SemanticSettings.model_validate(
         {"embed_window": "256", "embed_quantize": "false", "embed_tuned": "false", "embed_runtime": "torch"}
     )
     first = build_predictor("semantic", options=options)
-    assert isinstance(fast, SemanticAdapter) and isinstance(first, SemanticAdapter)
+    assert isinstance(fast, SemanticLengthPredictor) and isinstance(first, SemanticLengthPredictor)
     try:
         assert fast.core.embedder.version == EMBED_VERSION
         assert first.core.embedder.version == FIRST_VERSION

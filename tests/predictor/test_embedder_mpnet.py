@@ -17,7 +17,7 @@ import pytest
 from pydantic import ValidationError
 
 from gateway.predict import build_predictor
-from gateway.settings import PredictorSettings
+from gateway.settings_predictor import SemanticSettings
 from predictor.embedder import MiniLMEmbedder, embed_version
 from predictor.embedder_onnx import OnnxEmbedder, OnnxModelMissing, onnx_version
 from predictor.encoder_tune import merge_into
@@ -121,11 +121,11 @@ def test_another_encoders_file_is_refused(int8: Path, tmp_path: Path) -> None:
 
 def test_settings_keep_it_on_onnx() -> None:
     with pytest.raises(ValidationError, match="embed_model: mpnet runs on embed_runtime: onnx only"):
-        PredictorSettings(embed_model="mpnet", embed_runtime="torch")
+        SemanticSettings(embed_model="mpnet", embed_runtime="torch")
     with pytest.raises(ValidationError, match="onnx_missing: torch cannot stand in"):
-        PredictorSettings(embed_model="mpnet", onnx_missing="torch")
+        SemanticSettings(embed_model="mpnet", onnx_missing="torch")
     with pytest.raises(ValidationError, match="embed_model"):
-        PredictorSettings(embed_model="bert")  # type: ignore[arg-type]
+        SemanticSettings(embed_model="bert")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="onnx runtime only"):
         make_embedder(EmbedderOptions(model="mpnet", runtime="torch"))
 
@@ -135,18 +135,19 @@ def test_the_gateway_predictor_runs_on_it_without_torch(int8: Path) -> None:
     """Built from the gateway's settings in a fresh process: warmed, asked, taught, asked again."""
     code = f"""
 import asyncio, json, sys
-from gateway.predict import build_predictor, PredictInput
-from gateway.settings import PredictorSettings
-opts = PredictorSettings(embed_model="mpnet", onnx_file={str(int8)!r}, onnx_missing="error")
+from core.request import PredictionQuery
+from gateway.predict import build_predictor
+from gateway.settings_predictor import SemanticSettings
+opts = SemanticSettings(embed_model="mpnet", onnx_file={str(int8)!r}, onnx_missing="error")
 p = build_predictor("semantic", options=opts)
 p.core.warm_up()
 async def go():
-    inp = PredictInput("Write a long story about a lighthouse keeper.", 12, "m")
-    first, path = await p.predict(inp)
+    query = PredictionQuery(0, 12, "Write a long story about a lighthouse keeper.", model="m")
+    first = await p.predict(query)
     for _ in range(3):
-        await p.record(inp, 900)
-    again, path2 = await p.predict(inp)
-    return first.mean, again.mean, path, path2
+        await p.observe(query, 900)
+    again = await p.predict(query)
+    return first.distribution.mean, again.distribution.mean, first.path, again.path
 first, again, path, path2 = asyncio.run(go())
 heavy = sorted(m for m in ("torch", "transformers", "sentence_transformers") if m in sys.modules)
 print(json.dumps({{"heavy": heavy, "version": p.core.embedder.version, "paths": [path, path2],
@@ -165,8 +166,6 @@ def test_a_missing_weights_folder_stops_the_gateway_with_the_fix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SAGEGATE_MPNET_DIR", str(tmp_path / "absent"))
-    opts = PredictorSettings(
-        embed_model="mpnet", onnx_file=str(tmp_path / "none.onnx"), onnx_missing="export"
-    )
+    opts = SemanticSettings(embed_model="mpnet", onnx_file=str(tmp_path / "none.onnx"), onnx_missing="export")
     with pytest.raises(OnnxModelMissing, match="fetch-encoder mpnet"):
         build_predictor("semantic", options=opts)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from gateway.settings import PredictorSettings
+from gateway.settings_predictor import SemanticSettings
 from predictor.embedder import WINDOWS, MiniLMEmbedder, embed_version, flatten_prompt
 from predictor.embedder_onnx import OnnxEmbedder, OnnxModelMissing, default_onnx_path, onnx_version
 from predictor.factory import EmbedderOptions, SemanticOptions, make_embedder
@@ -95,8 +95,8 @@ def test_onnx_path_never_imports_torch(files: dict[str, Path]) -> None:
     code = f"""
 import asyncio, json, sys
 from gateway.predict import build_predictor
-from gateway.settings import PredictorSettings
-opts = PredictorSettings(onnx_file={str(files["int8"])!r}, onnx_missing="error")
+from gateway.settings_predictor import SemanticSettings
+opts = SemanticSettings(onnx_file={str(files["int8"])!r}, onnx_missing="error")
 p = build_predictor("semantic", options=opts)
 p.core.warm_up()
 vec = p.core.embedder.embed(["Write a long story about a lighthouse."])
@@ -139,16 +139,16 @@ def test_a_failed_export_says_why(tmp_path: Path) -> None:
 
 
 def test_gateway_settings_choose_the_runtime(tmp_path: Path) -> None:
-    default = PredictorSettings().for_predictor("semantic")
+    default = SemanticSettings().factory_options()
     assert isinstance(default, SemanticOptions)
     assert (default.embed.runtime, default.embed.onnx_missing, default.embed.onnx_path) == (
         "onnx",
         "export",
         None,
     )
-    set_ = PredictorSettings.model_validate(
+    set_ = SemanticSettings.model_validate(
         {"embed_runtime": "torch", "onnx_file": "/m.onnx", "onnx_missing": "error"}
-    ).for_predictor("semantic")
+    ).factory_options()
     assert isinstance(set_, SemanticOptions)
     assert (set_.embed.runtime, set_.embed.onnx_path, set_.embed.onnx_missing) == (
         "torch",
@@ -157,7 +157,7 @@ def test_gateway_settings_choose_the_runtime(tmp_path: Path) -> None:
     )
     for bad in ({"embed_runtime": "tf"}, {"onnx_missing": "ignore"}):
         with pytest.raises(ValidationError):
-            PredictorSettings.model_validate(bad)
+            SemanticSettings.model_validate(bad)
     assert default_onnx_path(True) != default_onnx_path(False)
 
 

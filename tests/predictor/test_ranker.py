@@ -257,8 +257,9 @@ def test_replays_leave_out_the_prompts_the_shipped_parts_learned_from(
 def test_the_simulated_twin_fits_the_head_inline() -> None:
     """The demo's and bench_value's simulated twin must be the same run every time: no fit on a thread."""
     from harness.simtwin import sim_predictor
-    from predictor.semantic_sim import SemanticLengthPredictor
+    from predictor.semantic_face import SemanticLengthPredictor
 
     pred = sim_predictor("semantic")
     assert isinstance(pred, SemanticLengthPredictor)
     assert pred.core.config.index.background is False
+    assert pred.budget_s is None  # features on the calling thread: nothing in a replay waits

@@ -1,5 +1,6 @@
 """The semantic predictor on the real MiniLM model, in-process store: paths, window bounds, per-model
-separation, the distribution's invariants, the async face and its failure handling."""
+separation, the distribution's invariants, the predictor interface on the worker (the gateway's) and
+inline (the simulator's), and its failure handling."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.distribution import DEFAULT_PRIOR
+from core.predictor import settle
 from core.request import PredictionQuery, TraceRequest
 from predictor.embed_queue import BatchingEmbedder
 from predictor.embedder import flatten_prompt
@@ -22,8 +24,7 @@ from predictor.factory import SemanticOptions, make_predictor
 from predictor.history import WindowBounds
 from predictor.index import IndexConfig
 from predictor.semantic import PromptFeatures, SemanticConfig, SemanticPredictor
-from predictor.semantic_async import AsyncSemantic
-from predictor.semantic_sim import SemanticLengthPredictor
+from predictor.semantic_face import SemanticLengthPredictor
 from tests.semantic_support import LONG_TASKS, SHORT_TASKS, TOPICS, family, real_embedder
 
 pytestmark = pytest.mark.heavy  # the real MiniLM model
@@ -227,19 +228,27 @@ def test_distribution_is_normalised_and_quantiles_monotone(
         assert min(lengths) <= pred.p10 and pred.p90 <= max(lengths)
 
 
-def test_async_face_predicts_and_records_through_the_worker(
+def _query(rid: int, prompt: object, prompt_tokens: int) -> PredictionQuery:
+    return PredictionQuery(rid, prompt_tokens, flatten_prompt(prompt))  # type: ignore[arg-type]
+
+
+def test_predicts_and_records_through_the_worker(
     feats: dict[str, list[PromptFeatures]],
 ) -> None:
     p = make()
-    face = AsyncSemantic(p)
+    face = SemanticLengthPredictor(p, budget_s=30.0)
     short, long = family(SHORT_TASKS, TOPICS[:3]), family(LONG_TASKS, TOPICS[:3])
 
     async def run() -> tuple[float, float, str]:
-        await asyncio.gather(*(face.record(t, 15, SHORT) for t in short))
-        await asyncio.gather(*(face.record([{"role": "user", "content": t}], 25, LONG) for t in long))
-        a = await face.predict("Translate into French: the garden", 15)
-        b = await face.predict([{"role": "user", "content": "Write a detailed essay about gardens."}], 25)
-        return a.mean, b.mean, a.path
+        await asyncio.gather(*(face.observe(_query(i, t, 15), SHORT) for i, t in enumerate(short)))
+        chats = [[{"role": "user", "content": t}] for t in long]
+        await asyncio.gather(*(face.observe(_query(i, c, 25), LONG) for i, c in enumerate(chats)))
+        a = await face.predict(_query(0, "Translate into French: the garden", 15))
+        b = await face.predict(
+            _query(1, [{"role": "user", "content": "Write a detailed essay about gardens."}], 25)
+        )
+        assert a.distribution is not None and b.distribution is not None
+        return a.distribution.mean, b.distribution.mean, a.path
 
     try:
         short_mean, long_mean, path = asyncio.run(run())
@@ -261,36 +270,56 @@ def test_failures_never_reach_the_request_path(feats: dict[str, list[PromptFeatu
     for f in feats["long"]:
         p.record_features(f, 25, LONG)
 
-    face = AsyncSemantic(p)
+    face = SemanticLengthPredictor(p, budget_s=30.0)
 
-    async def run() -> tuple[str, bool]:
-        pred = await face.predict("anything", 25)
-        ok = await face.record("anything", 25, 10)
-        return pred.path, ok
+    async def run() -> str:
+        pred = await face.predict(_query(0, "anything", 25))
+        await face.observe(_query(0, "anything", 25), 10, pred.memo)
+        return pred.path
 
     try:
-        path, ok = asyncio.run(run())
+        path = asyncio.run(run())
     finally:
         p.close()
-    assert path in ("bucket", "global") and not ok
+    assert path in ("bucket", "global")
     assert not p.record("anything", 25, 10)
-    assert p.stats()["errors"] == 3
+    assert p.stats()["errors"] == 3 and p.stats()["recorded"] == len(feats["long"])
 
 
-def test_simulator_face_predicts_and_observes_queries() -> None:
+def _mean(p: SemanticLengthPredictor, query: PredictionQuery) -> float:
+    dist = settle(p.predict(query)).distribution
+    assert dist is not None
+    return dist.mean
+
+
+def test_inline_it_predicts_and_observes_queries_without_waiting() -> None:
     p = SemanticLengthPredictor(make())
     texts = family(SHORT_TASKS, TOPICS[:4]) + family(LONG_TASKS, TOPICS[:4])
     for i, t in enumerate(texts):
         req = PredictionQuery(rid=i, prompt_tokens=20, prompt=t)
-        p.predict(req)
-        p.observe(req, SHORT if i < len(texts) // 2 else LONG)
+        asked = settle(p.predict(req))  # settle: it answers in one step, as the simulator needs
+        settle(p.observe(req, SHORT if i < len(texts) // 2 else LONG, asked.memo))
     q_short = PredictionQuery(rid=10_001, prompt_tokens=20, prompt="Translate into French: a red car")
     q_long = PredictionQuery(rid=10_002, prompt_tokens=20, prompt="Write a detailed essay about red cars.")
-    assert p.predict(q_short).mean < p.predict(q_long).mean
+    assert _mean(p, q_short) < _mean(p, q_long)
     no_text = PredictionQuery(rid=10_003, prompt_tokens=20)
-    assert p.predict(no_text).mean > 0 and p.core.size() == len(texts)
-    p.observe(no_text, 7)  # no text: the priors learn, the index does not
+    assert settle(p.predict(no_text)).path == "no_text"
+    assert _mean(p, no_text) > 0 and p.core.size() == len(texts)
+    settle(p.observe(no_text, 7))  # no text: the priors learn, the index does not
     assert p.core.size() == len(texts)
+
+
+def test_settle_refuses_a_step_that_waits() -> None:
+    async def waits() -> int:
+        await asyncio.sleep(0)
+        return 1
+
+    async def answers() -> int:
+        return 2
+
+    with pytest.raises(RuntimeError, match="waited"):
+        settle(waits())
+    assert settle(answers()) == 2
 
 
 class _Counting:
@@ -315,6 +344,8 @@ def test_factory_and_prime_embed_a_workload_in_batches() -> None:
     p.prime(reqs, batch=64)
     assert counting.calls == 2  # 96 prompts in two batches
     for r in reqs:
-        p.predict(PredictionQuery.of(r))
-        p.observe(PredictionQuery.of(r), SHORT if "Translate" in (r.prompt or "") else LONG)
+        asked = settle(p.predict(PredictionQuery.of(r)))
+        settle(
+            p.observe(PredictionQuery.of(r), SHORT if "Translate" in (r.prompt or "") else LONG, asked.memo)
+        )
     assert counting.calls == 2 and p.core.size() == len(reqs)

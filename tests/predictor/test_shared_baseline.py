@@ -10,35 +10,40 @@ import time
 import numpy as np
 import pytest
 
-from gateway.predict import BaselinePredictor, PredictInput, build_predictor
-from gateway.settings import PredictorSettings
+from core.predictor import LengthPredictor
+from core.request import PredictionQuery
+from gateway.predict import build_predictor
+from gateway.settings import GatewaySettings
+from gateway.settings_predictor import GlobalSettings, predictor_options
 from harness.procs import free_port
 from harness.redis import RedisServer, redis_server_binary
+from predictor.baselines import GlobalPredictor
 from predictor.history import Completion
+from predictor.shared_history import SharedHistory
 from tests.redis_support import NO_REDIS, wait_for
 
 
-def inp(prompt_tokens: int = 100) -> PredictInput:
-    return PredictInput(prompt="p", prompt_tokens=prompt_tokens, model="m")
+def query(prompt_tokens: int = 100) -> PredictionQuery:
+    return PredictionQuery(0, prompt_tokens, "p", model="m")
 
 
-def mean_of(p: BaselinePredictor, prompt_tokens: int = 100) -> float:
-    dist, path = asyncio.run(p.predict(inp(prompt_tokens)))
-    assert dist is not None and path == p.name
-    return dist.mean
+def mean_of(p: LengthPredictor, prompt_tokens: int = 100) -> float:
+    prediction = asyncio.run(p.predict(query(prompt_tokens)))
+    assert prediction.distribution is not None and prediction.path == p.name
+    return prediction.distribution.mean
 
 
-def replica(name: str, url: str, prefix: str) -> BaselinePredictor:
-    p = build_predictor(name, url, PredictorSettings(redis_prefix=prefix))
-    assert isinstance(p, BaselinePredictor)
-    asyncio.run(p.astart())
+def replica(name: str, url: str, prefix: str) -> SharedHistory:
+    p = build_predictor(name, url, predictor_options(name, redis_prefix=prefix))
+    assert isinstance(p, SharedHistory)
+    asyncio.run(p.start())
     return p
 
 
-def record(p: BaselinePredictor, output_tokens: int, n: int, prompt_tokens: int = 100) -> None:
+def record(p: LengthPredictor, output_tokens: int, n: int, prompt_tokens: int = 100) -> None:
     async def go() -> None:
         for _ in range(n):
-            await p.record(inp(prompt_tokens), output_tokens)
+            await p.observe(query(prompt_tokens), output_tokens)
 
     asyncio.run(go())
 
@@ -47,15 +52,15 @@ def record(p: BaselinePredictor, output_tokens: int, n: int, prompt_tokens: int 
 def test_a_replica_learns_from_the_others_completions(name: str, redis_url: str, redis_prefix: str) -> None:
     a, b = replica(name, redis_url, redis_prefix), replica(name, redis_url, redis_prefix)
     try:
-        assert a.shared is not None and b.shared is not None
+        assert isinstance(a, SharedHistory) and isinstance(b, SharedHistory)
         before = mean_of(b)
         record(a, 1000, 40)
         assert mean_of(a) == pytest.approx(1000)
-        assert wait_for(lambda: b.shared.received == 40), b.shared.received  # type: ignore[union-attr]
+        assert wait_for(lambda: b.received == 40), b.received
         assert mean_of(b) == pytest.approx(1000)
         assert before != pytest.approx(1000)  # b had nothing of its own: the answer came through Redis
         record(b, 10, 40)  # and back: a hears b, so both windows hold all 80
-        assert wait_for(lambda: a.shared.received == 40), a.shared.received  # type: ignore[union-attr]
+        assert wait_for(lambda: a.received == 40), a.received
         # A window's cached distribution may lag its last len/16 observations (``_Window``), and
         # the records arrive in batches of their own timing, so the means agree to that lag only.
         both = (1000 + 10) / 2
@@ -65,13 +70,13 @@ def test_a_replica_learns_from_the_others_completions(name: str, redis_url: str,
         # a third replica, started later, loads the whole window from the stream at once
         c = replica(name, redis_url, redis_prefix)
         try:
-            assert c.shared is not None and c.shared.received == 80
+            assert c.received == 80
             assert mean_of(c) == pytest.approx(both)
         finally:
-            asyncio.run(c.aclose())
+            asyncio.run(c.close())
     finally:
-        asyncio.run(a.aclose())
-        asyncio.run(b.aclose())
+        asyncio.run(a.close())
+        asyncio.run(b.close())
 
 
 def test_length_buckets_travel_with_their_prompt_lengths(redis_url: str, redis_prefix: str) -> None:
@@ -83,8 +88,8 @@ def test_length_buckets_travel_with_their_prompt_lengths(redis_url: str, redis_p
         assert wait_for(lambda: mean_of(b, 3000) == pytest.approx(900))
         assert mean_of(b, 50) == pytest.approx(20)
     finally:
-        asyncio.run(a.aclose())
-        asyncio.run(b.aclose())
+        asyncio.run(a.close())
+        asyncio.run(b.close())
 
 
 def test_baseline_and_semantic_streams_stay_apart(redis_url: str, redis_prefix: str) -> None:
@@ -97,11 +102,10 @@ def test_baseline_and_semantic_streams_stay_apart(redis_url: str, redis_prefix: 
     a = replica("global", redis_url, redis_prefix)
     try:
         record(a, 300, 5)
-        assert a.shared is not None
-        store = a.shared.store
+        store = a.store
         assert isinstance(store, RedisStore) and store.flush_wait(5)
     finally:
-        asyncio.run(a.aclose())
+        asyncio.run(a.close())
     semantic = RedisStore(redis_url, f"{redis_prefix}:global")  # embedded=True: expects vectors
     try:
         assert semantic.start(lambda recs: None) == []
@@ -113,10 +117,10 @@ def test_baseline_and_semantic_streams_stay_apart(redis_url: str, redis_prefix: 
     r.close()
     b = replica("global", redis_url, redis_prefix)
     try:
-        assert b.shared is not None and b.shared.received == 5  # the vector record was skipped
+        assert b.received == 5  # the vector record was skipped
         assert mean_of(b) == pytest.approx(300)
     finally:
-        asyncio.run(b.aclose())
+        asyncio.run(b.close())
 
 
 @pytest.mark.heavy
@@ -127,7 +131,7 @@ def test_redis_down_the_baseline_learns_alone_and_shares_when_back() -> None:
     server = RedisServer(binary, free_port())
     a = replica("global", server.url, "down")
     try:
-        assert a.shared is not None and a.shared.stats().connected is False
+        assert a.stats().connected is False
         record(a, 700, 10)
         assert mean_of(a) == pytest.approx(700)  # learnt locally, nothing raised
         server.start()
@@ -135,21 +139,23 @@ def test_redis_down_the_baseline_learns_alone_and_shares_when_back() -> None:
         try:
             assert wait_for(lambda: mean_of(b) == pytest.approx(700), timeout=15)
         finally:
-            asyncio.run(b.aclose())
+            asyncio.run(b.close())
     finally:
-        asyncio.run(a.aclose())
+        asyncio.run(a.close())
         server.kill()
 
 
 def test_without_redis_the_baseline_is_its_own() -> None:
     p = build_predictor("global", None)
-    assert isinstance(p, BaselinePredictor) and p.shared is None
+    assert isinstance(p, GlobalPredictor)
     record(p, 42, 3)
     assert mean_of(p) == pytest.approx(42)
 
 
 def test_redis_prefix_is_an_option_of_the_baselines_and_others_stay_refused() -> None:
-    PredictorSettings(redis_prefix="x").check_for("global")
-    PredictorSettings(redis_prefix="x").check_for("length-bucket")
-    with pytest.raises(ValueError, match="not options of predictor 'global'"):
-        PredictorSettings(embed_threads=2).check_for("global")
+    for name in ("global", "length-bucket"):
+        s = GatewaySettings(predictor=name, predictor_options={"redis_prefix": "x"})
+        assert s.predictor_options.predictor == name and s.predictor_options.redis_prefix == "x"
+    with pytest.raises(ValueError, match=r"predictor_options\.global\.embed_threads"):
+        GatewaySettings(predictor="global", predictor_options={"embed_threads": 2})
+    assert GlobalSettings(redis_prefix="x").factory_options("redis://r").redis_url == "redis://r"
