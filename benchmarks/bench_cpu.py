@@ -11,8 +11,14 @@ One simulated backend (time scale 100, so the engine is never what waits) behind
 Each round sends, through every front:
 
 * ``--requests`` chat requests for one token each: the front's CPU per request;
-* ``--streams`` streamed chat requests for one token each, then the same prompts for ``--tokens``
-  tokens each: its CPU per relayed token is the difference over the difference in tokens.
+* four phases of ``--streams`` streamed chat requests, fresh prompts each: one token each, then
+  ``--tokens`` each twice, then one token each again. Its CPU per relayed token is the long phases'
+  CPU less the short ones' over the difference in tokens. The order (short, long, long, short) puts
+  the short and the long phases at the same mean history size: a predictor whose per-request cost
+  grows with its history would otherwise show that growth as a per-token cost. Work a request sets
+  off later on other threads (the semantic predictor's refits; its embedder's batching, which is
+  better when requests arrive together) still lands in whichever phase it falls: the last column
+  counts the event loop's thread alone (where the relay runs; sagegate fronts only).
 
 Prompts are ShareGPT first turns (the shipped slice), each sent once per front, so no cache of the
 front's sees a repeat. CPU is the front process's user + system time over the phase (/proc). The
@@ -70,9 +76,11 @@ class Front:
         return self.name.replace(":", "_").replace(",", "_")
 
 
-def cpu_s(pid: int) -> float:
-    """User + system seconds of ``pid`` (all its threads) so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_s(pid: int, main_thread: bool = False) -> float:
+    """User + system seconds of ``pid`` so far: all its threads, or its main thread alone (a
+    sagegate front's event loop)."""
+    stat = Path(f"/proc/{pid}/task/{pid}/stat" if main_thread else f"/proc/{pid}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
@@ -180,11 +188,14 @@ def front(f: Front, backend: str, profile: Path | None) -> Iterator[tuple[str, i
                 proc.wait(timeout=60)
 
 
-def measure(url: str, pid: int, texts: Sequence[str], tokens: int, concurrency: int) -> tuple[float, int]:
+def measure(
+    url: str, pid: int, texts: Sequence[str], tokens: int, concurrency: int
+) -> tuple[float, float, int]:
+    """The CPU of one phase: all threads', the main thread's, and the tokens received."""
     asyncio.run(drive(url, texts[:concurrency], tokens, concurrency))  # warm: connections, first model call
-    before = cpu_s(pid)
+    before, loop_before = cpu_s(pid), cpu_s(pid, main_thread=True)
     got = asyncio.run(drive(url, texts[concurrency:], tokens, concurrency))
-    return cpu_s(pid) - before, got
+    return cpu_s(pid) - before, cpu_s(pid, main_thread=True) - loop_before, got
 
 
 def main() -> None:
@@ -201,9 +212,9 @@ def main() -> None:
     fronts = [Front.parse(s) for s in args.fronts]
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
-    need = 2 * args.concurrency + args.requests + args.streams  # per front and round
+    need = 5 * args.concurrency + args.requests + 4 * args.streams  # per front and round
     texts = prompts(need * len(fronts) * args.rounds)
-    print("front | round | CPU per request (ms) | CPU per relayed token (µs)")
+    print("front | round | CPU per request (ms) | CPU per relayed token (µs) | on the event loop (µs)")
     with served_backend(100, "--model", MODEL) as backend:
         cursor = 0
         for rnd in range(args.rounds):
@@ -217,16 +228,28 @@ def main() -> None:
                         print(f"{f.name}: skipped ({exc})")
                         continue
                     one = texts[cursor : cursor + args.concurrency + args.requests]
-                    many = texts[cursor + len(one) : cursor + len(one) + args.concurrency + args.streams]
-                    cursor += len(one) + len(many)
+                    cursor += len(one)
+                    phases = []
+                    for _ in range(4):
+                        phases.append(texts[cursor : cursor + args.concurrency + args.streams])
+                        cursor += len(phases[-1])
                     folded = (profile or Path()) / f"{f.slug}.folded"
                     with py_spy(args.py_spy if profile is not None else None, pid, folded):
                         per_request = measure(url, pid, one, 1, args.concurrency)[0] / args.requests
-                        cpu_short, n_short = measure(url, pid, many, 1, args.concurrency)
-                        cpu_long, n_long = measure(url, pid, many, args.tokens, args.concurrency)
-                    # the same prompts twice, one token then many: the difference is the relay's alone
-                    per_token = (cpu_long - cpu_short) / max(1, n_long - n_short)
-                    print(f"{f.name} | {rnd} | {per_request * 1e3:.2f} | {per_token * 1e6:.1f}", flush=True)
+                        cpu, loop = [0.0, 0.0], [0.0, 0.0]  # short, long
+                        got = [0, 0]
+                        for k, texts_k in enumerate(phases):  # short, long, long, short
+                            long = k in (1, 2)
+                            tokens = args.tokens if long else 1
+                            spent, on_loop, n = measure(url, pid, texts_k, tokens, args.concurrency)
+                            cpu[long] += spent
+                            loop[long] += on_loop
+                            got[long] += n
+                    extra = max(1, got[1] - got[0])
+                    per_token = f"{(cpu[1] - cpu[0]) / extra * 1e6:.1f}"
+                    loop_token = "-" if f.predictor is None else f"{(loop[1] - loop[0]) / extra * 1e6:.1f}"
+                    row = [f.name, str(rnd), f"{per_request * 1e3:.2f}", per_token, loop_token]
+                    print(" | ".join(row), flush=True)
                 if profile is not None and args.py_spy and folded.exists():
                     for share, frame in hottest(folded):
                         print(f"    {share:6.1%}  {frame}")
