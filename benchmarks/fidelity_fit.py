@@ -20,13 +20,24 @@ from benchmarks.fidelity_data import DEFAULT_SOURCE, Run, load_runs
 from sim.hardware import DEFAULT_TERMS, GPUSpec, get_gpu, get_model
 from sim.perf import PerfModel
 
-FREE = ("eta_c", "eta_m", "eta_kv", "t_fix", "t_seq", "t_allreduce", "overlap_p", "frontend_s")
+FREE = (
+    "eta_c",
+    "eta_m",
+    "eta_kv",
+    "t_fix",
+    "t_seq",
+    "t_allreduce",
+    "overlap_p",
+    "frontend_s",
+    "frontend_multiproc_s",
+)
 BOUNDS = {
     "eta_c": (0.3, 0.72),
     "eta_m": (0.5, 0.82),
     "eta_kv": (0.3, 0.95),
     "overlap_p": (2.0, 8.0),
     "frontend_s": (0.005, 0.06),
+    "frontend_multiproc_s": (0.0, 0.06),
 }
 CAP = 0.7  # a stage's log error counts at most this much (a saturated stage would swamp the rest)
 

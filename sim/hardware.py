@@ -167,7 +167,11 @@ class StepTerms:
     t_allreduce: float = 6e-6
     overlap_p: float = 2.0
     frontend_s: float = 0.010
-    """What a client waits beyond the engine for its first token (HTTP, tokenisation, streaming)."""
+    """What a client waits beyond the engine for its first token (HTTP, tokenisation, streaming) on an
+    engine of one GPU."""
+    frontend_multiproc_s: float = 0.0
+    """What an engine on several GPUs adds to it (tensor parallel: vLLM runs its workers in other
+    processes, so a request's first step is broadcast to them and its output gathered back)."""
     step_time_scale: float = 1.0
 
 
@@ -213,7 +217,11 @@ H100_TERMS = StepTerms(
     t_seq=7.7e-6,
     t_allreduce=12.4e-6,
     overlap_p=2.134,
-    frontend_s=0.0310,
+    # One GPU: vLLM 0.21 serving Llama-3.1-8B alone on an H100 answers short chat prompts in 13.98 ms
+    # (InferenceBench, concurrency 1, TTFT p50), 6.9 ms of which is the prefill step here.
+    frontend_s=0.0070,
+    # Several: the fitted 31 ms of the TP2 and TP4 runs (docs/fidelity.md) less the one-GPU part.
+    frontend_multiproc_s=0.0240,
 )
 H100_FIT_ETA_C = H100_ETA_C
 

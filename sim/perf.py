@@ -54,7 +54,8 @@ class PerfModel:
     t_fix: float | None = None
     t_seq: float | None = None
     frontend_s: float = -1.0
-    """Seconds of front end on the first token; negative (the default): the GPU profile's value."""
+    """Seconds of front end on the first token; negative (the default): the GPU profile's value for
+    this tensor-parallel size (``StepTerms.frontend_s``, plus ``frontend_multiproc_s`` when tp > 1)."""
     t_allreduce: float | None = None
     step_time_scale: float | None = None
     """Every step's GPU time × this (None: the GPU profile's, 1.0 by default); see ``StepTerms``."""
@@ -91,7 +92,10 @@ class PerfModel:
             given["frontend_s"] = self.frontend_s
         terms = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
         object.__setattr__(self, "terms", terms)
-        object.__setattr__(self, "frontend_s", terms.frontend_s)
+        frontend = terms.frontend_s
+        if self.frontend_s < 0.0 and self.tp > 1:
+            frontend += terms.frontend_multiproc_s
+        object.__setattr__(self, "frontend_s", frontend)
         eta_c = self.eta_c if self.eta_c is not None else (self.gpu.eta_c or DEFAULT_ETA_C)
         for label, eta in (("eta_c", eta_c), ("eta_m", terms.eta_m), ("eta_a", terms.eta_a)):
             if not 0.0 < eta <= 1.0:

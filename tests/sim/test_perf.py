@@ -180,6 +180,23 @@ def test_prefill_anchor_h100() -> None:
     assert PERF.prefill_time(1024) == PERF.step_time([(1024, 0)], 0, 0)
 
 
+def test_a_lone_request_sits_on_the_public_one_gpu_anchors() -> None:
+    """Llama-3.1-8B alone on one H100: a short chat prompt's first token in 13.98 ms (InferenceBench,
+    vLLM 0.21, concurrency 1; prompts taken as ~128 tokens), a 1,024-token prompt's in 24-45 ms."""
+    assert rel_err(PERF.frontend_s + PERF.prefill_time(128), 13.98e-3) < 0.15
+    assert 24e-3 <= PERF.frontend_s + PERF.prefill_time(1024) <= 45e-3
+
+
+def test_an_engine_on_several_gpus_pays_a_front_end_of_its_own() -> None:
+    """The TP2 and TP4 runs' fitted front end (31 ms) is one GPU's and the multiprocess workers'."""
+    terms = H100.terms
+    assert terms is not None
+    two, four = PerfModel(L31, H100, tp=2), PerfModel(L31, H100, tp=4)
+    assert two.frontend_s == four.frontend_s == terms.frontend_s + terms.frontend_multiproc_s
+    assert abs(two.frontend_s - 0.031) < 1e-9 and PERF.frontend_s == terms.frontend_s < two.frontend_s
+    assert PerfModel(L31, H100, tp=4, frontend_s=0.002).frontend_s == 0.002  # given: as given
+
+
 def test_ridge_batch_h100() -> None:
     assert 200 < PERF.ridge_batch < 300
 
