@@ -9,13 +9,17 @@ How a prompt's features (its embedding, terms and cues) are computed is chosen w
   (path ``late``) and the answer they give follows (``Prediction.later``).
 
 Either way the features travel as the prediction's memo, so an outcome is learnt under the embedding
-its prediction used, computed once. A query without text (token ids; a trace without prompts) is
-answered from the prompt-length prior (path ``no_text``) and its outcome teaches only that prior.
+its prediction used, computed once; on the worker, a prompt seen lately (a client's retry, a batch
+job's repeated prompt) is not embedded again (:data:`RECENT_PROMPTS`). A query without text (token
+ids; a trace without prompts) is answered from the prompt-length prior (path ``no_text``) and its
+outcome teaches only that prior.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import Future
 
@@ -29,6 +33,10 @@ from predictor.semantic import PromptFeatures, SemanticPredictor
 
 Vector = Future[np.ndarray]
 
+RECENT_PROMPTS = 4096
+"""Prompts whose features the gateway keeps, most recently asked first (~3 KB each): an exact repeat
+among them is answered without an embedding."""
+
 
 class SemanticLengthPredictor:
     """The semantic predictor: ``predict`` / ``observe`` over a :class:`SemanticPredictor` core."""
@@ -40,6 +48,10 @@ class SemanticLengthPredictor:
         self.budget_s = budget_s
         """None: features on the calling thread (never waits); else the longest wait for the worker's."""
         self._primed: dict[int, PromptFeatures] = {}
+        self._recent: OrderedDict[bytes, PromptFeatures] = OrderedDict()
+        """Recent prompts' features by a digest of their text (a chat's history may be long)."""
+        self.repeats = 0
+        """Predictions answered from :attr:`_recent` (an exact repeat: no embedding)."""
 
     # --- the interface ------------------------------------------------------------------------
     async def predict(self, query: PredictionQuery) -> Prediction:
@@ -111,7 +123,9 @@ class SemanticLengthPredictor:
         vec = self.core.embedder.submit(text, budget_s)
 
         async def resolve() -> PromptFeatures:
-            return self.core.features_from(await asyncio.wrap_future(vec), text)
+            feats = self.core.features_from(await asyncio.wrap_future(vec), text)
+            self._remember(text, feats)
+            return feats
 
         return asyncio.ensure_future(resolve()), vec
 
@@ -120,6 +134,12 @@ class SemanticLengthPredictor:
     ) -> PromptFeatures | asyncio.Future[PromptFeatures] | BaseException:
         """The features if they come within the budget; else the task still computing them; else
         what the embedder raised."""
+        key = _digest(text)
+        known = self._recent.get(key)
+        if known is not None:
+            self._recent.move_to_end(key)
+            self.repeats += 1
+            return known
         task, vec = self._submit(text, budget_s)
         try:
             return await asyncio.wait_for(asyncio.shield(task), budget_s)
@@ -155,6 +175,13 @@ class SemanticLengthPredictor:
 
         return Prediction(prior.distribution, PredictionPath.LATE, asyncio.ensure_future(later()), pending)
 
+    def _remember(self, text: str, feats: PromptFeatures) -> None:
+        key = _digest(text)
+        self._recent[key] = feats
+        self._recent.move_to_end(key)
+        while len(self._recent) > RECENT_PROMPTS:
+            self._recent.popitem(last=False)
+
     async def _recorded_features(self, text: str, memo: object) -> PromptFeatures:
         """The features the prediction used (awaited if they were late), else embedded now."""
         if isinstance(memo, PromptFeatures):
@@ -170,3 +197,7 @@ class SemanticLengthPredictor:
                 pass
         task, _ = self._submit(text, None)
         return await task
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()

@@ -115,3 +115,21 @@ def test_through_the_real_embedder_a_blocked_loop_does_not_make_a_prediction_lat
     assert core.embedder.items == 2  # the warm-up and this prompt: embedded once
     # no history for this model: the shipped prior answers over the vector ("cold"), not "late"
     assert prediction.path == "cold" and prediction.later is None and prediction.memo is not None
+
+
+def test_an_exact_repeat_is_not_embedded_again_and_the_memory_is_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import predictor.semantic_face as face
+
+    monkeypatch.setattr(face, "RECENT_PROMPTS", 2)
+    predictor = slow_semantic(delay_s=0.2, budget_s=1.0)
+
+    async def ask(prompts: list[str]) -> list[Prediction]:
+        return [await predictor.predict(PredictionQuery(i, 10, p, model="m")) for i, p in enumerate(prompts)]
+
+    first, again = asyncio.run(ask(["a retried prompt", "a retried prompt"]))
+    assert _embedded(predictor) == 1 and predictor.repeats == 1
+    assert again.path == first.path == "cold" and again.memo is first.memo  # the same features, at once
+    asyncio.run(ask(["second", "third", "a retried prompt"]))  # two newer prompts pushed it out
+    assert _embedded(predictor) == 4 and predictor.repeats == 1
