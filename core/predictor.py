@@ -33,6 +33,15 @@ class Prediction:
     memo: object = None
 
 
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """A request's question to the predictor and its answer, kept (by the gateway and the simulator
+    alike) to tell the predictor the outcome under both."""
+
+    query: PredictionQuery
+    prediction: Prediction
+
+
 class LengthPredictor(Protocol):
     """Asked once per request before it is queued; told the outcome when the request completes.
 

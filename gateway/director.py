@@ -20,7 +20,7 @@ from starlette.responses import Response
 
 from core.distribution import LengthDistribution
 from core.outcomes import CancelStage, LateOutcome, Outcome, PredictionPath, Reason
-from core.predictor import LengthPredictor, Prediction
+from core.predictor import Asked, LengthPredictor, Prediction
 from core.request import PredictionQuery
 from gateway import errors
 from gateway.backends import BackendPool
@@ -31,7 +31,7 @@ from gateway.intake import ClientRequest, Intake
 from gateway.lifecycle import Lifecycle, RequestState
 from gateway.metrics import GatewayMetrics
 from gateway.openai_schema import Route
-from gateway.predict import Asked, cap, query_of
+from gateway.predict import cap, query_of
 from gateway.proxy import Failed, Proxy
 from gateway.queue import DispatchRefused, GatewayRequest
 from gateway.settings import GatewaySettings

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 
 from core.distribution import LengthDistribution
 from core.outcomes import PredictionPath
-from core.predictor import LengthPredictor, Prediction
+from core.predictor import Asked, LengthPredictor, Prediction
 from core.request import PredictionQuery
 from gateway.settings_predictor import AnyPredictorSettings, predictor_options
 from predictor.embedder import PromptLike, flatten_prompt, is_token_ids
@@ -64,14 +63,6 @@ def query_of(rid: int, prompt: PromptLike, prompt_tokens: int, model: str, tenan
     sent it."""
     text = None if is_token_ids(prompt) else flatten_prompt(prompt)
     return PredictionQuery(rid, prompt_tokens, text, tenant, model)
-
-
-@dataclass(frozen=True, slots=True)
-class Asked:
-    """A request's question to the predictor and its answer, kept to record the outcome."""
-
-    query: PredictionQuery
-    prediction: Prediction
 
 
 def cap(dist: LengthDistribution | None, max_tokens: int | None) -> LengthDistribution | None:

@@ -22,6 +22,7 @@ import httpx
 from starlette.responses import Response
 
 from core.outcomes import Outcome
+from core.predictor import Asked
 from gateway.backends import Backend, BackendPool
 from gateway.blame import MAX_ERROR_BYTES, Suspect, error_object
 from gateway.continuation import Transcript, pausable
@@ -29,7 +30,7 @@ from gateway.dispatcher import Dispatcher
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import GatewayMetrics
 from gateway.openai_schema import Route
-from gateway.predict import Asked, Recorder
+from gateway.predict import Recorder
 from gateway.queue import GatewayRequest
 from gateway.settings import GatewaySettings
 from gateway.sse import USAGE_CAP, SseScanner, plausible_usage

@@ -371,7 +371,7 @@ class GatewaySettings(BaseSettings):
     @model_validator(mode="before")
     @classmethod
     def _options_of_the_predictor(cls, data: Any) -> Any:
-        return tag_options(data)
+        return tag_options(data, cls.model_fields["predictor"].default)
 
     @model_validator(mode="after")
     def _options_fit_the_predictor(self) -> GatewaySettings:

@@ -195,12 +195,12 @@ def predictor_options(predictor: str, **given: object) -> AnyPredictorSettings:
     return _ADAPTER.validate_python({**given, "predictor": predictor})
 
 
-def tag_options(data: Any) -> Any:
-    """The raw settings with ``predictor_options`` tagged by ``predictor`` (its models are told apart
-    by their own ``predictor`` field, which a config file need not repeat)."""
+def tag_options(data: Any, default: str) -> Any:
+    """The raw settings with ``predictor_options`` tagged by ``predictor`` (``default`` when unset):
+    its models are told apart by their own ``predictor`` field, which a config file need not repeat."""
     if not isinstance(data, dict):
         return data
-    name = data.get("predictor", "semantic")
+    name = data.get("predictor", default)
     options = data.get("predictor_options")
     if options is None:
         return {**data, "predictor_options": {"predictor": name}}

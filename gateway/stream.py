@@ -15,13 +15,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from core.outcomes import CancelStage, Outcome, Reason
+from core.predictor import Asked
 from gateway import errors
 from gateway.backends import Backend
 from gateway.client_guard import CLIENT_ABORT
 from gateway.continuation import Transcript, assemble
 from gateway.disconnect import DisconnectGuard
 from gateway.lifecycle import Lifecycle
-from gateway.predict import Asked
 from gateway.queue import GatewayRequest
 from gateway.resume import Resumer
 from gateway.sse import EventTooLarge, SseScanner

@@ -116,15 +116,19 @@ class SemanticLengthPredictor:
         return primed if primed is not None else self.core.features(prompt)
 
     # --- features on the worker (the gateway) -------------------------------------------------
-    def _submit(self, text: str, budget_s: float | None) -> tuple[asyncio.Future[PromptFeatures], Vector]:
+    def _submit(
+        self, text: str, budget_s: float | None, key: bytes | None = None
+    ) -> tuple[asyncio.Future[PromptFeatures], Vector]:
         """The prompt's features, embedded on the worker thread (and the worker's own future of the
         vector); ``budget_s`` (how long the caller will wait) lets the worker serve jobs that can
-        still make it first (``predictor.embed_queue``)."""
+        still make it first (``predictor.embed_queue``). ``key``: the text's digest, when the caller
+        has it; the features are remembered under it."""
         vec = self.core.embedder.submit(text, budget_s)
+        remembered = _digest(text) if key is None else key
 
         async def resolve() -> PromptFeatures:
             feats = self.core.features_from(await asyncio.wrap_future(vec), text)
-            self._remember(text, feats)
+            self._remember(remembered, feats)
             return feats
 
         return asyncio.ensure_future(resolve()), vec
@@ -140,7 +144,7 @@ class SemanticLengthPredictor:
             self._recent.move_to_end(key)
             self.repeats += 1
             return known
-        task, vec = self._submit(text, budget_s)
+        task, vec = self._submit(text, budget_s, key)
         try:
             return await asyncio.wait_for(asyncio.shield(task), budget_s)
         except TimeoutError:
@@ -175,8 +179,7 @@ class SemanticLengthPredictor:
 
         return Prediction(prior.distribution, PredictionPath.LATE, asyncio.ensure_future(later()), pending)
 
-    def _remember(self, text: str, feats: PromptFeatures) -> None:
-        key = _digest(text)
+    def _remember(self, key: bytes, feats: PromptFeatures) -> None:
         self._recent[key] = feats
         self._recent.move_to_end(key)
         while len(self._recent) > RECENT_PROMPTS:

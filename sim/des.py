@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from core.predictor import LengthPredictor, settle
+from core.predictor import Asked, LengthPredictor, settle
 from core.record import RequestRecord
 from core.request import PredictionQuery, TraceRequest
 from core.summary import summarize
@@ -129,10 +129,9 @@ class Simulation:
         self.queue: PolicyQueue[EngineRequest] = self.gw.queue if self.gw is not None else PolicyQueue(FCFS())
         """The gateway's queue (always empty at engine level)."""
         self.records: dict[int, RequestRecord] = {}
-        self.queries: dict[EngineRequest, PredictionQuery] = {}
-        """What the predictor was asked about each request (it is told the outcome under the same query)."""
-        self.memos: dict[int, object] = {}
-        """What the predictor kept from each answer (an embedding), handed back with the outcome."""
+        self.asked: dict[EngineRequest, Asked] = {}
+        """What the predictor was asked about each request and answered (it is told the outcome under
+        the same query, with what it kept from its answer)."""
         self.steps: list[SchedulerOutput | None] = [None] * len(self.engines)
         self.events: list[tuple[float, int, int]] = []  # (time, seq, engine) step ends
         self.seq = 0
@@ -193,13 +192,12 @@ class Simulation:
     def _arrive(self, tr: TraceRequest) -> None:
         now = self.now
         setup = self.setup
-        query: PredictionQuery | None = None
+        asked: Asked | None = None
         pred = None
         if setup.predictor is not None:
             query = PredictionQuery.of(tr)
-            asked = settle(setup.predictor.predict(query))
-            pred = asked.distribution
-            self.memos[tr.rid] = asked.memo
+            asked = Asked(query, settle(setup.predictor.predict(query)))
+            pred = asked.prediction.distribution
         if pred is not None and setup.cap_at_max_tokens:
             pred = pred.capped(tr.max_tokens)
         req = EngineRequest(
@@ -225,8 +223,8 @@ class Simulation:
             deadline_s=tr.deadline_s,
         )
         self.records[tr.rid] = rec
-        if query is not None:
-            self.queries[req] = query
+        if asked is not None:
+            self.asked[req] = asked
         # A backend refuses prompt + the client's cap beyond its context, as vLLM does.
         if tr.prompt_tokens + max(tr.output_tokens, tr.max_tokens or 0) > self.engines[0].capacity_tokens:
             rec.status, rec.reason = "rejected", "context_too_long"
@@ -319,10 +317,9 @@ class Simulation:
         rec.backend = self.engines[req.backend].name
         rec.cached_tokens = req.cached_tokens
         self.in_system -= 1
-        query = self.queries.pop(req, None)
-        if self.setup.predictor is not None and query is not None:
-            memo = self.memos.pop(req.rid, None)
-            settle(self.setup.predictor.observe(query, req.generated, memo))
+        asked = self.asked.pop(req, None)
+        if self.setup.predictor is not None and asked is not None:
+            settle(self.setup.predictor.observe(asked.query, req.generated, asked.prediction.memo))
         if self.gw is not None:
             self.gw.finish(req, self.now)
 
