@@ -5,6 +5,7 @@ with the simulator's saturated throughput beside it."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import statistics
 import sys
@@ -18,19 +19,22 @@ import httpx
 from benchmarks.servers import PIDS, tree_cpu_seconds
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 6  # ~60 tokens
+_sent = itertools.count()
 
 
 def request_body(route: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
-    """The same request for every path: a chat turn (default) or a completion of ``PROMPT``."""
+    """The same request for every path: a chat turn (default) or a completion of ``PROMPT``, numbered,
+    so no two texts repeat (the semantic predictor answers an exact repeat without an embedding)."""
+    text = f"{PROMPT}(request {next(_sent)})"
     if route == "chat":
-        msgs = [{"role": "user", "content": PROMPT}]
+        msgs = [{"role": "user", "content": text}]
         return "/v1/chat/completions", {
             "model": "sim",
             "messages": msgs,
             "max_tokens": max_tokens,
             "stream": True,
         }
-    return "/v1/completions", {"model": "sim", "prompt": PROMPT, "max_tokens": max_tokens, "stream": True}
+    return "/v1/completions", {"model": "sim", "prompt": text, "max_tokens": max_tokens, "stream": True}
 
 
 async def ttft_ttlt(
