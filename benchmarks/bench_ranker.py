@@ -45,6 +45,7 @@ VARIANTS = {
     "head, no shipped prior": replace(NEW, shipped_prior=False),
     "head + shipped prior, no repeat pull": replace(NEW, repeat_weight=0.0),
     "head + shipped prior (new default)": NEW,
+    "default + conformal spread (the default until session 24)": replace(NEW, calibrate=True),
 }
 CURVE = (0, 100, 500, 2000)
 ONLINE_SPAN = 500

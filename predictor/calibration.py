@@ -6,7 +6,10 @@ agree). Every distribution is stretched in log space around its median by one fa
 rescaled so that its *mean is unchanged* (rankings by mean, what Kendall's tau and the scheduler's
 order read, do not move). ``g`` follows adaptive conformal inference (Gibbs & Candès, 2021): after
 each outcome, ``log g += rate · (miss − (1 − target))``, where ``miss`` says the outcome fell outside
-the interval that was served. On any stream, the long-run share of misses tends to ``1 − target``.
+the interval that was served. On a stream whose location is right, the long-run share of misses tends
+to ``1 − target``; on one whose location is biased (outcomes ~1.7× the predicted median) widening
+around a kept mean cannot cover them, ``g`` runs to ``MAX_FACTOR`` and the median collapses, so it is
+opt-in (``SemanticConfig.calibrate``).
 """
 
 from __future__ import annotations

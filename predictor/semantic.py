@@ -9,8 +9,9 @@ space toward a linear probe's estimate (``probe_weight``; see :mod:`predictor.pr
 ranking head's score (``head_weight``; :mod:`predictor.ranker`, trained in the background from the
 shipped prior), then shrunk toward the prompt-length-bucket prior (then the global one), itself moved by
 the head, by ``c / (c + n_eff)``; with too few neighbours above the floor the moved prior answers alone,
-and with no history at all the shipped prior's log-normal. The result's spread is stretched so that its
-10–90% interval covers ~80% of recent outcomes (:mod:`predictor.calibration`). Every answer says which
+and with no history at all the shipped prior's log-normal. Opt-in (``calibrate``), the result's spread
+is stretched so that its 10–90% interval covers ~80% of recent outcomes (:mod:`predictor.calibration`).
+Every answer says which
 path it took: ``semantic``, ``bucket``, ``global`` or ``cold``. Defaults were chosen on ShareGPT's
 validation span (:class:`SemanticConfig`).
 
@@ -83,7 +84,12 @@ class SemanticConfig:
     """How far an answer moves toward a verbatim repeat's outcomes (:mod:`predictor.repeats`)."""
     repeat_cosine: float = 0.9999
     shipped_prior: bool = True
-    calibrate: bool = True
+    calibrate: bool = False
+    """Stretch every answer's spread so its 10-90% interval covers ~80% of recent outcomes
+    (:mod:`predictor.calibration`). Off: where the predicted location is biased (multi-turn chat
+    answered from earlier turns measured 1.65x low) the factor runs to its bound and the served median
+    falls to a few tokens, which the admission rule charged and the rank read (RESULTS.md, *The
+    semantic predictor*)."""
     calibration_rate: float = 0.05
     coverage_target: float = 0.8
     bounds: WindowBounds = field(default_factory=WindowBounds)

@@ -1,6 +1,7 @@
 """The ranking head, its shipped prior, the length cues and the conformal spread correction: the head
 learns an injected signal, never trains on the request path, the prior loads offline and says something,
-and the stretched intervals cover ~80% of a synthetic stream whatever the raw spread."""
+and the stretched intervals cover ~80% of a synthetic stream whatever the raw spread, but not one whose
+location is biased (why the correction is opt-in)."""
 
 from __future__ import annotations
 
@@ -176,6 +177,30 @@ def test_coverage_correction_holds_on_a_synthetic_stream(raw_sigma: float) -> No
             covered.append(out.quantile(0.1) <= truth <= out.quantile(0.9))
         cal.observe(key, truth)
     assert 0.75 <= float(np.mean(covered)) <= 0.85, np.mean(covered)
+
+
+def test_coverage_correction_runs_away_when_the_location_is_biased() -> None:
+    """Why the correction is off by default (``SemanticConfig.calibrate``): outcomes ~1.7x above the
+    predicted location (multi-turn chat answered from earlier turns' neighbours measured 1.65x) cannot be
+    covered by widening around a kept mean; the factor runs to its bound and the served median falls to
+    one token, so the admission rule charged prompt + 1 at dispatch and the tail once a token came."""
+    from predictor.calibration import MAX_FACTOR
+
+    cal = SpreadCalibrator()
+    rng = np.random.default_rng(5)
+    covered = []
+    for i in range(2000):
+        mu = rng.normal(5.0, 0.7)
+        dist = LengthDistribution.from_samples(*lognormal_points(mu, 0.8, 32))
+        key = object()
+        out = cal.apply(dist, key)
+        truth = int(max(1, round(math.exp(mu + 0.55 + rng.normal(0, 0.8)))))
+        if i >= 1000:
+            covered.append(out.quantile(0.1) <= truth <= out.quantile(0.9))
+        cal.observe(key, truth)
+    assert cal.factor == pytest.approx(MAX_FACTOR)
+    assert out.quantile(0.5) < 0.05 * dist.quantile(0.5)
+    assert float(np.mean(covered)) < 0.2  # far from the 0.8 it aims at
 
 
 def test_cues_read_explicit_length_requests() -> None:
