@@ -85,11 +85,8 @@ class SemanticConfig:
     repeat_cosine: float = 0.9999
     shipped_prior: bool = True
     calibrate: bool = False
-    """Stretch every answer's spread so its 10-90% interval covers ~80% of recent outcomes
-    (:mod:`predictor.calibration`). Off: where the predicted location is biased (multi-turn chat
-    answered from earlier turns measured 1.65x low) the factor runs to its bound and the served median
-    falls to a few tokens, which the admission rule charged and the rank read (RESULTS.md, *The
-    semantic predictor*)."""
+    """Conformal spread correction (:mod:`predictor.calibration`). Off: on a biased location (multi-turn
+    chat, 1.65x low) it collapsed the served median to a few tokens, which admission charged."""
     calibration_rate: float = 0.05
     coverage_target: float = 0.8
     bounds: WindowBounds = field(default_factory=WindowBounds)
