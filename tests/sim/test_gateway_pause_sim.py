@@ -41,7 +41,7 @@ def setup_for(work: list[TraceRequest], pause: PauseConfig, *, policy: str = "sa
 
 
 def test_kv_and_charges_stay_consistent_across_pause_and_resume() -> None:
-    work = workload(120, seed=7)
+    work = workload(150, seed=7)
     sim = Simulation(work, setup_for(work, EAGER))
     gw = sim.gw
     assert gw is not None
@@ -83,7 +83,7 @@ def test_kv_and_charges_stay_consistent_across_pause_and_resume() -> None:
 
 
 def test_a_request_is_paused_at_most_max_pauses_times() -> None:
-    work = workload(120, seed=7)
+    work = workload(150, seed=7)
     seen: dict[int, int] = {}
     sim = Simulation(work, setup_for(work, EAGER))
     gw = sim.gw
