@@ -11,9 +11,8 @@ shipped prior), then shrunk toward the prompt-length-bucket prior (then the glob
 the head, by ``c / (c + n_eff)``; with too few neighbours above the floor the moved prior answers alone,
 and with no history at all the shipped prior's log-normal. Opt-in (``calibrate``), the result's spread
 is stretched so that its 10–90% interval covers ~80% of recent outcomes (:mod:`predictor.calibration`).
-Every answer says which
-path it took: ``semantic``, ``bucket``, ``global`` or ``cold``. Defaults were chosen on ShareGPT's
-validation span (:class:`SemanticConfig`).
+Every answer says which path it took: ``semantic``, ``bucket``, ``global`` or ``cold``. Defaults were
+chosen on ShareGPT's validation span (:class:`SemanticConfig`).
 
 The request path only reads local state: a replica's index is fed by its own completions at once and by
 other replicas' through the history store's background consumer.
