@@ -364,7 +364,8 @@ class SemanticPredictor:
         shard = self._shards.get(rec.model)
         if shard is not None:
             shard.blend.observe(feats, math.log(max(1, output_tokens)))
-            shard.calibrator.observe(feats, output_tokens)
+            if self.config.calibrate:  # otherwise it served no interval to score
+                shard.calibrator.observe(feats, output_tokens)
         if self._ingest_one(rec):
             self.counters.recorded += 1
             self.store.append(rec)

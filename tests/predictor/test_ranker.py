@@ -16,7 +16,7 @@ from scipy import stats
 
 from core.distribution import LengthDistribution
 from predictor import ranker
-from predictor.calibration import SpreadCalibrator
+from predictor.calibration import MAX_FACTOR, SpreadCalibrator
 from predictor.cues import CUE_NAMES, N_CUES, cue_features
 from predictor.embedder import EMBED_VERSION, embed_version
 from predictor.history import Completion, WindowBounds
@@ -184,8 +184,6 @@ def test_coverage_correction_runs_away_when_the_location_is_biased() -> None:
     predicted location (multi-turn chat answered from earlier turns' neighbours measured 1.65x) cannot be
     covered by widening around a kept mean; the factor runs to its bound and the served median falls to
     one token, so the admission rule charged prompt + 1 at dispatch and the tail once a token came."""
-    from predictor.calibration import MAX_FACTOR
-
     cal = SpreadCalibrator()
     rng = np.random.default_rng(5)
     covered = []
