@@ -149,6 +149,22 @@ def test_similar_prompts_predict_their_family_length(feats: dict[str, list[Promp
     assert p.stats()["path_semantic"] == len(feats["short_new"]) + len(feats["long_new"])
 
 
+def test_by_default_no_spread_correction_moves_an_answer(feats: dict[str, list[PromptFeatures]]) -> None:
+    """The spread correction is opt-in (``calibrate``): with its factor at the bound a runaway reaches
+    (``predictor.calibration``), the default's answer keeps the neighbours' median; the opt-in one's
+    falls below it (far below where the spread is wide: ``tests/predictor/test_ranker.py``)."""
+    from predictor.calibration import MAX_FACTOR
+
+    answers = {}
+    for name, p in (("default", make()), ("opt-in", make(calibrate=True)), ("off", make(calibrate=False))):
+        fill(p, feats)
+        if name != "off":
+            p._shards[p.default_model].calibrator._log_g = math.log(MAX_FACTOR)  # a runaway's state
+        answers[name] = p.predict_features(feats["long_new"][0], 25).distribution.quantile(0.5)
+    assert answers["default"] == answers["off"]
+    assert answers["opt-in"] < answers["off"]
+
+
 def test_models_do_not_share_neighbours(feats: dict[str, list[PromptFeatures]]) -> None:
     p = make(**NEIGHBOURS_ONLY)
     for f in feats["short"] + feats["long"]:
