@@ -30,7 +30,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.queue import GatewayRequest
 from gateway.settings import PlacementSettings
 from gateway.tokens import ExactKeys, backend_keys, exact_keys
-from gateway.upstream import UpstreamClients
+from gateway.upstream import Upstream
 from policies.placement import CacheView, classify
 
 
@@ -54,7 +54,7 @@ class Locality:
         settings: PlacementSettings,
         backends: Sequence[Backend],
         metrics: GatewayMetrics | None = None,
-        client: UpstreamClients | None = None,
+        client: Upstream | None = None,
     ) -> None:
         self.block_chars = settings.block_tokens * CHARS_PER_TOKEN
         self.block_tokens = settings.block_tokens

@@ -272,6 +272,10 @@ class UpstreamSettings(BaseModel):
     read_timeout_s: float = Field(default=600.0, gt=0.0)
     """Longest silence tolerated from a backend mid-response."""
     max_connections: int = Field(default=1000, ge=1)
+    client: Literal["lean", "httpx"] = "lean"
+    """``lean``: httpx over the gateway's own HTTP/1.1 transport (``gateway/http1.py``: asyncio and
+    httptools, a fraction of httpcore's CPU) for ``http://`` backends; ``httpx``: httpx's own transport
+    for all (and the ``HTTP_PROXY`` family of variables, which ``lean`` does not read)."""
     keepalive_s: float = Field(default=2.0, gt=0.0)
     """Idle pooled connections are dropped after this, before the backend's own keep-alive (uvicorn's
     is 5 s) closes them: reusing a connection the server is closing fails before the first byte."""

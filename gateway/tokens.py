@@ -29,7 +29,7 @@ from typing import Any
 
 from core.prefix import token_block_keys
 from core.tokens import EXACT_CHARS, TokenCount, count_bounded, encode, flatten_messages
-from gateway.upstream import UpstreamClients
+from gateway.upstream import Upstream
 
 
 @lru_cache(maxsize=8)
@@ -133,7 +133,7 @@ async def exact_keys(prompt: Any, sizes: frozenset[int]) -> ExactKeys | None:
 
 
 async def backend_keys(
-    client: UpstreamClients,
+    client: Upstream,
     url: str,
     body: dict[str, Any],
     chat: bool,

@@ -1,4 +1,8 @@
-"""The gateway's HTTP client to its backends: many small connection pools instead of one large one.
+"""The gateway's HTTP client to its backends.
+
+By default (``upstream.client: lean``) one httpx client over :class:`gateway.http1.Http1Transport`,
+whose pool costs the same whatever it holds. With ``upstream.client: httpx``, httpx's own transport,
+as many small connection pools instead of one large one (:class:`UpstreamClients`):
 
 httpcore's pool walks every connection it holds on each request start and end (expiry, idleness,
 assignment), so one client carrying a few hundred concurrent streams spends a large share of the event
@@ -15,6 +19,9 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import httpx
+
+from gateway.http1 import Http1Transport
+from gateway.settings import UpstreamSettings
 
 
 class _ReleasingStream(httpx.AsyncByteStream):
@@ -107,3 +114,16 @@ class UpstreamClients:
 
 Upstream = UpstreamClients | httpx.AsyncClient
 """What the forwarder and the backend pool send through (tests may hand in a plain client)."""
+
+
+def upstream_client(up: UpstreamSettings) -> Upstream:
+    """The client the gateway forwards and probes through, as ``up.client`` says."""
+    if up.client == "httpx":
+        return UpstreamClients(
+            max_connections=up.max_connections, keepalive_s=up.keepalive_s, read_timeout_s=up.read_timeout_s
+        )
+    lean = Http1Transport(max_connections=up.max_connections, keepalive_s=up.keepalive_s)
+    limits = httpx.Limits(max_connections=up.max_connections, keepalive_expiry=up.keepalive_s)
+    return httpx.AsyncClient(
+        mounts={"http://": lean}, limits=limits, timeout=httpx.Timeout(up.read_timeout_s)
+    )
