@@ -23,6 +23,11 @@ MAX_DOC_TERMS = 128
 _HEAD_CHARS, _TAIL_CHARS = 3000, 1000
 _TOKEN = re.compile(r"(?u)\b\w\w+\b")
 
+MAX_DELTA_ROWS = 1024
+"""Rows scored by brute force before the block is rebuilt. A fixed bound, not a share of the window:
+the brute-force scan is paid by every query, a rebuild (O(postings log postings)) once per this many
+rows, so at a 100k-row window a tenth (10k rows, ~600k postings) cost a query several milliseconds."""
+
 EMPTY_U32 = np.zeros(0, dtype=np.uint32)
 EMPTY_F32 = np.zeros(0, dtype=np.float32)
 
@@ -118,8 +123,8 @@ class LexicalIndex:
     A row keeps its ``MAX_DOC_TERMS`` heaviest terms, weights normalised over all its terms (so a score
     is the true cosine restricted to those terms). Postings live in one static block sorted by term
     (int32 row, float16 weight: six bytes each), rebuilt when the rows added since — the delta, kept per
-    row and scored by brute force — outgrow a tenth of it, or when expired postings make up half of it.
-    The caller decides whether a rebuild runs in the background (``snapshot``/``build``/``install``).
+    row and scored by brute force — pass ``MAX_DELTA_ROWS``, or when expired postings make up half of
+    it. The caller decides whether a rebuild runs in the background (``snapshot``/``build``/``install``).
     """
 
     def __init__(self) -> None:
@@ -158,7 +163,7 @@ class LexicalIndex:
             self._delta_cache = None
 
     def needs_rebuild(self) -> bool:
-        if len(self.delta) > max(1024, len(self) // 10):
+        if len(self.delta) > MAX_DELTA_ROWS:
             return True
         return self.block_docs > 2048 and self.live_in_block < self.block_docs // 2
 
@@ -230,9 +235,14 @@ class LexicalIndex:
         rows = np.concatenate(rows_parts).astype(np.int64)
         if not rows.size:
             return rows, EMPTY_F32
-        uniq, inv = np.unique(rows, return_inverse=True)
-        scores = np.bincount(inv, weights=np.concatenate(score_parts).astype(np.float64))
-        return uniq, scores.astype(np.float32)
+        # Summed per row over a dense array the size of the row space: a query touches tens of
+        # thousands of postings in a full window, and sorting them (``np.unique``) cost ~8x this.
+        n = self.in_block.size
+        scores = np.bincount(rows, weights=np.concatenate(score_parts).astype(np.float64), minlength=n)
+        seen = np.zeros(n, dtype=bool)
+        seen[rows] = True
+        uniq = np.flatnonzero(seen)
+        return uniq, scores[uniq].astype(np.float32)
 
     def query(self, q_terms: np.ndarray, q_weights: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Rows of the ``k`` best cosine matches (score > 0), best first."""
