@@ -16,9 +16,9 @@ Each round sends, through every front:
   CPU less the short ones' over the difference in tokens. The order (short, long, long, short) puts
   the short and the long phases at the same mean history size: a predictor whose per-request cost
   grows with its history would otherwise show that growth as a per-token cost. Work a request sets
-  off later on other threads (the semantic predictor's refits; its embedder's batching, which is
-  better when requests arrive together) still lands in whichever phase it falls: the last column
-  counts the event loop's thread alone (where the relay runs; sagegate fronts only).
+  off later on other threads (the semantic predictor's refits, its late embeddings) is counted in the
+  phase that set it off: each phase runs from an idle front to an idle front (under 3% of a core).
+  The last column counts the event loop's thread alone (where the relay runs; sagegate fronts only).
 
 Prompts are ShareGPT first turns (the shipped slice), each sent once per front, so no cache of the
 front's sees a repeat. CPU is the front process's user + system time over the phase (/proc). The
@@ -40,6 +40,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,13 +189,31 @@ def front(f: Front, backend: str, profile: Path | None) -> Iterator[tuple[str, i
                 proc.wait(timeout=60)
 
 
+def settle(pid: int, idle_share: float = 0.03, every_s: float = 0.25, limit_s: float = 30.0) -> None:
+    """Wait until ``pid`` is idle (under ``idle_share`` of a core over ``every_s``): work a phase's
+    requests set off on other threads (embeddings that went late, refits) is then counted in the phase
+    that caused it, not in the next one or nowhere."""
+    deadline = time.monotonic() + limit_s
+    last = cpu_s(pid)
+    while time.monotonic() < deadline:
+        time.sleep(every_s)
+        now = cpu_s(pid)
+        if now - last < idle_share * every_s:
+            return
+        last = now
+    print(f"  (front {pid} still busy after {limit_s:.0f} s)", file=sys.stderr)
+
+
 def measure(
     url: str, pid: int, texts: Sequence[str], tokens: int, concurrency: int
 ) -> tuple[float, float, int]:
-    """The CPU of one phase: all threads', the main thread's, and the tokens received."""
+    """The CPU of one phase: all threads', the main thread's, and the tokens received; from an idle
+    front to an idle front."""
     asyncio.run(drive(url, texts[:concurrency], tokens, concurrency))  # warm: connections, first model call
+    settle(pid)
     before, loop_before = cpu_s(pid), cpu_s(pid, main_thread=True)
     got = asyncio.run(drive(url, texts[concurrency:], tokens, concurrency))
+    settle(pid)
     return cpu_s(pid) - before, cpu_s(pid, main_thread=True) - loop_before, got
 
 
