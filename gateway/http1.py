@@ -15,8 +15,10 @@ Invariants:
   origin is closed to make room);
 - the body arrives as the backend sent it: every chunk received since the reader last asked is handed
   over joined (one event-loop turn for a burst); reading pauses past ``HIGH_WATER`` unread bytes;
-- no HEAD (a body is expected as announced), no 1xx, no proxies, no TLS (``https://`` is left to httpx's
-  own transport, see :func:`gateway.upstream.upstream_client`).
+- interim (1xx) answers are skipped; bytes arriving on an idle connection close it; a pool wait
+  honours httpx's ``pool`` timeout (:class:`httpx.PoolTimeout`);
+- no HEAD (refused: the parser cannot be told such an answer has no body), no upgrades, no proxies, no
+  TLS (``https://`` is left to httpx's own transport, see :func:`gateway.upstream.upstream_client`).
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ class _Body(httpx.AsyncByteStream):
             return
         self.closed = True
         conn = self.conn
-        if self.done and self.error is None and conn.keep_alive:
+        if self.done and self.error is None and conn.keep_alive and not conn.paused:
             conn.pool.release(conn)
         else:
             conn.close()
@@ -126,6 +128,8 @@ class _Conn(asyncio.Protocol):
         self.body: _Body | None = None
         self.keep_alive = False
         self.until_eof = False
+        self.interim = False
+        self.version = b"HTTP/1.1"
         self.closed = False
         self.paused = False
         self.idle_since = 0.0
@@ -135,9 +139,12 @@ class _Conn(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
 
     def data_received(self, data: bytes) -> None:
+        if self.head is None:  # bytes on an idle connection (an unasked 408, a stray tail): unusable
+            self.close()
+            return
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             self._fail(httpx.RemoteProtocolError(f"malformed response: {exc}", request=self.request))
             self.close()
 
@@ -145,7 +152,8 @@ class _Conn(asyncio.Protocol):
         return False  # close the transport: connection_lost follows
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.body is not None and self.until_eof and exc is None:
+        answered = self.head is not None and self.head.done()
+        if self.body is not None and self.until_eof and answered and exc is None:
             self.body.finish()  # a body without a length ends with the connection
         else:
             answering = self.head is None or self.head.done()
@@ -160,17 +168,29 @@ class _Conn(asyncio.Protocol):
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:  # an interim answer (100 Continue, 103): the real one follows
+            self.interim, self.headers = True, []
+            return
+        self.version = b"HTTP/" + self.parser.get_http_version().encode()
+        sized = chunked = False
+        for name, value in self.headers:
+            low = name.lower()
+            sized = sized or low == b"content-length"
+            chunked = chunked or (low == b"transfer-encoding" and b"chunked" in value.lower())
+        self.until_eof = not sized and not chunked and status not in (204, 304)
         head = self.head
         if head is not None and not head.done():
-            head.set_result(self.parser.get_status_code())
-        names = {n.lower() for n, _ in self.headers}
-        self.until_eof = b"content-length" not in names and b"transfer-encoding" not in names
+            head.set_result(status)
 
     def on_body(self, body: bytes) -> None:
         if self.body is not None:
             self.body.push(body)
 
     def on_message_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
         self.keep_alive = self.parser.should_keep_alive()
         if self.body is not None:
             self.body.finish()
@@ -212,6 +232,7 @@ class _Conn(asyncio.Protocol):
             )
         loop = asyncio.get_running_loop()
         self.request, self.headers, self.keep_alive = request, [], False
+        self.until_eof = self.interim = False
         head = self.head = loop.create_future()
         body = self.body = _Body(self, read_timeout)
         self.transport.write(wire)
@@ -225,7 +246,7 @@ class _Conn(asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
         return httpx.Response(
-            status, headers=self.headers, stream=body, extensions={"http_version": b"HTTP/1.1"}
+            status, headers=self.headers, stream=body, extensions={"http_version": self.version}
         )
 
 
@@ -241,6 +262,8 @@ class Http1Transport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
+        if request.method == "HEAD":  # the parser cannot be told such an answer has no body
+            raise httpx.UnsupportedProtocol("HEAD is not served by this transport", request=request)
         if url.scheme != "http":
             raise httpx.UnsupportedProtocol(
                 f"{url.scheme}:// is not served by this transport", request=request
@@ -259,10 +282,16 @@ class Http1Transport(httpx.AsyncBaseTransport):
             content = b"%x\r\n%s\r\n0\r\n\r\n" % (len(content), content) if content else b"0\r\n\r\n"
         wire = b"".join(head) + content
         origin = (url.host, url.port or 80)
-        conn = await self._acquire(origin, request, timeouts.get("connect"))
+        conn = await self._acquire(origin, request, timeouts.get("connect"), timeouts.get("pool"))
         return await conn.exchange(request, wire, timeouts.get("read"))
 
-    async def _acquire(self, origin: Origin, request: httpx.Request, connect_timeout: float | None) -> _Conn:
+    async def _acquire(
+        self,
+        origin: Origin,
+        request: httpx.Request,
+        connect_timeout: float | None,
+        pool_timeout: float | None,
+    ) -> _Conn:
         loop = asyncio.get_running_loop()
         while True:
             conn = self._reuse(origin, loop.time())
@@ -273,12 +302,15 @@ class Http1Transport(httpx.AsyncBaseTransport):
             waiter = loop.create_future()
             self.waiters.append(waiter)
             try:
-                await waiter
-            except BaseException:
+                async with asyncio.timeout(pool_timeout):
+                    await waiter
+            except BaseException as exc:
                 if waiter.done() and not waiter.cancelled():
                     self._wake()  # woken, then cancelled: the free slot goes to the next in line
                 with contextlib.suppress(ValueError):
                     self.waiters.remove(waiter)
+                if isinstance(exc, TimeoutError):
+                    raise httpx.PoolTimeout("no connection came free in time", request=request) from None
                 raise
         conn = _Conn(self, origin)
         self.open.add(conn)
@@ -296,6 +328,9 @@ class Http1Transport(httpx.AsyncBaseTransport):
         except BaseException:
             conn.close()
             raise
+        if conn.closed:  # the transport was closed (``aclose``) while this one connected
+            conn.close()
+            raise httpx.ConnectError("the transport closed while connecting", request=request)
         return conn
 
     def _reuse(self, origin: Origin, now: float) -> _Conn | None:

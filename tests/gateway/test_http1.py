@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -13,7 +14,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from gateway.http1 import Http1Transport
+from gateway.http1 import HIGH_WATER, Http1Transport
 
 T = TypeVar("T")
 Run = Callable[[Coroutine[Any, Any, T]], T]
@@ -309,3 +310,86 @@ def test_a_large_body_is_read_whole_through_back_pressure(run: Run[Any]) -> None
         return b"".join(parts)
 
     assert run(scenario()) == bytes(range(256)) * (size // 256)
+
+
+def test_an_empty_answer_then_a_close_before_answering_fails_at_once(run: Run[Any]) -> None:
+    """A 204 has no length; the connection goes back to the pool. If the backend then closes it under
+    the next request, that request fails at once (it is not read as a body ending with the close)."""
+
+    async def no_content_then_close(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server
+    ) -> None:
+        await s.request(reader)
+        writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+        await writer.drain()
+        await s.request(reader)  # the second request arrives; no answer, the connection closes
+
+    async def scenario() -> tuple[int, float]:
+        async with serving(no_content_then_close) as s, client(Http1Transport(), read=5.0) as c:
+            url = f"http://127.0.0.1:{s.port}/"
+            first = (await c.get(url)).status_code
+            started = time.monotonic()
+            with pytest.raises(httpx.RemoteProtocolError):
+                await c.get(url)
+            return first, time.monotonic() - started
+
+    first, waited = run(scenario())
+    assert first == 204 and waited < 2.0  # not the 5 s read timeout
+
+
+def test_interim_answers_are_skipped(run: Run[Any]) -> None:
+    async def continues(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server) -> None:
+        while await s.request(reader):
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n" + ok(b"answer %d" % len(s.bodies)))
+            await writer.drain()
+
+    async def scenario() -> list[tuple[int, bytes]]:
+        async with serving(continues) as s, client(Http1Transport()) as c:
+            url = f"http://127.0.0.1:{s.port}/"
+            return [((r := await c.get(url)).status_code, r.content) for _ in range(2)]
+
+    assert run(scenario()) == [(200, b"answer 1"), (200, b"answer 2")]
+
+
+def test_a_connection_closed_with_a_paused_unread_body_is_not_pooled(run: Run[Any]) -> None:
+    async def large_then_small(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server) -> None:
+        while await s.request(reader):
+            writer.write(ok(b"x" * (HIGH_WATER + 4096) if len(s.bodies) == 1 else b"small"))
+            await writer.drain()
+
+    async def scenario() -> tuple[bytes, int]:
+        async with serving(large_then_small) as s, client(Http1Transport(), read=2.0) as c:
+            url = f"http://127.0.0.1:{s.port}/"
+            async with c.stream("GET", url):
+                await asyncio.sleep(0.2)  # the body arrives, past the high-water mark, unread
+            return (await c.get(url)).content, s.connections
+
+    assert run(scenario()) == (b"small", 2)
+
+
+def test_a_wait_for_a_connection_honours_the_pool_timeout(run: Run[Any]) -> None:
+    async def holds(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server) -> None:
+        await s.request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    async def scenario() -> float:
+        async with serving(holds) as s, client(Http1Transport(max_connections=1)) as c:
+            url = f"http://127.0.0.1:{s.port}/"
+            async with c.stream("GET", url):  # holds the only connection
+                started = time.monotonic()
+                with pytest.raises(httpx.PoolTimeout):
+                    await c.get(url, timeout=httpx.Timeout(5.0, pool=0.3))
+                return time.monotonic() - started
+
+    assert run(scenario()) < 2.0
+
+
+def test_head_is_refused(run: Run[Any]) -> None:
+    async def scenario() -> None:
+        async with client(Http1Transport()) as c:
+            with pytest.raises(httpx.UnsupportedProtocol):
+                await c.head("http://127.0.0.1:9/")
+
+    run(scenario())
