@@ -16,6 +16,7 @@ requests, and a client's slot is freed when its response closes. The total stays
 from __future__ import annotations
 
 import asyncio
+import http.cookiejar
 from collections.abc import AsyncIterator, Callable
 
 import httpx
@@ -64,7 +65,7 @@ class UpstreamClients:
             max_keepalive_connections=self.per_client,
             keepalive_expiry=self.keepalive_s,
         )
-        self.clients.append(httpx.AsyncClient(limits=limits, timeout=self.timeout))
+        self.clients.append(httpx.AsyncClient(limits=limits, timeout=self.timeout, cookies=no_cookies()))
         self.load.append(0)
         return len(self.clients) - 1
 
@@ -116,6 +117,12 @@ Upstream = UpstreamClients | httpx.AsyncClient
 """What the forwarder and the backend pool send through (tests may hand in a plain client)."""
 
 
+def no_cookies() -> http.cookiejar.CookieJar:
+    """A jar that keeps nothing: a cookie one backend sets for one tenant's request must not ride on
+    the next tenant's (httpx's client would keep it and send it back)."""
+    return http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+
+
 def upstream_client(up: UpstreamSettings) -> Upstream:
     """The client the gateway forwards and probes through, as ``up.client`` says."""
     if up.client == "httpx":
@@ -124,6 +131,5 @@ def upstream_client(up: UpstreamSettings) -> Upstream:
         )
     lean = Http1Transport(max_connections=up.max_connections, keepalive_s=up.keepalive_s)
     limits = httpx.Limits(max_connections=up.max_connections, keepalive_expiry=up.keepalive_s)
-    return httpx.AsyncClient(
-        mounts={"http://": lean}, limits=limits, timeout=httpx.Timeout(up.read_timeout_s)
-    )
+    timeout = httpx.Timeout(up.read_timeout_s)
+    return httpx.AsyncClient(mounts={"http://": lean}, limits=limits, timeout=timeout, cookies=no_cookies())

@@ -4,13 +4,15 @@ closes (read to the end, closed early, or failed), against a real server on loop
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from gateway.upstream import UpstreamClients
+from gateway.settings import UpstreamSettings
+from gateway.upstream import UpstreamClients, upstream_client
 from loadgen.fakeserver import FakeServer
 
 
@@ -63,3 +65,35 @@ def test_a_failed_send_frees_its_slot() -> None:
             await up.aclose()
 
     assert asyncio.run(run()) == 0
+
+
+@pytest.mark.parametrize("kind", ["lean", "httpx"])
+def test_a_cookie_a_backend_sets_is_never_sent_back(kind: str) -> None:
+    """The gateway's client is shared by every tenant: what one backend answer sets must not ride on
+    the next request (httpx's client keeps cookies by default)."""
+
+    async def run() -> list[bool]:
+        carried: list[bool] = []
+
+        async def backend(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+                while True:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    carried.append(b"\r\ncookie:" in head.lower())
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\nset-cookie: sid=tenant-a; Path=/\r\ncontent-length: 2\r\n\r\nok"
+                    )
+                    await writer.drain()
+
+        server = await asyncio.start_server(backend, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/models"
+        up = upstream_client(UpstreamSettings(client=kind))  # type: ignore[arg-type]
+        try:
+            for _ in range(3):
+                assert (await up.get(url)).status_code == 200
+        finally:
+            await up.aclose()
+            server.close()
+        return carried
+
+    assert asyncio.run(run()) == [False, False, False]
