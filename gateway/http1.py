@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import httptools
 import httpx
@@ -36,6 +36,7 @@ HIGH_WATER = 1 << 18
 """Unread body bytes past which the connection stops reading (TCP pushes back on the backend)."""
 
 Origin = tuple[str, int]
+T = TypeVar("T")
 
 
 class _Body(httpx.AsyncByteStream):
@@ -86,17 +87,11 @@ class _Body(httpx.AsyncByteStream):
                 await self._wait()
 
     async def _wait(self) -> None:
-        loop = asyncio.get_running_loop()
-        waiter = self.waiter = loop.create_future()
-        timer = None
-        if self.read_timeout is not None:
-            timer = loop.call_later(self.read_timeout, _expire, waiter, self.conn.request)
+        self.waiter = asyncio.get_running_loop().create_future()
         try:
-            await waiter
+            await _within(self.waiter, self.read_timeout, self.conn.request)
         finally:
             self.waiter = None
-            if timer is not None:
-                timer.cancel()
 
     async def aclose(self) -> None:
         if self.closed:
@@ -107,6 +102,17 @@ class _Body(httpx.AsyncByteStream):
             conn.pool.release(conn)
         else:
             conn.close()
+
+
+async def _within(fut: asyncio.Future[T], timeout: float | None, request: httpx.Request | None) -> T:
+    """``fut``'s result, or :class:`httpx.ReadTimeout` after ``timeout`` seconds: one timer handle,
+    cheaper than ``asyncio.timeout`` on every wait for a chunk."""
+    timer = None if timeout is None else asyncio.get_running_loop().call_later(timeout, _expire, fut, request)
+    try:
+        return await fut
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 def _expire(waiter: asyncio.Future[Any], request: httpx.Request | None) -> None:
@@ -152,12 +158,12 @@ class _Conn(asyncio.Protocol):
         return False  # close the transport: connection_lost follows
 
     def connection_lost(self, exc: Exception | None) -> None:
-        answered = self.head is not None and self.head.done()
+        head = self.head
+        answered = head is not None and head.done()
         if self.body is not None and self.until_eof and answered and exc is None:
             self.body.finish()  # a body without a length ends with the connection
         else:
-            answering = self.head is None or self.head.done()
-            why = "mid-response" if answering else "without answering"
+            why = "without answering" if head is not None and not answered else "mid-response"
             self._fail(
                 httpx.RemoteProtocolError(f"the backend closed the connection {why}", request=self.request)
             )
@@ -236,15 +242,11 @@ class _Conn(asyncio.Protocol):
         head = self.head = loop.create_future()
         body = self.body = _Body(self, read_timeout)
         self.transport.write(wire)
-        timer = loop.call_later(read_timeout, _expire, head, request) if read_timeout is not None else None
         try:
-            status = await head
+            status = await _within(head, read_timeout, request)
         except BaseException:
             self.close()
             raise
-        finally:
-            if timer is not None:
-                timer.cancel()
         return httpx.Response(
             status, headers=self.headers, stream=body, extensions={"http_version": self.version}
         )
