@@ -9,15 +9,21 @@ for every backend all along so that falling back costs nothing.
 
 A backend is *precise* while its events are known to be whole: from the first message of a publisher
 that started at sequence 0 (or whose missed history the replay socket gave back), until a sequence gap
-that replay cannot fill, a malformed message, or ``stale_s`` after a request was sent there with no
-event since (its events stopped). After a gap the exact index is cleared and rebuilt from what
-follows, the approximate index placing for ``resync_s`` meanwhile (or until the engine reports its
+that replay cannot fill, a malformed message, a broken subscription, or ``stale_s`` after a request was
+sent there with no event since (its events stopped). After a gap the exact index is cleared and rebuilt
+from what follows, the approximate index placing for ``resync_s`` meanwhile (or until the engine reports its
 cache cleared). A backend that goes down or restarts (``gateway.backends``) forgets both indexes; a
 publisher whose sequence starts again from 0 restarted, and its cache with it.
 
-Bounded work: a message longer than ``max_message_bytes`` drops the connection (ZMQ's ``MAXMSGSIZE``),
-at most ``receive_hwm`` wait unread (more are lost: a gap), the loop is yielded after every message,
-and the index holds at most the backend's capacity in blocks.
+Bounded work: a message longer than ``max_message_bytes`` is refused by ZMQ (``MAXMSGSIZE``), at most
+``receive_hwm`` wait unread (more are lost: a gap), the loop is yielded after every message, and the
+index holds at most the backend's capacity in blocks.
+
+A subscription never stays deaf: ZMQ answers a message over ``MAXMSGSIZE`` by closing the connection
+and, for that protocol error, never reconnects. The follower watches its socket's own events, and on a
+disconnection (that, or a publisher that went away) it counts ``dropped{why="connection"}``, logs (at
+most once a minute), reports the backend ``disconnected`` and opens a new socket at once; the next
+batch's sequence number says what was missed (a gap: replayed, or the index rebuilt).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from gateway.kv_index import Cleared, ExactIndex, Malformed, Removed, decode_batch
+from gateway.metrics import RateLimitedLog
 from gateway.settings_kv_events import BackendKVEvents, KVEventsSettings
 
 if TYPE_CHECKING:
@@ -39,9 +46,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sagegate.gateway")
 
-STATES = ("waiting", "precise", "resync", "stale")
+STATES = ("waiting", "precise", "resync", "stale", "disconnected")
 """``waiting``: no message yet (or since the backend went down); ``resync``: rebuilding after a gap;
-``stale``: requests sent, no event since ``stale_s``."""
+``stale``: requests sent, no event since ``stale_s``; ``disconnected``: the subscription broke, and no
+message has come on the new one yet (what was missed is not known)."""
+HEARTBEAT_MS = 2_000
+"""ZMTP heartbeats on the subscription: a publisher whose host vanished (no TCP reset) is noticed
+within ``3 * HEARTBEAT_MS`` as a disconnection."""
 END_SEQ = -1
 REPLAY_MAX_BYTES = 64 << 20
 """A gap whose batches weigh more is not replayed (the index is rebuilt instead): bounded memory."""
@@ -60,7 +71,8 @@ class Counts:
     """The publisher's sequence started again (the engine restarted)."""
     dropped: dict[str, int] = field(default_factory=dict)
     """Messages or events not followed, by why: malformed, orphan (parent unknown), block_size
-    (another block size), other (another tier or group, an unknown type)."""
+    (another block size), other (another tier or group, an unknown type), connection (the connection
+    broke: a message over ``max_message_bytes``, or the publisher went away)."""
 
     def drop(self, why: str, n: int = 1) -> None:
         self.dropped[why] = self.dropped.get(why, 0) + n
@@ -89,13 +101,22 @@ class KVEventFollower:
         self.resync_until = -float("inf")
         self.sent_at: float | None = None
         """When a request was first sent there since the last message (None: none since)."""
+        self.broken = False
+        """The subscription broke and no message has come on the new one yet."""
         self.counts = Counts()
+        self._broke_log = RateLimitedLog(
+            log,
+            "KV events: %d broken subscription(s) (backend %s): a message over max_message_bytes, or "
+            "the publisher went away; resubscribed, placing by the approximate index until a batch comes",
+        )
 
     # --- what placement reads -----------------------------------------------------------------
     @property
     def state(self) -> str:
         if self.last_seq is None or self.block_size is None:
             return "waiting"
+        if self.broken:
+            return "disconnected"
         now = self.clock()
         if now < self.resync_until:
             return "resync"
@@ -119,7 +140,15 @@ class KVEventFollower:
         self.index.clear()
         self.last_seq = None
         self.sent_at = None
+        self.broken = False
         self.resync_until = -float("inf")
+
+    def disconnected(self) -> None:
+        """The subscription broke (:meth:`run` opens a new one): until a message comes on it, what
+        was missed is unknown, so the backend is not precise; that message's sequence decides."""
+        self.broken = True
+        self.counts.drop("connection")
+        self._broke_log.note(self.name)
 
     def resize(self, capacity_tokens: int) -> None:
         self._capacity_tokens = capacity_tokens
@@ -141,6 +170,7 @@ class KVEventFollower:
         worth asking the replay socket for (:meth:`run` does, then applies them and this one); else it
         is applied (after clearing the index, if batches were missed)."""
         self.sent_at = None
+        self.broken = False
         self.counts.batches += 1
         if self.last_seq is not None and seq <= self.last_seq:
             # The sequence went back: a new publisher, so a new engine with an empty cache.
@@ -192,30 +222,62 @@ class KVEventFollower:
 
     # --- ZMQ ------------------------------------------------------------------------------------------
     async def run(self) -> None:
-        """Subscribe and follow until cancelled; a broken socket is reopened after a second."""
+        """Subscribe and follow until cancelled: a broken subscription is opened again at once (see
+        the module docstring), a failing one after a second."""
         import zmq
         import zmq.asyncio
 
         ctx = zmq.asyncio.Context.instance()
         while True:
-            sock = ctx.socket(zmq.SUB)
+            sock = self._subscribe(ctx)
+            monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             try:
-                sock.setsockopt(zmq.LINGER, 0)
-                sock.setsockopt(zmq.RCVHWM, self.opts.receive_hwm)
-                sock.setsockopt(zmq.MAXMSGSIZE, self.opts.max_message_bytes)
-                sock.setsockopt(zmq.SUBSCRIBE, self.source.topic.encode())
-                sock.connect(self.source.endpoint)
-                while True:
-                    frames = await sock.recv_multipart()
-                    await self._message(frames)
-                    await asyncio.sleep(0)  # a flood of ready messages must not starve the loop
+                await self._follow(sock, monitor)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("backend %s: KV event subscriber failed; reconnecting", self.name)
                 await asyncio.sleep(1.0)
             finally:
+                monitor.close(0)
                 sock.close(0)
+
+    def _subscribe(self, ctx: Any) -> Any:
+        import zmq
+
+        sock = ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, self.opts.receive_hwm)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.opts.max_message_bytes)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * HEARTBEAT_MS)
+        sock.setsockopt(zmq.SUBSCRIBE, self.source.topic.encode())
+        sock.connect(self.source.endpoint)
+        return sock
+
+    async def _follow(self, sock: Any, monitor: Any) -> None:
+        """Apply messages until the connection breaks: then the ones already queued, and return."""
+        import zmq
+        import zmq.asyncio
+
+        poller = zmq.asyncio.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        while True:
+            ready = dict(await poller.poll())
+            if sock in ready:
+                await self._message(await sock.recv_multipart())
+                await asyncio.sleep(0)  # a flood of ready messages must not starve the loop
+            if monitor in ready:
+                await monitor.recv_multipart()  # only disconnections are asked for
+                while True:
+                    try:
+                        frames = await sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    await self._message(frames)
+                self.disconnected()
+                return
 
     async def _message(self, frames: list[bytes]) -> None:
         # (topic, seq, payload); vLLM's snapshot mode appends an identity to the 8-byte sequence
@@ -309,7 +371,8 @@ class KVEventHub:
         state = GaugeMetricFamily(
             "sagegate_kv_events_state",
             "1 for the state a backend's KV events are in: precise (placed by its exact index), waiting "
-            "(no event yet), resync (rebuilding after a gap), stale (requests sent, no event since).",
+            "(no event yet), resync (rebuilding after a gap), stale (requests sent, no event since), "
+            "disconnected (the subscription broke; reopened, no batch on it yet).",
             labels=["backend", "state"],
         )
         blocks = GaugeMetricFamily(
@@ -336,7 +399,8 @@ class KVEventHub:
         )
         dropped = CounterMetricFamily(
             "sagegate_kv_events_dropped",
-            "Messages or events not followed, by why.",
+            "Messages or events not followed, by why (connection: the subscription broke, by a message "
+            "over max_message_bytes or a publisher gone, and was reopened).",
             labels=["backend", "why"],
         )
         for f in self.followers:

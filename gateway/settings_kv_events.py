@@ -55,8 +55,9 @@ class KVEventsSettings(BaseModel):
     max_replay_batches: int = Field(default=10_000, ge=0)
     """A longer gap is not replayed (cleared and rebuilt instead)."""
     max_message_bytes: int = Field(default=1 << 20, ge=1024)
-    """A longer message drops the connection (ZMQ's ``MAXMSGSIZE``; the batches lost are then a gap):
-    the work one message costs the event loop stays bounded (about 40 ms a MiB). vLLM's batches are one
-    engine step's changes: tens of kB, a few hundred for a 100k-token prefill in one step."""
+    """A longer message is refused (ZMQ's ``MAXMSGSIZE`` closes the connection; the gateway opens a new
+    one at once, counts ``dropped{why="connection"}``, and the batches lost are a gap): the memory and
+    the work one message costs the event loop stay bounded (about 40 ms a MiB). vLLM's batches are one
+    engine step's changes: tens of kB (a step computes at most ``max_num_batched_tokens``)."""
     receive_hwm: int = Field(default=10_000, ge=1)
     """Messages queued unread at most (ZMQ's ``RCVHWM``); past it they are lost, and seen as a gap."""

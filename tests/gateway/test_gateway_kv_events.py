@@ -208,6 +208,99 @@ def test_the_follower_over_zmq_fills_a_gap_from_the_replay_socket() -> None:
     asyncio.run(scenario())
 
 
+def test_a_broken_subscription_is_not_precise_until_a_batch_says_what_was_missed() -> None:
+    f = follower()
+    f.receive(0, batch(stored([11, 12], None, TOKENS[:32])))
+    f.disconnected()
+    assert f.state == "disconnected" and not f.precise and f.counts.dropped["connection"] == 1
+    assert f.index.match(KEYS) == 2  # kept: the next batch may show nothing was missed
+    f.receive(1, batch(stored([13], 12, TOKENS[32:48])))
+    assert f.precise and f.index.match(KEYS) == 3
+    f.disconnected()
+    f.receive(3, batch())  # batch 2 was lost with the connection
+    assert f.state == "resync" and f.counts.gaps == 1 and len(f.index) == 0
+
+
+OVERSIZED = b"\x00" * (5 << 20)
+
+
+def test_a_message_over_the_limit_does_not_deafen_the_subscriber() -> None:
+    """ZMQ closes a connection that carries a message over ``MAXMSGSIZE`` and never reconnects it:
+    the follower notices, resubscribes, and follows on (the lost batch is a gap)."""
+
+    async def scenario() -> None:
+        pub = HandPublisher()
+        source = BackendKVEvents(endpoint=f"tcp://127.0.0.1:{pub.port}")
+        f = KVEventFollower("b", source, KVEventsSettings(resync_s=0.0), 64 * BS)
+        task = asyncio.ensure_future(f.run())
+        try:
+            await asyncio.sleep(0.3)  # the subscription reaches the publisher
+            await pub.send(0, batch(stored([11, 12], None, TOKENS[:32])))
+            await until(lambda: f.last_seq == 0, "batch 0")
+            await pub.send(1, OVERSIZED)
+            await until(lambda: f.counts.dropped.get("connection") == 1, "the broken connection noticed")
+            assert f.state == "disconnected"
+            seq = 2
+            while f.last_seq is None or f.last_seq < 2:  # (sent until the new subscription is up)
+                await pub.send(seq, batch(stored([20 + seq], None, TOKENS[:16])))
+                seq += 1
+                await asyncio.sleep(0.05)
+            assert f.counts.gaps == 1 and f.precise  # rebuilt (resync_s 0) from what follows
+            before = f.counts.batches
+            for _ in range(5):
+                await pub.send(seq, batch(removed([20])))
+                seq += 1
+            await until(lambda: f.counts.batches == before + 5, "batches after the oversized one")
+            assert f.precise and f.counts.dropped["connection"] == 1
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            pub.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_publisher_that_restarts_on_the_same_port_is_followed_afresh() -> None:
+    async def scenario() -> None:
+        pub = HandPublisher()
+        source = BackendKVEvents(endpoint=f"tcp://127.0.0.1:{pub.port}")
+        f = KVEventFollower("b", source, KVEventsSettings(resync_s=0.0), 64 * BS)
+        task = asyncio.ensure_future(f.run())
+        try:
+            await asyncio.sleep(0.3)
+            for seq in range(3):
+                parent = 10 + seq if seq else None
+                await pub.send(seq, batch(stored([11 + seq], parent, TOKENS[16 * seq : 16 * seq + 16])))
+            for seq in range(3, 200):  # an engine that ran a while: its sequence is far from 0
+                await pub.send(seq, batch())
+            await until(lambda: f.last_seq == 199 and f.index.match(KEYS) == 3, "the first engine's blocks")
+            port = pub.port
+            pub.close()
+            await until(lambda: f.state == "disconnected", "the publisher gone")
+            again = zmq.asyncio.Context()
+            sock = again.socket(zmq.PUB)
+            sock.bind(f"tcp://127.0.0.1:{port}")  # a new engine, its sequence from 0
+            try:
+                seq = 0
+                while f.state == "disconnected":  # (its first batches may go before the subscription)
+                    await sock.send_multipart([b"kv", seq.to_bytes(8, "big"), batch()])
+                    seq += 1
+                    await asyncio.sleep(0.05)
+                assert f.counts.restarts == 1 and len(f.index) == 0  # the old engine's blocks are gone
+                first = batch(stored([7], None, TOKENS[:16]))
+                await sock.send_multipart([b"kv", seq.to_bytes(8, "big"), first])
+                await until(lambda: f.index.match(KEYS) == 1, "the new engine's block")
+                assert f.precise
+            finally:
+                sock.close(0)
+                again.term()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
 # --- end to end: a simulated backend publishing, the gateway following ------------------------------------
 @contextmanager
 def sim_backend(events_port: int | None, port: int | None = None) -> Iterator[str]:
