@@ -29,6 +29,7 @@ from gateway.disconnect import DisconnectGuard
 from gateway.dispatcher import Dispatcher, QueueFull
 from gateway.intake import ClientRequest, Intake
 from gateway.lifecycle import Lifecycle, RequestState
+from gateway.locality import session_key
 from gateway.metrics import GatewayMetrics
 from gateway.openai_schema import Route
 from gateway.predict import cap, query_of
@@ -90,10 +91,10 @@ class Director:
         async with DisconnectGuard(request.receive):
             arrival = self.clock()
             who = self.authenticate(request, arrival)
+            session = self.session(request)
             self.resolve_model(client)
             query = await self.count_tokens(client, who)
             asked = Asked(query, await self.predict(query))
-            session = request.headers.get(self.settings.placement.session_header)
             locality = self.dispatcher.locality
             chat = client.route is Route.CHAT
             exact = await locality.exact_keys(client.body, chat) if locality is not None else None
@@ -115,6 +116,20 @@ class Director:
     def authenticate(self, request: Request, now: float) -> Identity:
         """Tenant, priority and deadline (401 for a bad key)."""
         return identify(request.headers, self.settings.api_keys, now)
+
+    def session(self, request: Request) -> str | None:
+        """The client's session (``placement.session_header``) as a fixed-size key, when placement
+        reads it (400 for an id over ``max_session_id_bytes``)."""
+        p = self.settings.placement
+        raw = request.headers.get(p.session_header)
+        if not raw or self.dispatcher.locality is None:
+            return None
+        if len(raw) > p.max_session_id_bytes:  # (header values are latin-1: one byte a character)
+            raise errors.bad_request(
+                f"the {p.session_header} header is longer than {p.max_session_id_bytes} bytes",
+                p.session_header,
+            )
+        return session_key(raw)
 
     def resolve_model(self, client: ClientRequest) -> None:
         """404 for a model no backend serves (when the backends list theirs)."""

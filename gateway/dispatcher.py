@@ -270,6 +270,12 @@ class Dispatcher:
             self.pool.backends[req.backend].started(req.rid)
             self.kick()
 
+    def computed(self, req: GatewayRequest) -> None:
+        """The backend accepted the try and computed its prompt (a first token, or a whole answer):
+        only now does its prompt count as cached there (``Locality.computed``)."""
+        if req.backend is not None and self.locality is not None:
+            self.locality.computed(req, req.backend)
+
     def _expire(self, req: GatewayRequest, idx: int, attempt: int) -> None:
         """``pending_s`` after dispatch: count it as scheduled unless a scrape says it still waits."""
         if req.backend == idx and req.attempt == attempt:

@@ -130,8 +130,15 @@ class Lifecycle:
         self.dispatcher.stop_waiting(self.req)
 
     def streaming(self) -> None:
+        """The backend's stream began with a token chunk: it accepted the try and computed the prompt."""
         self._expect(RequestState.DISPATCHED)
+        self.dispatcher.computed(self.req)
         self.state = RequestState.STREAMING
+
+    def computed(self) -> None:
+        """A whole answer came (a ``200``): the backend computed the prompt."""
+        self._expect(RequestState.DISPATCHED)
+        self.dispatcher.computed(self.req)
 
     # --- the end --------------------------------------------------------------------------------
     def finish(self, outcome: Outcome) -> None:

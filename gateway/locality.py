@@ -14,11 +14,14 @@ index, which every backend keeps all along.
 
 A client that names its session (``x-session-id``, as vllm-router and llm-d accept) is also credited,
 on the backend its last turn went to, with that turn's prompt, where the index holds less (a
-conversation whose rendered text is not an extension of the last turn still finds its KV).
+conversation whose rendered text is not an extension of the last turn still finds its KV). A session
+is kept as a fixed-size digest of its id (:func:`session_key`), so memory is bounded in bytes by
+``max_sessions``, whatever the ids' length.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,6 +35,15 @@ from gateway.settings import PlacementSettings
 from gateway.tokens import ExactKeys, backend_keys, exact_keys
 from gateway.upstream import Upstream
 from policies.placement import CacheView, classify
+
+SESSION_KEY_BYTES = 16
+
+
+def session_key(session_id: str) -> str:
+    """A session id as the gateway keeps it and replicas share it: a 16-byte digest, in hex."""
+    return hashlib.blake2b(
+        session_id.encode("utf-8", "surrogatepass"), digest_size=SESSION_KEY_BYTES
+    ).hexdigest()
 
 
 def prompt_text(prompt: Any) -> str:
@@ -65,7 +77,8 @@ class Locality:
         self.client = client
         """For ``kv_events.tokenizer: backend`` (a backend's ``/tokenize``)."""
         self.sessions: OrderedDict[str, tuple[int, int]] = OrderedDict()
-        """Session → (the backend its last turn went to, that turn's prompt tokens), oldest first."""
+        """Session (:func:`session_key`) → (the backend its last turn went to, that turn's prompt
+        tokens), oldest first."""
         self.on_touch: Callable[[int, Sequence[int], str | None, int], None] | None = None
         """Told each touch (backend, keys, session, prompt tokens): ``gateway.shared_prefixes``."""
         for b in backends:
@@ -123,15 +136,27 @@ class Locality:
         return len(b.prefix) * self.block_tokens
 
     def sent(self, req: GatewayRequest, backend: int) -> None:
-        """``req`` went to ``backend``: its blocks are now (or soon) cached there."""
+        """``req`` went to ``backend``: its blocks are claimed there until it is computed
+        (:meth:`computed`), so that what follows it with the same prefix goes there too."""
         b = self.backends[backend]
         hits = req.prefix_hits
         req.predicted_cached = hits[backend] if hits is not None else 0
         if self.metrics is not None:
             self.metrics.placed(b.name, classify(hits, backend), req.prompt_tokens, req.predicted_cached)
-        b.prefix.touch(req.prefix_keys)
+        req.prefix_claim = b.prefix.claim(req.prefix_keys)
         if b.kv is not None:
             b.kv.note_sent()
+
+    def computed(self, req: GatewayRequest, backend: int) -> None:
+        """``backend`` accepted ``req`` and computed its prompt (its first token, or its whole answer):
+        the blocks are cached there now, and the session's last turn is there."""
+        claim = req.prefix_claim
+        if claim is None:  # computed already (a resumed try is a new dispatch: claimed anew)
+            return
+        req.prefix_claim = None
+        prefix = self.backends[backend].prefix
+        prefix.settle(claim)
+        prefix.touch(req.prefix_keys)
         if self.on_touch is not None:
             self.on_touch(backend, req.prefix_keys, req.session, req.prompt_tokens)
         if req.session is not None:
@@ -141,7 +166,13 @@ class Locality:
                 self.sessions.popitem(last=False)
 
     def left(self, req: GatewayRequest, backend: int) -> None:
-        """``req`` left ``backend``: the engine freed its blocks, which join its eviction order last."""
+        """``req`` left ``backend``: the engine freed its blocks, which join its eviction order last;
+        a try that was never computed (refused, failed, cancelled first) leaves nothing cached."""
+        claim = req.prefix_claim
+        if claim is not None:
+            req.prefix_claim = None
+            self.backends[backend].prefix.settle(claim)
+            return
         if req.prefix_keys:
             self.backends[backend].prefix.touch(req.prefix_keys)
             if self.on_touch is not None:

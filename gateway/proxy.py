@@ -193,6 +193,7 @@ class Proxy:
         status = resp.status_code
         output = None
         if status == 200:
+            lc.computed()
             output = self.plausible(lc.req, b, _completion_tokens(body))
             self.pool.request_succeeded(b)
         self.settle(lc, asked, Outcome.OK if status == 200 else Outcome.CLIENT_ERROR, output)

@@ -7,6 +7,7 @@ and prompt tokens) and the future a waiting handler sleeps on.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 from core.distribution import LengthDistribution
@@ -47,6 +48,7 @@ class GatewayRequest(SchedRequest):
         "pauses",
         "predicted_cached",
         "prediction_path",
+        "prefix_claim",
         "prefix_hits",
         "prefix_keys",
         "prompt",
@@ -115,6 +117,9 @@ class GatewayRequest(SchedRequest):
         self.session: str | None = None
         self.prefix_hits: list[int] | None = None
         self.predicted_cached = 0
+        self.prefix_claim: tuple[Hashable, ...] | None = None
+        """Its blocks claimed on the backend it was sent to, until the backend computes it (or it
+        leaves first): ``policies.prefix_index``."""
         self.exact: ExactKeys | None = None
         """Its prompt's token-id block keys, while some backend is precise (``gateway.kv_events``)."""
 

@@ -243,7 +243,10 @@ class PlacementSettings(BaseModel):
     """A client's session id: a session's next turn is credited, on the backend of its last turn,
     with that turn's prompt."""
     max_sessions: int = Field(default=100_000, ge=1)
-    """Sessions remembered at most (least recently seen dropped first)."""
+    """Sessions remembered at most (least recently seen dropped first); each is kept as a 16-byte
+    digest of its id, about 200 bytes with its entry, whatever the id's length."""
+    max_session_id_bytes: int = Field(default=256, ge=1, le=8192)
+    """A longer session id is refused (400, ``param`` the header's name)."""
     kv_events: KVEventsSettings = Field(default_factory=KVEventsSettings)
     """Following the KV-cache events of the backends that publish them (precise placement)."""
     share: ShareSettings = Field(default_factory=ShareSettings)

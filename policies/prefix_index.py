@@ -3,11 +3,17 @@
 The gateway cannot see a backend's cache (unless the engine publishes its KV events), so it keeps the
 keys of the prompt blocks it routed there, least recently used first, bounded by the backend's KV
 capacity in blocks, as the engine's own cache is: a block is touched when a request carrying it is
-sent there and again when that request leaves (the engine frees its blocks then, and they join the
+computed there and again when that request leaves (the engine frees its blocks then, and they join the
 tail of its eviction order). A predicted hit is then one the engine most likely still holds.
 
-Invariants: ``len(index) <= capacity_blocks``; ``match(keys)`` counts leading keys up to the first
-one not held and changes nothing (keys are chained, ``core.prefix``: a block's key names its whole
+A block the engine may still refuse is *claimed* (:meth:`claim`) at dispatch: it counts as held for
+matching (a burst sharing a new prefix goes where the first of it went), but joins the LRU only once
+a request carrying it is computed (:meth:`settle` then :meth:`touch`); a request refused or failed
+before its first token gives its claim back and leaves nothing behind.
+
+Invariants: ``len(index) <= capacity_blocks`` (claims aside: at most the blocks in flight);
+``match(keys)`` counts leading keys held or claimed, up to the first that is neither, and changes
+nothing (keys are chained, ``core.prefix``: a block's key names its whole
 prefix, so a match is always a prefix); ``clear()`` forgets everything (a restarted or
 dead backend holds nothing).
 """
@@ -19,27 +25,48 @@ from collections.abc import Hashable, Sequence
 
 
 class PrefixIndex:
-    __slots__ = ("_lru", "capacity_blocks")
+    __slots__ = ("_claims", "_lru", "capacity_blocks")
 
     def __init__(self, capacity_blocks: int) -> None:
         self.capacity_blocks = max(1, capacity_blocks)
         self._lru: OrderedDict[Hashable, None] = OrderedDict()
+        self._claims: dict[Hashable, int] = {}
+        """Blocks not held but sent in a request not yet computed → how many such requests."""
 
     def __len__(self) -> int:
         return len(self._lru)
 
     def match(self, keys: Sequence[Hashable]) -> int:
         """How many of ``keys``' leading blocks are held."""
-        lru = self._lru
+        lru, claims = self._lru, self._claims
         n = 0
         for key in keys:
-            if key not in lru:
+            if key not in lru and key not in claims:
                 break
             n += 1
         return n
 
+    def claim(self, keys: Sequence[Hashable]) -> tuple[Hashable, ...]:
+        """A request with these blocks was sent here: those not held are claimed until it is computed
+        or gives up. Returns the claim, for :meth:`settle`."""
+        lru, claims = self._lru, self._claims
+        claimed = tuple(k for k in keys if k not in lru)
+        for key in claimed:
+            claims[key] = claims.get(key, 0) + 1
+        return claimed
+
+    def settle(self, claimed: Sequence[Hashable]) -> None:
+        """Give a claim back: the request was computed (then :meth:`touch` its blocks), or not."""
+        claims = self._claims
+        for key in claimed:
+            n = claims.get(key, 0) - 1
+            if n > 0:
+                claims[key] = n
+            else:
+                claims.pop(key, None)
+
     def touch(self, keys: Sequence[Hashable]) -> None:
-        """A request with these blocks was sent here, or left: they are the most recently used."""
+        """A request with these blocks was computed here, or left: they are the most recently used."""
         lru = self._lru
         for key in keys:
             if key in lru:
@@ -57,4 +84,5 @@ class PrefixIndex:
             lru.popitem(last=False)
 
     def clear(self) -> None:
+        """The backend holds nothing (claims stay: their requests settle them)."""
         self._lru.clear()

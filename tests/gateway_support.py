@@ -242,6 +242,15 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
+def sim_thread(name: str = "fake", time_scale: float = 50.0, **engine: Any) -> ServerThread:
+    """The simulated vLLM backend (``sim.server``) in a thread, serving model ``name``."""
+    from sim.config import EngineConfig  # (imported here, as in ``fleet``)
+    from sim.server import BackendSettings, create_app
+
+    opts = BackendSettings(engine=EngineConfig(**engine), served_model_name=name, time_scale=time_scale)
+    return ServerThread(create_app(opts))
+
+
 REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
 

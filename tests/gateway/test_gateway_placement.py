@@ -127,3 +127,57 @@ def test_a_prefix_a_running_request_holds_is_charged_once() -> None:
         for t in threads:
             t.join(timeout=30)
         wait_until(lambda: reserved() == 0, what="all released")
+
+
+def test_a_prompt_the_backend_refused_or_failed_warms_nothing() -> None:
+    """Only a prompt a backend accepted and computed counts as cached there: the simulated backend's
+    400 (over its context, as vLLM answers) and a backend's 500 leave the index as it was."""
+    from gateway.app import create_app
+    from tests.gateway_support import ServerThread, settings_for, sim_thread
+
+    with sim_thread() as sim, ServerThread(create_app(settings_for([sim.url]))) as gw:
+        wait_until(lambda: admin(gw.url)["backends"][0]["healthy"], what="backend up")
+        body = {
+            "model": "fake",
+            "messages": [{"role": "system", "content": SYSTEM_A}, {"role": "user", "content": "Hello?"}],
+            "max_tokens": 10_000_000,  # beyond the model's context: vLLM's 400
+        }
+        for _ in range(3):
+            r = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=10)
+            assert r.status_code == 400, r.text
+        assert metric(gw.url, 'sagegate_backend_prefix_index_blocks{backend="backend-0"}') == 0
+        first = ask(gw.url, SYSTEM_A, "When does the first train leave?")
+        assert first.headers["x-sagegate-prefix-hit"] == "0"  # the refused ones left nothing
+        again = ask(gw.url, SYSTEM_A, "And the last one?")
+        assert int(again.headers["x-sagegate-prefix-hit"]) > 1500  # what was computed counts
+    with fleet({"mode": "fail500"}) as (fakes, url):
+        body["max_tokens"] = 4
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=10)
+        assert r.status_code >= 500 and fakes[0].state.requests >= 1
+        assert metric(url, 'sagegate_backend_prefix_index_blocks{backend="backend-0"}') == 0
+
+
+def test_sessions_are_kept_as_fixed_size_keys_and_a_long_id_is_refused() -> None:
+    """Memory per session is bounded in bytes, not only in count: an id is kept as a 16-byte digest,
+    at most ``max_sessions`` of them, and an id over ``max_session_id_bytes`` is the client's error."""
+    from gateway.app import create_app
+    from tests.gateway_support import FakeBackend, ServerThread, settings_for
+
+    fake = FakeBackend()
+    with ServerThread(fake.app) as be:
+        settings = settings_for([be.url], placement={"max_sessions": 100})
+        app = create_app(settings)
+        with ServerThread(app) as gw:  # type: ignore[arg-type]
+            wait_until(lambda: admin(gw.url)["backends"][0]["healthy"], what="backend up")
+            for i in range(150):
+                ask(gw.url, SYSTEM_A, "Hi", session=f"{i:03d}" + "s" * 253)  # 256 bytes: the limit
+            sessions = app.state.gateway.dispatcher.locality.sessions
+            assert len(sessions) == 100 and all(len(k) == 32 for k in sessions)  # the newest 100
+            body = {"model": "fake", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+            r = httpx.post(
+                gw.url + "/v1/chat/completions", json=body, headers={"x-session-id": "s" * 60_000}, timeout=10
+            )
+            assert r.status_code == 400, r.text
+            err = r.json()["error"]
+            assert err["param"] == "x-session-id" and "256 bytes" in err["message"]
+            assert fake.state.requests == 150  # refused before it reached a backend

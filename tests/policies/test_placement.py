@@ -42,6 +42,21 @@ def test_the_index_evicts_the_least_recently_used_past_its_capacity() -> None:
     assert len(idx) == 0 and idx.match([5]) == 0
 
 
+def test_a_claim_counts_until_settled_and_leaves_nothing_unless_computed() -> None:
+    idx = PrefixIndex(100)
+    idx.touch([1, 2])
+    refused = idx.claim([1, 2, 3, 4])  # sent: 3 and 4 are claimed, 1 and 2 are held already
+    assert refused == (3, 4) and idx.match([1, 2, 3, 4]) == 4 and len(idx) == 2
+    computed = idx.claim([1, 2, 3, 5])  # a second request sharing the new block 3
+    idx.settle(refused)  # the first was refused: its claim goes, the second's stays
+    assert idx.match([1, 2, 3, 4]) == 3 and idx.match([1, 2, 3, 5]) == 4
+    idx.settle(computed)
+    idx.touch([1, 2, 3, 5])  # the second was computed: its blocks are held now
+    assert idx.match([1, 2, 3, 5]) == 4 and idx.match([1, 2, 3, 4]) == 3 and len(idx) == 4
+    idx.settle(idx.claim([7]))
+    assert idx.match([7]) == 0 and len(idx) == 4
+
+
 def test_chained_keys_share_exactly_the_shared_prefix() -> None:
     a = text_block_keys("x" * 64 + "y" * 64 + "z" * 10, 64)
     b = text_block_keys("x" * 64 + "y" * 64 + "w" * 64, 64)
