@@ -76,6 +76,8 @@ class Transcript:
         """Tries so far less one: 0 until the first resume."""
         self.prompt_offset = 0
         """Prompt tokens the current try's prompt holds beyond the client's (its text so far)."""
+        self.prompt_tokens: int | None = None
+        """The client's prompt in tokens as a backend counts it (set at a resume), for the usage."""
         self.finished = False
         """A chunk with a ``finish_reason`` has gone by: too late to pause."""
         self.finish_reason: str | None = None
@@ -165,7 +167,12 @@ class Transcript:
     def _usage(self, leg: dict[str, Any]) -> dict[str, Any]:
         """A resumed try's usage as the whole answer's: the client's prompt, every token generated."""
         prompt = leg.get("prompt_tokens")
-        prompt = max(1, prompt - self.prompt_offset) if isinstance(prompt, int) else None
+        if self.prompt_tokens is not None:
+            prompt = self.prompt_tokens
+        elif isinstance(prompt, int):  # the backend's count less the gateway's of what was added
+            prompt = max(1, prompt - self.prompt_offset)
+        else:
+            prompt = None
         usage = {**leg, "prompt_tokens": prompt, "completion_tokens": self.tokens}
         usage["total_tokens"] = (prompt or 0) + self.tokens
         usage.pop("prompt_tokens_details", None)  # the cached share described the resumed prompt
@@ -196,10 +203,12 @@ class Transcript:
                 body[name] = max(1 if name in _CAPS else 0, value - self.tokens)
         return body
 
-    def resumed(self, prompt_offset: int) -> None:
-        """A new try starts; its prompt holds ``prompt_offset`` tokens beyond the client's."""
+    def resumed(self, prompt_offset: int, prompt_tokens: int | None = None) -> None:
+        """A new try starts; its prompt holds ``prompt_offset`` tokens beyond the client's (as the
+        gateway counts), and the client's prompt is ``prompt_tokens`` as the backend counts it."""
         self.leg += 1
         self.prompt_offset = prompt_offset
+        self.prompt_tokens = prompt_tokens
 
 
 def assemble(route: str, data: bytes) -> tuple[int, dict[str, Any]]:

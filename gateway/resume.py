@@ -30,7 +30,7 @@ from gateway.continuation import Transcript
 from gateway.dispatcher import PauseVerdict
 from gateway.lifecycle import RequestState
 from gateway.queue import DispatchRefused, GatewayRequest
-from gateway.tokens import count_prompt
+from gateway.tokens import backend_ids, count_prompt
 
 if TYPE_CHECKING:
     from gateway.backends import Backend
@@ -154,11 +154,20 @@ class Resumer:
         b, resp, chunks, first = opened
         sse.backend, sse.upstream, sse.chunks = b, resp, chunks
         sse.scanner = sse.proxy.scanner(req)
-        t.resumed(self.offset)
+        t.resumed(self.offset, await self._client_prompt_tokens(b))
         self.pausing = False
         self.register()
         metrics.pauses.labels("resumed").inc()
         await sse._read(first)
+
+    async def _client_prompt_tokens(self, b: Backend) -> int | None:
+        """The client's prompt in tokens as backend ``b`` counts it (its ``/tokenize``: the same
+        model's tokenizer and chat template as the first try's), for the usage the client sees; None
+        if it cannot tell (the gateway's own count of the difference is used then)."""
+        proxy, t = self.sse.proxy, self.transcript
+        timeout = proxy.settings.placement.kv_events.tokenize_timeout_s
+        ids = await backend_ids(proxy.client, b.url, t.body, t.chat, timeout)
+        return None if ids is None else max(1, len(ids))
 
     def _prompt_offset(self) -> int:
         """Tokens the continuation's prompt holds beyond the client's (counted as the gateway counts the

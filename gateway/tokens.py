@@ -132,22 +132,17 @@ async def exact_keys(prompt: Any, sizes: frozenset[int]) -> ExactKeys | None:
     return await asyncio.to_thread(_local_keys, prompt, sizes)
 
 
-async def backend_keys(
-    client: Upstream,
-    url: str,
-    body: dict[str, Any],
-    chat: bool,
-    sizes: frozenset[int],
-    timeout_s: float,
-) -> ExactKeys | None:
-    """The block keys of the prompt as the backend itself tokenises it: vLLM's ``POST /tokenize``
-    (the model's tokenizer, and for chat its chat template with the request's template options), one
-    round trip; None when it fails (the request is placed by the approximate index)."""
+async def backend_ids(
+    client: Upstream, url: str, body: dict[str, Any], chat: bool, timeout_s: float
+) -> list[int] | None:
+    """The prompt's token ids as the backend itself tokenises it: vLLM's ``POST /tokenize`` (the
+    model's tokenizer, and for chat its chat template with the request's template options), one round
+    trip (none for a completion prompt given as ids); None when it fails."""
     prompt = body.get("messages") if chat else body.get("prompt")
     if not chat and isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, list) and prompt and _all_ids(prompt) and not chat:
-        return keys_of(prompt, sizes)
+        return prompt
     ask = {k: body[k] for k in TOKENIZE_FIELDS if k in body}
     ask["messages" if chat else "prompt"] = prompt
     try:
@@ -156,6 +151,22 @@ async def backend_keys(
     except Exception:  # unreachable, slow, not JSON, not a mapping
         return None
     if not isinstance(ids, list) or not _all_ids(ids):
+        return None
+    return ids
+
+
+async def backend_keys(
+    client: Upstream,
+    url: str,
+    body: dict[str, Any],
+    chat: bool,
+    sizes: frozenset[int],
+    timeout_s: float,
+) -> ExactKeys | None:
+    """The block keys of the prompt as the backend tokenises it (:func:`backend_ids`); None when that
+    fails (the request is placed by the approximate index)."""
+    ids = await backend_ids(client, url, body, chat, timeout_s)
+    if ids is None:
         return None
     if len(ids) * 4 <= EXACT_CHARS:
         return keys_of(ids, sizes)

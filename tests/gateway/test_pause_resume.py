@@ -212,6 +212,34 @@ def test_a_paused_whole_answer_is_the_unpaused_one(
 
 
 @pytest.mark.heavy
+def test_a_resumed_streams_usage_is_an_unbroken_ones(stack: tuple[ServerThread, list[ServerThread]]) -> None:
+    """The usage a resumed stream reports is the backend's count of the client's prompt and every
+    token sent, whatever the gateway's own count (a long prompt's is an estimate) makes of it."""
+    gw, _ = stack
+    c = client(gw.url)
+    words = " ".join(f"item{i * 7919 % 10007}: {'ok' if i % 3 else 'no'}" for i in range(2_500))
+    messages = [{"role": "user", "content": "Summarise this log. " + words}]  # ~30k characters
+
+    def ask(pause_after: int | None) -> Any:
+        raw = c.chat.completions.with_raw_response.create(
+            model="sim", messages=messages, max_tokens=40, stream=True,  # type: ignore[arg-type]
+            stream_options={"include_usage": True},
+        )  # fmt: skip
+        usage = None
+        for i, chunk in enumerate(raw.parse()):
+            if i == pause_after:
+                assert pause(gw.url, raw.headers["x-sagegate-request-id"]).status_code == 200
+            usage = chunk.usage or usage
+        return usage
+
+    ref = ask(None)
+    got = ask(3)
+    assert pauses(gw.url, "resumed") >= 1
+    assert (got.prompt_tokens, got.completion_tokens) == (ref.prompt_tokens, 40)
+    wait_until(lambda: settled(gw), what="every reservation released")
+
+
+@pytest.mark.heavy
 @pytest.mark.parametrize("paused", [False, True], ids=["streaming", "paused-first"])
 def test_a_backend_that_dies_mid_stream_loses_no_request(paused: bool) -> None:
     """Its backend dies mid-stream (perhaps after it was paused and resumed there): it goes on on the
