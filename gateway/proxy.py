@@ -36,6 +36,7 @@ from gateway.settings import GatewaySettings
 from gateway.sse import USAGE_CAP, SseScanner, plausible_usage
 from gateway.stream import SseResponse, answer_headers, close_quietly
 from gateway.upstream import Upstream
+from policies.engine_priority import engine_priority
 
 log = logging.getLogger("sagegate.gateway")
 
@@ -216,7 +217,10 @@ class Proxy:
                 **body,
                 "stream_options": {**(opts if isinstance(opts, dict) else {}), "include_usage": True},
             }
-        if up.forward_priority:
+        if up.rank_priority:
+            rank = self.dispatcher.policy.engine_rank(req)
+            body = {**body, "priority": engine_priority(rank, req.priority if up.forward_priority else 0)}
+        elif up.forward_priority:
             body = {**body, "priority": -req.priority}
         return self.client.build_request(
             "POST",

@@ -296,6 +296,12 @@ class UpstreamSettings(BaseModel):
     the exact output length."""
     forward_priority: bool = False
     """Send ``priority`` (minus ``x-priority``) to backends started with ``--scheduling-policy priority``."""
+    rank_priority: bool = False
+    """Send each request's rank at dispatch as its ``priority`` (``policies.engine_priority``: the class
+    first with ``forward_priority``, then the policy's rank bucketed on a log scale), so an engine in
+    vLLM's priority mode orders its waiting queue and picks preemption victims by predicted cost.
+    Only for backends started with ``--scheduling-policy priority`` (vLLM refuses a non-zero
+    ``priority`` otherwise)."""
     max_sse_event_bytes: int = Field(default=1024 * 1024, ge=4096)
     """Largest SSE event accepted from a backend (a token event is well under 1 KB). A backend that
     sends more without ending an event has its stream ended with an SSE error event."""

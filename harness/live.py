@@ -119,6 +119,41 @@ def sessions_workload(
     return DemoWorkload(kept, what, real_text=True)
 
 
+def demo_draw(
+    draw: int, minutes: float, target: float, model: str, gpu: str
+) -> tuple[list[TraceRequest], dict[str, object]]:
+    """The demo's draw ``draw``: multi-turn sessions (:func:`sessions_workload`) over ``minutes`` at
+    ``target`` × round robin's capacity, measured on a larger sample of the same mix; its requests
+    and what a reader must know of them."""
+    from dataclasses import replace
+
+    from harness.simtwin import capacity, offered_rate, scale_at, utilisation
+
+    # a large sample of windows of the same length from other parts of the trace (a window's turns are
+    # mostly early ones, with short histories: a longer window is another mix; and a burst of a few
+    # hundred requests all fit in the engines at once, which reads capacity high)
+    mix: list[TraceRequest] = []
+    other = draw + 1000
+    while len(mix) < 2000:
+        mix += sessions_workload(minutes, 4.0, other).requests
+        other += 1
+    mix = [replace(r, rid=i) for i, r in enumerate(sorted(mix, key=lambda r: r.arrival_s))]
+    cap = capacity(mix, model=model, gpu=gpu)
+    rate_at = lambda s: offered_rate(sessions_workload(minutes, s, draw).requests)  # noqa: E731
+    scale = scale_at(rate_at, target * cap["req_s"])
+    work = sessions_workload(minutes, scale, draw)
+    info = {
+        "draw": draw,
+        "description": work.description,
+        "requests": len(work.requests),
+        "rate_scale": scale,
+        "capacity_req_s": cap["req_s"],
+        "capacity_tok_s": cap["tok_s"],
+        "utilisation": utilisation(work.requests, cap),
+    }
+    return work.requests, info
+
+
 @functools.lru_cache(maxsize=1)
 def session_parts() -> tuple[list[float], list[list[TraceRequest]]]:
     """The Azure trace's arrival times, and the conversations, each as its turns timed from the

@@ -70,6 +70,8 @@ def simulate_run(
     pause_options: Mapping[str, float] | None = None,
     predictor_options: AnyPredictorSettings | None = None,
     placement: str | None = None,
+    engine_rank: bool = False,
+    predictor_override: LengthPredictor | None = None,
 ) -> SimResult:
     """``policy`` at the gateway (None: vLLM alone, round robin) in the simulator, with the live
     gateway's admission settings, its queue limits (``max_wait_s`` in engine seconds; None: no
@@ -77,7 +79,9 @@ def simulate_run(
     front end's cost added as a client sees it. ``pause``: the live gateway's ``pause.enabled``, the
     rule's other settings from ``pause_options``. ``predictor_options``: the gateway's
     ``predictor_options`` (default its defaults). ``placement``: the gateway's ``placement.mode``
-    (None: its default)."""
+    (None: its default). ``engine_rank``: the gateway's ``upstream.rank_priority`` to engines in vLLM's
+    priority mode. ``predictor_override``: a predictor built by the caller (an oracle handed the
+    answer key) in place of ``predictor``."""
     from gateway.settings import AdmissionSettings, PauseSettings, PlacementSettings, QueueSettings
     from policies.registry import parse_policy
     from predictor.semantic_face import SemanticLengthPredictor
@@ -87,7 +91,7 @@ def simulate_run(
     if policy is None:
         setup = SimSetup(perf, engine, engines=engines, level="engine", policy=parse_policy("fcfs"))
     else:
-        pred = sim_predictor(predictor, seed, options=predictor_options)
+        pred = predictor_override or sim_predictor(predictor, seed, options=predictor_options)
         if isinstance(pred, SemanticLengthPredictor):
             pred.prime(work)  # embed the prompts in batches, ahead
         q = QueueSettings()
@@ -102,6 +106,7 @@ def simulate_run(
             queue_limits=QueueLimits(q.max_requests, q.max_tokens, max_wait_s if max_wait_s else 1e18),
             pause=PauseSettings.model_validate({"enabled": pause, **(pause_options or {})}).config(),
             placement=placement or PlacementSettings().mode,
+            engine_rank=engine_rank,
         )
     result = simulate(work, setup)
     client_view(result, perf.frontend_s)

@@ -171,6 +171,11 @@ class Policy:
         """Sort key, lower served first. Must be totally ordered among one policy's keys."""
         return (req.arrival_s, _tiebreak(req.rid))
 
+    def engine_rank(self, req: SchedRequest) -> float | None:
+        """A scalar form of the request's place in this order (lower first), for an engine's own
+        priority scheduler (``policies.engine_priority``); None: the order has none to give."""
+        return None
+
     def place(self, req: SchedRequest, now: float) -> Placement:
         """``LANE_KEY`` policies: the lane and rank of ``req`` as it enters a queue.
 

@@ -90,6 +90,9 @@ class _GittinsPolicy(Policy):
     def key(self, req: SchedRequest, now: float) -> Any:
         return (self.rank(req), *fcfs_tiebreak(req))
 
+    def engine_rank(self, req: SchedRequest) -> float | None:
+        return self.rank(req)
+
     def on_arrival(self, req: SchedRequest, now: float) -> None:
         self.tracker(req)
 

@@ -64,7 +64,7 @@ def demo(
     """Replay multi-turn conversations through vLLM behind round robin, behind a cache-aware router,
     and behind the gateway, draw by draw, and print the headline table."""
     from core.summary import Slo
-    from harness.live import data_sources
+    from harness.live import data_sources, demo_draw
     from harness.procs import exit_on_sigterm
     from loadgen.headline import render_headline, run_figures
     from sagegate.demo_setups import GATEWAY, ROUND_ROBIN, ROUTER, DemoSetup, router_check, setup_names
@@ -89,7 +89,7 @@ def demo(
     first: dict[str, SetupRun] = {}
     out.mkdir(parents=True, exist_ok=True)
     for draw in range(seed, seed + draws):
-        work, info = _draw(draw, minutes, utilisation, model, gpu)
+        work, info = demo_draw(draw, minutes, utilisation, model, gpu)
         draws_info.append(info)
         typer.echo(
             f"\ndraw {draw}: {len(work)} requests: {info['description']}; two simulated {model} "
@@ -127,39 +127,6 @@ def _run_setup(name: str, work: Any, setup: Any) -> SetupRun:
 
     typer.echo(f"  {name}…")
     return run_setup(name, work, setup, lambda msg: typer.echo(f"    {msg}"))
-
-
-def _draw(draw: int, minutes: float, target: float, model: str, gpu: str) -> tuple[Any, dict[str, Any]]:
-    """The draw's requests at ``target`` × round robin's capacity, measured on a larger sample of the
-    same mix."""
-    from dataclasses import replace
-
-    from harness.live import sessions_workload
-    from harness.simtwin import capacity, offered_rate, scale_at, utilisation
-
-    # a large sample of windows of the same length from other parts of the trace (a window's turns are
-    # mostly early ones, with short histories: a longer window is another mix; and a burst of a few
-    # hundred requests all fit in the engines at once, which reads capacity high)
-    mix: list[Any] = []
-    other = draw + 1000
-    while len(mix) < 2000:
-        mix += sessions_workload(minutes, 4.0, other).requests
-        other += 1
-    mix = [replace(r, rid=i) for i, r in enumerate(sorted(mix, key=lambda r: r.arrival_s))]
-    cap = capacity(mix, model=model, gpu=gpu)
-    rate_at = lambda s: offered_rate(sessions_workload(minutes, s, draw).requests)  # noqa: E731
-    scale = scale_at(rate_at, target * cap["req_s"])
-    work = sessions_workload(minutes, scale, draw)
-    info = {
-        "draw": draw,
-        "description": work.description,
-        "requests": len(work.requests),
-        "rate_scale": scale,
-        "capacity_req_s": cap["req_s"],
-        "capacity_tok_s": cap["tok_s"],
-        "utilisation": utilisation(work.requests, cap),
-    }
-    return work.requests, info
 
 
 def _simulated(work: Any, setup: Any, draw: int, embed_model: str) -> dict[str, list[Any]]:

@@ -25,6 +25,7 @@ from core.request import PredictionQuery, TraceRequest
 from core.summary import summarize
 from policies.admission import AdmissionConfig
 from policies.base import ENGINE, GATEWAY, Capability, Policy
+from policies.engine_priority import PriorityPolicy, engine_priority
 from policies.fifo import FCFS
 from policies.pause import PauseConfig
 from policies.placement import LEAST_LOADED
@@ -65,6 +66,10 @@ class SimSetup:
     """The live gateway's queue bounds at gateway level (None: an unbounded queue, no timeout)."""
     pause: PauseConfig = field(default_factory=PauseConfig)
     """Gateway level: pause running requests for better-ranked waiting work (``policies.pause``; off)."""
+    engine_rank: bool = False
+    """Gateway level: the engines run vLLM's priority scheduler and each request is sent with its
+    rank at dispatch as its ``priority`` (``policies.engine_priority``; the live gateway's
+    ``upstream.rank_priority`` to backends started with ``--scheduling-policy priority``)."""
     placement: str = LEAST_LOADED
     """Gateway level: ``cache_aware`` weighs each engine's predicted cached prefix (``policies.placement``,
     the live gateway's default); ``least_loaded`` (the default here, so the study's runs stay as they
@@ -104,7 +109,11 @@ class Simulation:
         self.setup = setup
         self.trace = sorted(workload, key=lambda r: (r.arrival_s, r.rid))
         gateway = setup.level == GATEWAY
-        engine_policy = FCFS() if gateway else setup.policy
+        engine_policy: Policy = FCFS() if gateway else setup.policy
+        if gateway and setup.engine_rank:
+            engine_policy = PriorityPolicy()
+        self.client_class: dict[int, int] = {}
+        """``engine_rank``: each request's own priority (its class), kept while the engine's is its rank."""
         engine_cfg = engine_config_for(setup.engine, engine_policy)
         self.engines = [
             Engine(setup.perf, engine_cfg, engine_policy, name=f"engine-{i}", fold_decode=setup.fold_decode)
@@ -248,6 +257,9 @@ class Simulation:
         if not req.pauses:  # a resumed continuation keeps its first dispatch
             req.t_dispatch = self.now
             self.records[req.rid].dispatch_s = self.now
+        if self.setup.engine_rank and self.gw is not None:  # sent with its rank as its priority
+            client = self.client_class.setdefault(req.rid, req.priority)
+            req.priority = engine_priority(self.policy.engine_rank(req), client)
         req.backend = idx
         self.engines[idx].add(req, self.now)
         self._kick(idx)

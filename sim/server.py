@@ -27,6 +27,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from core.tokens import encode, flatten_messages
+from policies.engine_priority import PriorityPolicy
 from policies.registry import parse_policy
 from sim.engine import Engine
 from sim.hardware import get_gpu, get_model
@@ -47,7 +48,7 @@ from sim.server_api import (
     written_before,
 )
 from sim.server_metrics import Metrics
-from sim.server_runner import SCHEDULING_POLICIES, BackendSettings, EngineRunner, PriorityPolicy, Stream
+from sim.server_runner import SCHEDULING_POLICIES, BackendSettings, EngineRunner, Stream
 
 __all__ = [
     "SCHEDULING_POLICIES",

@@ -25,9 +25,8 @@ import math
 from collections.abc import Iterable
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING
 
-from policies.base import ENGINE, Policy, SchedRequest, fcfs_tiebreak
 from sim.config import EngineConfig
 from sim.engine import Engine
 from sim.engine_request import ABORTED, FINISHED, EngineRequest
@@ -68,17 +67,6 @@ class BackendSettings:
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.engine.model
-
-
-class PriorityPolicy(Policy):
-    """vLLM's ``--scheduling-policy priority``: lower ``priority`` first, then earlier arrival; the
-    preemption victim is the largest such key."""
-
-    name: ClassVar[str] = "priority"
-    levels: ClassVar[frozenset[str]] = frozenset({ENGINE})
-
-    def key(self, req: SchedRequest, now: float) -> Any:
-        return (req.priority, *fcfs_tiebreak(req))
 
 
 class Stream:

@@ -134,3 +134,40 @@ def test_x_priority_and_tenant_reach_the_policy() -> None:
             t.join(10)
             for th in threads:
                 th.join(10)
+
+
+@pytest.mark.parametrize("rank_priority", [True, False], ids=["rank", "no-rank"])
+def test_the_rank_carried_into_the_engine_orders_its_waiting_queue(rank_priority: bool) -> None:
+    """``upstream.rank_priority``: with the gateway holding nothing back (every request goes straight
+    to the engine), an engine in vLLM's priority mode still serves in the gateway's order: a long
+    prompt sent first (a worse rank: more memory-time) yields to the shorter ones behind it. Without
+    it the engine serves first come first served."""
+    engine = EngineConfig(max_num_seqs=1)
+    opts = BackendSettings(
+        engine=engine, served_model_name="sim", time_scale=1.0, scheduling_policy="priority"
+    )
+    sizes = [3000, 1000, 300, 100, 8]  # words, sent longest first (each in its own rank bucket)
+    with ServerThread(backend_app(opts)) as be:
+        settings = settings_for(
+            [be.url],
+            policy="sagesched",
+            predictor="none",
+            admission={"max_waiting": 100},
+            upstream={"rank_priority": rank_priority},
+        )
+        with ServerThread(create_app(settings)) as gw:
+            done: list[tuple[float, int]] = []
+            threads = []
+            for tag, size in [(-1, 0), *enumerate(sizes)]:
+                body = _body("blocker", 1000) if tag < 0 else _body("word " * size, 4)
+                t = threading.Thread(target=_post, args=(gw.url, body, {}, done, tag), daemon=True)
+                t.start()
+                threads.append(t)
+                wait_until(lambda n=tag + 2: admin(gw.url)["backends"][0]["inflight"] == n, what="sent on")
+            assert done == [] and admin(gw.url)["queued"] == 0  # all at the engine, none held back
+            for t in threads:
+                t.join(60)
+    order = [tag for _, tag in sorted(done)]
+    assert order[0] == -1  # the blocker was running
+    expected = sorted(range(len(sizes)), key=lambda i: sizes[i]) if rank_priority else list(range(len(sizes)))
+    assert order[1:] == expected
