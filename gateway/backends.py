@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from gateway.metrics import RateLimitedLog
 from gateway.scrape import EngineMetrics, parse_metrics, restarted
 from gateway.settings import BackendSettings, GatewaySettings, HealthSettings
 from gateway.upstream import Upstream
@@ -258,6 +259,12 @@ class BackendPool:
         self.client = client
         self.on_change = on_change
         self.clock = clock
+        self._refused = RateLimitedLog(
+            log,
+            "%d probe(s) refused the gateway's credentials: backend %s was started with --api-key; "
+            "set its api_key (backends[].api_key, or upstream.api_key for all). Unhealthy until then.",
+            level=logging.ERROR,
+        )
         self.backends = [
             Backend(b, settings.default_capacity_tokens, settings.health, clock) for b in settings.backends
         ]
@@ -347,6 +354,8 @@ class BackendPool:
             if answer is None and self._answering(b):
                 answer = b.probe_ok  # a timeout alone, while real requests get answers: no verdict
             ok = bool(answer)
+            if ok and not b.models:  # what it serves, and whether it takes the gateway's credentials
+                ok = await self._fetch_models(b)
             b.probe_ok = ok
             if ok:
                 if b.breaker.is_open:
@@ -389,11 +398,18 @@ class BackendPool:
             return None
         return r.text if r.status_code == 200 else None
 
-    async def _fetch_models(self, b: Backend) -> None:
+    async def _fetch_models(self, b: Backend) -> bool:
+        """Read what ``b`` serves; False if it refuses the gateway's credentials (401 or 403: a
+        backend started with ``--api-key`` and no ``api_key`` set for it here), which no request
+        it is sent could pass: it is not healthy then."""
         try:
             r = await self.client.get(b.url + "/v1/models", timeout=self.health.probe_timeout_s)
+            if r.status_code in (401, 403):
+                self._refused.note(f"{b.name} (HTTP {r.status_code})")
+                return False
             data = r.json().get("data") if r.status_code == 200 else None
         except Exception:  # unreachable, or not JSON, or not a mapping
-            return
+            return True
         if isinstance(data, list):
             b.models = [m for m in data if isinstance(m, dict) and "id" in m]
+        return True

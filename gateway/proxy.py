@@ -43,6 +43,8 @@ log = logging.getLogger("sagegate.gateway")
 PATHS: dict[str, str] = {Route.CHAT: "/v1/chat/completions", Route.COMPLETIONS: "/v1/completions"}
 RETRYABLE = frozenset({500, 502, 503, 504})
 THROTTLED = 429
+REFUSED_US = frozenset({401, 403})
+"""A backend's answer to the gateway's credentials (``backends[].api_key``), not to the client's."""
 
 
 @dataclass(slots=True)
@@ -148,6 +150,11 @@ class Proxy:
             lc.attempt_failed()
             retry = resp.headers.get("retry-after") or str(self.settings.queue.retry_after_s)
             return Failed(f"{b.name}: HTTP 429", True, retry)
+        if resp.status_code in REFUSED_US:  # the gateway's key for it is wrong: never the request's fault
+            await close_quietly(resp)
+            lc.attempt_failed()
+            self.pool.request_failed(b, hard=True)
+            return Failed(f"{b.name}: HTTP {resp.status_code} (it refused the gateway's credentials)")
         if resp.status_code in RETRYABLE:
             error = error_object(await _head_of_body(resp))
             lc.attempt_failed()

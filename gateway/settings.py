@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -52,6 +52,9 @@ class BackendSettings(BaseModel):
     capacity_tokens: int | None = Field(default=None, gt=0)
     kv_events: BackendKVEvents | None = None
     """Follow its KV-cache events (an endpoint string, or the mapping); unset: the approximate index."""
+    api_key: SecretStr | None = None
+    """The key the backend was started with (vLLM's ``--api-key``), sent as ``Authorization: Bearer`` on
+    every request to it; unset: ``upstream.api_key``."""
 
     @field_validator("kv_events", mode="before")
     @classmethod
@@ -294,6 +297,9 @@ class UpstreamSettings(BaseModel):
     force_usage: bool = True
     """Ask streaming backends for a usage chunk (hidden from clients that did not ask) to learn
     the exact output length."""
+    api_key: SecretStr | None = None
+    """The key sent to every backend that names none of its own (``backends[].api_key``); a client's own
+    ``Authorization`` (the gateway's key) is never forwarded."""
     forward_priority: bool = False
     """Send ``priority`` (minus ``x-priority``) to backends started with ``--scheduling-policy priority``."""
     rank_priority: bool = False

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import http.cookiejar
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Generator, Mapping
 
 import httpx
 
 from gateway.http1 import Http1Transport
-from gateway.settings import UpstreamSettings
+from gateway.settings import GatewaySettings, UpstreamSettings
 
 
 class _ReleasingStream(httpx.AsyncByteStream):
@@ -49,8 +49,15 @@ class UpstreamClients:
     """``send`` and ``get`` as on one ``httpx.AsyncClient``, over a set of small ones."""
 
     def __init__(
-        self, *, max_connections: int, keepalive_s: float, read_timeout_s: float, per_client: int = 16
+        self,
+        *,
+        max_connections: int,
+        keepalive_s: float,
+        read_timeout_s: float,
+        per_client: int = 16,
+        auth: httpx.Auth | None = None,
     ) -> None:
+        self.auth = auth
         self.per_client = max(1, min(per_client, max_connections))
         self.max_clients = max(1, -(-max_connections // self.per_client))
         self.keepalive_s = keepalive_s
@@ -65,7 +72,9 @@ class UpstreamClients:
             max_keepalive_connections=self.per_client,
             keepalive_expiry=self.keepalive_s,
         )
-        self.clients.append(httpx.AsyncClient(limits=limits, timeout=self.timeout, cookies=no_cookies()))
+        self.clients.append(
+            httpx.AsyncClient(limits=limits, timeout=self.timeout, cookies=no_cookies(), auth=self.auth)
+        )
         self.load.append(0)
         return len(self.clients) - 1
 
@@ -123,13 +132,48 @@ def no_cookies() -> http.cookiejar.CookieJar:
     return http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
 
 
-def upstream_client(up: UpstreamSettings) -> Upstream:
-    """The client the gateway forwards and probes through, as ``up.client`` says."""
+class BackendKeys(httpx.Auth):
+    """Each backend's key (vLLM's ``--api-key``) as ``Authorization: Bearer`` on every request to it:
+    generation, probes, scrapes, ``/tokenize``. A request's URL is matched to the backend whose URL
+    starts it (the longest such)."""
+
+    def __init__(self, keys: Mapping[str, str]) -> None:
+        self.keys = sorted(((url + "/", key) for url, key in keys.items()), key=lambda kv: -len(kv[0]))
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        url = str(request.url)
+        for prefix, key in self.keys:
+            if url.startswith(prefix):
+                request.headers["authorization"] = f"Bearer {key}"
+                break
+        yield request
+
+
+def backend_keys(settings: GatewaySettings) -> dict[str, str]:
+    """Backend URL → the key to send it (its own, else ``upstream.api_key``); none without a key."""
+    default = settings.upstream.api_key
+    keys = {}
+    for b in settings.backends:
+        key = b.api_key or default
+        if key is not None:
+            keys[b.url] = key.get_secret_value()
+    return keys
+
+
+def upstream_client(up: UpstreamSettings, keys: Mapping[str, str] | None = None) -> Upstream:
+    """The client the gateway forwards and probes through, as ``up.client`` says; ``keys``: each
+    backend's key (:func:`backend_keys`)."""
+    auth = BackendKeys(keys) if keys else None
     if up.client == "httpx":
         return UpstreamClients(
-            max_connections=up.max_connections, keepalive_s=up.keepalive_s, read_timeout_s=up.read_timeout_s
+            max_connections=up.max_connections,
+            keepalive_s=up.keepalive_s,
+            read_timeout_s=up.read_timeout_s,
+            auth=auth,
         )
     lean = Http1Transport(max_connections=up.max_connections, keepalive_s=up.keepalive_s)
     limits = httpx.Limits(max_connections=up.max_connections, keepalive_expiry=up.keepalive_s)
     timeout = httpx.Timeout(up.read_timeout_s)
-    return httpx.AsyncClient(mounts={"http://": lean}, limits=limits, timeout=timeout, cookies=no_cookies())
+    return httpx.AsyncClient(
+        mounts={"http://": lean}, limits=limits, timeout=timeout, cookies=no_cookies(), auth=auth
+    )

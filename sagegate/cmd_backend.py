@@ -51,6 +51,10 @@ def backend(
             help="vLLM's flag: usage reports prompt_tokens_details.cached_tokens.",
         ),
     ] = False,
+    api_key: Annotated[
+        str | None,
+        typer.Option("--api-key", help="vLLM's --api-key: the /v1 routes want Authorization: Bearer KEY."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
 ) -> None:
     """Serve the simulated engine over an OpenAI-compatible HTTP API with vLLM's /metrics."""
@@ -69,6 +73,7 @@ def backend(
             scheduling_policy=scheduling_policy,
             kv_events=KVEventsConfig.parse(kv_events_config) if kv_events_config else None,
             prompt_tokens_details=enable_prompt_tokens_details,
+            api_key=api_key,
         )
         app = create_app(settings)
     except ValueError as exc:

@@ -10,6 +10,8 @@ cancellations are timed), :mod:`sim.server_metrics` (``/metrics`` with vLLM's na
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import struct
 import time
@@ -313,6 +315,25 @@ async def _disconnected(request: Request) -> None:
             return
 
 
+class ApiKeyMiddleware:
+    """vLLM's ``--api-key``: the ``/v1`` routes want ``Authorization: Bearer KEY`` (compared in
+    constant time), else ``401 {"error": "Unauthorized"}``."""
+
+    def __init__(self, app: Any, key: str) -> None:
+        self.app = app
+        self.key = hashlib.sha256(key.encode()).digest()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"].startswith("/v1"):
+            auth = dict(scope["headers"]).get(b"authorization", b"")
+            scheme, _, token = auth.decode("latin-1").partition(" ")
+            given = hashlib.sha256(token.encode()).digest()
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given, self.key):
+                await JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(settings: BackendSettings | None = None) -> FastAPI:
     """The simulated backend as an ASGI app. Raises ValueError for a bad model, GPU or engine setting."""
     settings = settings or BackendSettings()
@@ -338,6 +359,8 @@ def create_app(settings: BackendSettings | None = None) -> FastAPI:
 
     app = FastAPI(title="sagegate simulated backend", lifespan=lifespan)
     app.state.backend = be
+    if settings.api_key is not None:
+        app.add_middleware(ApiKeyMiddleware, key=settings.api_key)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:

@@ -52,6 +52,9 @@ class BackendSettings:
     prompt_tokens_details: bool = False
     """vLLM's ``--enable-prompt-tokens-details``: usage reports ``prompt_tokens_details.cached_tokens``
     (the prompt tokens its first admission found cached)."""
+    api_key: str | None = None
+    """vLLM's ``--api-key``: a request to a ``/v1`` route without ``Authorization: Bearer KEY`` is
+    answered ``401 {"error": "Unauthorized"}``, as vLLM answers it (other routes stay open)."""
 
     def __post_init__(self) -> None:
         if not (self.time_scale > 0 and math.isfinite(self.time_scale)):

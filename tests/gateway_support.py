@@ -242,12 +242,17 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
-def sim_thread(name: str = "fake", time_scale: float = 50.0, **engine: Any) -> ServerThread:
-    """The simulated vLLM backend (``sim.server``) in a thread, serving model ``name``."""
+def sim_thread(
+    name: str = "fake", time_scale: float = 50.0, api_key: str | None = None, **engine: Any
+) -> ServerThread:
+    """The simulated vLLM backend (``sim.server``) in a thread, serving model ``name`` (``api_key``:
+    vLLM's ``--api-key``; ``engine``: ``EngineConfig`` fields)."""
     from sim.config import EngineConfig  # (imported here, as in ``fleet``)
     from sim.server import BackendSettings, create_app
 
-    opts = BackendSettings(engine=EngineConfig(**engine), served_model_name=name, time_scale=time_scale)
+    opts = BackendSettings(
+        engine=EngineConfig(**engine), served_model_name=name, time_scale=time_scale, api_key=api_key
+    )
     return ServerThread(create_app(opts))
 
 

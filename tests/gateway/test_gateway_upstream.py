@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -97,3 +98,29 @@ def test_a_cookie_a_backend_sets_is_never_sent_back(kind: str) -> None:
         return carried
 
     assert asyncio.run(run()) == [False, False, False]
+
+
+def test_a_backend_started_with_an_api_key_is_served_with_it_and_refused_without() -> None:
+    """vLLM's ``--api-key`` guards its ``/v1`` routes (the simulated backend does as vLLM does): the
+    gateway sends each backend its key on every request; without one the backend is not healthy
+    (it could serve nothing) and the reason is logged, where it used to look ready with no models
+    and pass vLLM's 401 to every client."""
+    from gateway.app import create_app
+    from tests.gateway_support import ServerThread, admin, settings_for, sim_thread, wait_until
+
+    with sim_thread("sim", api_key="k-123") as be:
+        open_routes = [httpx.get(be.url + p, timeout=5).status_code for p in ("/health", "/metrics")]
+        assert open_routes == [200, 200]
+        r = httpx.get(be.url + "/v1/models", timeout=5)
+        assert r.status_code == 401 and r.json() == {"error": "Unauthorized"}
+        keyed = settings_for([], backends=[{"url": be.url, "api_key": "k-123"}])
+        with ServerThread(create_app(keyed)) as gw:
+            wait_until(lambda: admin(gw.url)["backends"][0]["healthy"], what="backend up")
+            assert [m["id"] for m in httpx.get(gw.url + "/v1/models", timeout=5).json()["data"]] == ["sim"]
+            body = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+            r = httpx.post(gw.url + "/v1/chat/completions", json=body, headers={"authorization": "Bearer x"})
+            assert r.status_code == 200, r.text
+        with ServerThread(create_app(settings_for([be.url]))) as gw:
+            time.sleep(0.5)  # probes ran
+            assert not admin(gw.url)["backends"][0]["healthy"]
+            assert httpx.get(gw.url + "/ready", timeout=5).status_code == 503
