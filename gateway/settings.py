@@ -325,8 +325,10 @@ class GatewaySettings(BaseSettings):
     backends: list[BackendSettings] = Field(default_factory=list)
     policy: str = "sagesched"
     """A policy spec from the registry, e.g. ``sagesched``, ``fcfs``, ``edf``, ``fastserve:levels=4``."""
-    predictor: str = "semantic"
-    """``none`` (prompt length only), ``global``, ``length-bucket`` or ``semantic``."""
+    predictor: str = "global"
+    """``none`` (prompt length only), ``global`` (the default: the headroom map in RESULTS.md finds no
+    predictor, not even an oracle, worth 5% over it where the gateway uses a prediction),
+    ``length-bucket`` or ``semantic``."""
     redis_url: str | None = None
     """Shared prediction history (every predictor but ``none``; in-process when unset), and the
     shared admission ledger's Redis (``ledger.enabled``)."""

