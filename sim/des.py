@@ -306,9 +306,11 @@ class Simulation:
         now = self.now
         out = self.engines[idx].complete(step, now)
         records = self.records
+        gw = self.gw
         for req in out.first:
             records[req.rid].first_token_s = req.t_first_token
-        gw = self.gw
+            if gw is not None:
+                gw.started(req)
         if gw is not None:
             gw.progressed(out.emitted)
             if self.progress_hook:

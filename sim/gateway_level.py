@@ -61,11 +61,13 @@ class EngineBacklog(Protocol):
 class Flight:
     """The gateway's view of one dispatched request: its KV charge and where it went."""
 
-    __slots__ = ("backend", "charge")
+    __slots__ = ("backend", "charge", "claim")
 
     def __init__(self, backend: int, charge: Charge) -> None:
         self.backend = backend
         self.charge = charge
+        self.claim: tuple[Hashable, ...] | None = None
+        """Its prompt blocks claimed on its engine until its first token (as ``gateway.locality``)."""
 
 
 Send = Callable[[EngineRequest, int], None]
@@ -167,8 +169,22 @@ class SimGateway:
         flight = self.flights.pop(req)
         self.loads[flight.backend].release(flight.charge)
         if self.prefixes is not None:
+            self._computed(flight, req)
             self.prefixes[flight.backend].touch(self._content_keys(req))
         self.policy.on_finish(req, now)
+
+    def started(self, req: EngineRequest) -> None:
+        """A dispatched request's first token: its prompt is cached on its engine now."""
+        flight = self.flights.get(req)
+        if flight is not None and self.prefixes is not None:
+            self._computed(flight, req)
+
+    def _computed(self, flight: Flight, req: EngineRequest) -> None:
+        if flight.claim is not None:
+            prefix = self.prefixes[flight.backend]  # type: ignore[index]
+            prefix.settle(flight.claim)
+            prefix.touch(self._content_keys(req))
+            flight.claim = None
 
     def _expire(self, now: float) -> None:
         """Reject requests queued longer than ``max_wait_s`` (at the first event after their timeout:
@@ -224,9 +240,9 @@ class SimGateway:
         """Sent: it waits in engine ``backend`` (counted so the rest of the pass sees it; the engine's
         own count is read again before the next pass)."""
         self._unqueue(req)
-        self.flights[req] = req.user = Flight(backend, charge)
-        if self.prefixes is not None:
-            self.prefixes[backend].touch(self._content_keys(req))
+        flight = self.flights[req] = req.user = Flight(backend, charge)
+        if self.prefixes is not None:  # claimed until its first token (the live gateway's rule)
+            flight.claim = self.prefixes[backend].claim(self._content_keys(req))
         load = self.loads[backend]
         load.waiting += 1
         load.waiting_tokens += req.prompt_tokens
@@ -251,6 +267,7 @@ class SimGateway:
         flight = self.flights.pop(req)
         self.loads[flight.backend].release(flight.charge)
         if self.prefixes is not None:
+            self._computed(flight, req)
             self.prefixes[flight.backend].touch(self._content_keys(req))
         self.queue.push(req, now)
         if self.limits is not None:

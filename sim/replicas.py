@@ -251,6 +251,9 @@ class ReplicaFleet:
             self.woken.add(r)
             self.gateways[r].progressed(reqs)
 
+    def started(self, req: EngineRequest) -> None:
+        self.gateways[self.owner[req]].started(req)
+
     def finish(self, req: EngineRequest, now: float) -> None:
         r = self.owner.pop(req)
         self.woken.add(r)

@@ -359,6 +359,8 @@ def play(
             elif isinstance(event, Start) and unstarted:
                 rid = unstarted[event.pick % len(unstarted)]
                 d.stop_waiting(greqs[rid])
+                d.computed(greqs[rid])  # its first token: its prompt is cached there now
+                sg.started(sreqs[rid])
                 eng = engines[sreqs[rid].backend]
                 del eng.waiting[rid]
                 eng.running.add(rid)
@@ -374,6 +376,7 @@ def play(
             elif isinstance(event, Finish) and (started or unstarted):
                 flying = sorted(started + unstarted)
                 rid = flying[event.pick % len(flying)]
+                d.computed(greqs[rid])  # (done: computed, if no first token was seen)
                 d.release(greqs[rid])
                 eng = engines[sreqs[rid].backend]
                 eng.waiting.pop(rid, None)
