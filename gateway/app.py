@@ -45,7 +45,7 @@ from gateway.shared_prefixes import shared_prefixes
 from gateway.state_metrics import StateGauges
 from gateway.tenants import bearer, is_admin, match_key
 from gateway.tokens import count_text
-from gateway.upstream import backend_keys, upstream_client
+from gateway.upstream import backend_headers, upstream_client
 from policies.base import Policy
 from policies.placement import CACHE_AWARE
 from policies.registry import parse_policy
@@ -68,7 +68,7 @@ class Gateway:
         self.predictor = predictor if predictor is not None else build_predictor(
             settings.predictor, settings.redis_url, settings.predictor_options
         )  # fmt: skip
-        self.client = upstream_client(settings.upstream, backend_keys(settings))
+        self.client = upstream_client(settings.upstream, backend_headers(settings))
         self.metrics = GatewayMetrics()
         self.pool = BackendPool(settings, self.client, on_change=self._on_change, clock=self.clock)
         self.queue = BoundedQueue(self.policy, settings.queue.max_requests, settings.queue.max_tokens)

@@ -57,6 +57,9 @@ class BackendSettings(BaseModel):
     api_key: SecretStr | None = None
     """The key the backend was started with (vLLM's ``--api-key``), sent as ``Authorization: Bearer`` on
     every request to it; unset: ``upstream.api_key``."""
+    headers: dict[str, SecretStr] = Field(default_factory=dict)
+    """Other headers sent on every request to it (what a proxy in front of the engine wants); never
+    logged or shown."""
 
     @field_validator("kv_events", mode="before")
     @classmethod

@@ -133,37 +133,41 @@ def no_cookies() -> http.cookiejar.CookieJar:
 
 
 class BackendKeys(httpx.Auth):
-    """Each backend's key (vLLM's ``--api-key``) as ``Authorization: Bearer`` on every request to it:
-    generation, probes, scrapes, ``/tokenize``. A request's URL is matched to the backend whose URL
-    starts it (the longest such)."""
+    """Each backend's own headers (its key, vLLM's ``--api-key``, as ``Authorization: Bearer``, and any
+    others it names) on every request to it: generation, probes, scrapes, ``/tokenize``. A request's
+    URL is matched to the backend whose URL starts it (the longest such)."""
 
-    def __init__(self, keys: Mapping[str, str]) -> None:
-        self.keys = sorted(((url + "/", key) for url, key in keys.items()), key=lambda kv: -len(kv[0]))
+    def __init__(self, headers: Mapping[str, Mapping[str, str]]) -> None:
+        self.headers = sorted(((url + "/", h) for url, h in headers.items()), key=lambda kv: -len(kv[0]))
 
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
         url = str(request.url)
-        for prefix, key in self.keys:
+        for prefix, headers in self.headers:
             if url.startswith(prefix):
-                request.headers["authorization"] = f"Bearer {key}"
+                request.headers.update(headers)
                 break
         yield request
 
 
-def backend_keys(settings: GatewaySettings) -> dict[str, str]:
-    """Backend URL → the key to send it (its own, else ``upstream.api_key``); none without a key."""
+def backend_headers(settings: GatewaySettings) -> dict[str, dict[str, str]]:
+    """Backend URL → the headers to send it: its key (its own, else ``upstream.api_key``) and its own
+    ``headers``; backends with neither are left out."""
     default = settings.upstream.api_key
-    keys = {}
+    out: dict[str, dict[str, str]] = {}
     for b in settings.backends:
+        headers = {name: value.get_secret_value() for name, value in b.headers.items()}
         key = b.api_key or default
         if key is not None:
-            keys[b.url] = key.get_secret_value()
-    return keys
+            headers["authorization"] = f"Bearer {key.get_secret_value()}"
+        if headers:
+            out[b.url] = headers
+    return out
 
 
-def upstream_client(up: UpstreamSettings, keys: Mapping[str, str] | None = None) -> Upstream:
-    """The client the gateway forwards and probes through, as ``up.client`` says; ``keys``: each
-    backend's key (:func:`backend_keys`)."""
-    auth = BackendKeys(keys) if keys else None
+def upstream_client(up: UpstreamSettings, headers: Mapping[str, Mapping[str, str]] | None = None) -> Upstream:
+    """The client the gateway forwards and probes through, as ``up.client`` says; ``headers``: each
+    backend's own (:func:`backend_headers`)."""
+    auth = BackendKeys(headers) if headers else None
     if up.client == "httpx":
         return UpstreamClients(
             max_connections=up.max_connections,

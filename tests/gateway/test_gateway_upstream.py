@@ -124,3 +124,32 @@ def test_a_backend_started_with_an_api_key_is_served_with_it_and_refused_without
             time.sleep(0.5)  # probes ran
             assert not admin(gw.url)["backends"][0]["healthy"]
             assert httpx.get(gw.url + "/ready", timeout=5).status_code == 503
+
+
+def test_each_backend_gets_its_own_headers_and_no_other_backends() -> None:
+    """A backend's key (its own, else ``upstream.api_key``) and its extra headers ride on every request
+    to it, matched by URL prefix; another backend's never leak to it, and the settings never print
+    them."""
+    from gateway.settings import GatewaySettings
+    from gateway.upstream import BackendKeys, backend_headers
+
+    s = GatewaySettings(
+        backends=[
+            {"url": "http://a:8000", "api_key": "ka", "headers": {"x-team": "t1"}},
+            {"url": "http://a:8000/v2"},
+            {"url": "http://b:8000"},
+        ],
+        upstream={"api_key": "shared"},
+    )
+    auth = BackendKeys(backend_headers(s))
+
+    def sent(url: str) -> httpx.Headers:
+        return next(auth.auth_flow(httpx.Request("GET", url))).headers
+
+    a = sent("http://a:8000/v1/models")
+    assert a["authorization"] == "Bearer ka" and a["x-team"] == "t1"
+    v2 = sent("http://a:8000/v2/metrics")  # the longer URL is the other backend
+    assert v2["authorization"] == "Bearer shared" and "x-team" not in v2
+    assert sent("http://b:8000/health")["authorization"] == "Bearer shared"
+    assert "authorization" not in sent("http://c:8000/health")
+    assert "ka" not in repr(s) and "t1" not in repr(s) and "shared" not in repr(s)
