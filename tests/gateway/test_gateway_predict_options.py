@@ -24,6 +24,7 @@ from predictor.factory import EmbedderOptions, GlobalOptions, LengthBucketOption
 
 
 def test_the_documented_json_variable_still_sets_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SAGEGATE_PREDICTOR", "semantic")  # (the default is global)
     monkeypatch.setenv("SAGEGATE_PREDICTOR_OPTIONS", '{"predict_budget_s": 1.5, "embed_quantize": "false"}')
     opts = GatewaySettings().predictor_options
     assert isinstance(opts, SemanticSettings)
@@ -64,7 +65,7 @@ def test_yaml_options_reach_the_factory_typed(tmp_path: Path) -> None:
 )
 def test_unknown_or_invalid_options_are_refused(options: dict[str, object], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
-        GatewaySettings(predictor_options=options)
+        GatewaySettings(predictor="semantic", predictor_options=options)
 
 
 def test_an_option_of_another_predictor_is_refused() -> None:
