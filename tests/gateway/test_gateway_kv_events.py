@@ -234,14 +234,18 @@ def test_a_message_over_the_limit_does_not_deafen_the_subscriber() -> None:
         f = KVEventFollower("b", source, KVEventsSettings(resync_s=0.0), 64 * BS)
         task = asyncio.ensure_future(f.run())
         try:
-            await asyncio.sleep(0.3)  # the subscription reaches the publisher
-            await pub.send(0, batch(stored([11, 12], None, TOKENS[:32])))
-            await until(lambda: f.last_seq == 0, "batch 0")
-            await pub.send(1, OVERSIZED)
+            seq = 0
+            while f.last_seq is None:  # valid batches until the subscription is up
+                await pub.send(seq, batch(stored([11, 12], None, TOKENS[:32])))
+                seq += 1
+                await asyncio.sleep(0.05)
+            await until(lambda: f.last_seq == seq - 1, "the batches sent")
+            await pub.send(seq, OVERSIZED)
             await until(lambda: f.counts.dropped.get("connection") == 1, "the broken connection noticed")
             assert f.state == "disconnected"
-            seq = 2
-            while f.last_seq is None or f.last_seq < 2:  # (sent until the new subscription is up)
+            stop = seq + 2
+            seq += 1
+            while f.last_seq is None or f.last_seq < stop:  # (sent until the new subscription is up)
                 await pub.send(seq, batch(stored([20 + seq], None, TOKENS[:16])))
                 seq += 1
                 await asyncio.sleep(0.05)
@@ -267,12 +271,18 @@ def test_a_publisher_that_restarts_on_the_same_port_is_followed_afresh() -> None
         f = KVEventFollower("b", source, KVEventsSettings(resync_s=0.0), 64 * BS)
         task = asyncio.ensure_future(f.run())
         try:
-            await asyncio.sleep(0.3)
-            for seq in range(3):
-                parent = 10 + seq if seq else None
-                await pub.send(seq, batch(stored([11 + seq], parent, TOKENS[16 * seq : 16 * seq + 16])))
-            for seq in range(3, 200):  # an engine that ran a while: its sequence is far from 0
+            seq = 0
+            while f.last_seq is None:  # empty batches until the subscription is up
                 await pub.send(seq, batch())
+                seq += 1
+                await asyncio.sleep(0.05)
+            for i in range(3):
+                parent = 10 + i if i else None
+                await pub.send(seq, batch(stored([11 + i], parent, TOKENS[16 * i : 16 * i + 16])))
+                seq += 1
+            while seq < 200:  # an engine that ran a while: its sequence is far from 0
+                await pub.send(seq, batch())
+                seq += 1
             await until(lambda: f.last_seq == 199 and f.index.match(KEYS) == 3, "the first engine's blocks")
             port = pub.port
             pub.close()
