@@ -6,8 +6,9 @@ events (none configured, none yet, a gap, stopped, a backend down or restarted).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -173,6 +174,17 @@ class HandPublisher:
         self.ctx.term()
 
 
+@contextlib.asynccontextmanager
+async def following(f: KVEventFollower) -> AsyncIterator[None]:
+    """``f`` subscribed and following (:meth:`KVEventFollower.run`) for the block."""
+    task = asyncio.ensure_future(f.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 async def until(cond: Any, what: str, timeout: float = 5.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -188,21 +200,19 @@ def test_the_follower_over_zmq_fills_a_gap_from_the_replay_socket() -> None:
             endpoint=f"tcp://127.0.0.1:{pub.port}", replay_endpoint=f"tcp://127.0.0.1:{pub.replay_port}"
         )
         f = KVEventFollower("b", source, KVEventsSettings(), 64 * BS)
-        task = asyncio.ensure_future(f.run())
         try:
-            await asyncio.sleep(0.3)  # the subscription reaches the publisher
-            await pub.send(0, batch(stored([11, 12], None, TOKENS[:32])))
-            await until(lambda: f.index.match(KEYS) == 2, "the first blocks")
-            await pub.send(1, batch(stored([13], 12, TOKENS[32:48])), lose=True)
-            await pub.send(2, batch(stored([14], 13, TOKENS[48:])))
-            await until(lambda: f.last_seq == 2, "batch 2")
-            assert f.counts.gaps == 1 and f.counts.replayed == 1 and f.precise
-            assert f.index.match(KEYS) == 4  # batch 1 came back through the replay socket
-            await pub.send(3, batch(removed([12])))
-            await until(lambda: f.index.match(KEYS) == 1, "the removal")
+            async with following(f):
+                await asyncio.sleep(0.3)  # the subscription reaches the publisher
+                await pub.send(0, batch(stored([11, 12], None, TOKENS[:32])))
+                await until(lambda: f.index.match(KEYS) == 2, "the first blocks")
+                await pub.send(1, batch(stored([13], 12, TOKENS[32:48])), lose=True)
+                await pub.send(2, batch(stored([14], 13, TOKENS[48:])))
+                await until(lambda: f.last_seq == 2, "batch 2")
+                assert f.counts.gaps == 1 and f.counts.replayed == 1 and f.precise
+                assert f.index.match(KEYS) == 4  # batch 1 came back through the replay socket
+                await pub.send(3, batch(removed([12])))
+                await until(lambda: f.index.match(KEYS) == 1, "the removal")
         finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
             pub.close()
 
     asyncio.run(scenario())
@@ -232,33 +242,31 @@ def test_a_message_over_the_limit_does_not_deafen_the_subscriber() -> None:
         pub = HandPublisher()
         source = BackendKVEvents(endpoint=f"tcp://127.0.0.1:{pub.port}")
         f = KVEventFollower("b", source, KVEventsSettings(resync_s=0.0), 64 * BS)
-        task = asyncio.ensure_future(f.run())
         try:
-            seq = 0
-            while f.last_seq is None:  # valid batches until the subscription is up
-                await pub.send(seq, batch(stored([11, 12], None, TOKENS[:32])))
+            async with following(f):
+                seq = 0
+                while f.last_seq is None:  # valid batches until the subscription is up
+                    await pub.send(seq, batch(stored([11, 12], None, TOKENS[:32])))
+                    seq += 1
+                    await asyncio.sleep(0.05)
+                await until(lambda: f.last_seq == seq - 1, "the batches sent")
+                await pub.send(seq, OVERSIZED)
+                await until(lambda: f.counts.dropped.get("connection") == 1, "the broken connection noticed")
+                assert f.state == "disconnected"
+                stop = seq + 2
                 seq += 1
-                await asyncio.sleep(0.05)
-            await until(lambda: f.last_seq == seq - 1, "the batches sent")
-            await pub.send(seq, OVERSIZED)
-            await until(lambda: f.counts.dropped.get("connection") == 1, "the broken connection noticed")
-            assert f.state == "disconnected"
-            stop = seq + 2
-            seq += 1
-            while f.last_seq is None or f.last_seq < stop:  # (sent until the new subscription is up)
-                await pub.send(seq, batch(stored([20 + seq], None, TOKENS[:16])))
-                seq += 1
-                await asyncio.sleep(0.05)
-            assert f.counts.gaps == 1 and f.precise  # rebuilt (resync_s 0) from what follows
-            before = f.counts.batches
-            for _ in range(5):
-                await pub.send(seq, batch(removed([20])))
-                seq += 1
-            await until(lambda: f.counts.batches == before + 5, "batches after the oversized one")
-            assert f.precise and f.counts.dropped["connection"] == 1
+                while f.last_seq is None or f.last_seq < stop:  # (sent until the new subscription is up)
+                    await pub.send(seq, batch(stored([20 + seq], None, TOKENS[:16])))
+                    seq += 1
+                    await asyncio.sleep(0.05)
+                assert f.counts.gaps == 1 and f.precise  # rebuilt (resync_s 0) from what follows
+                before = f.counts.batches
+                for _ in range(5):
+                    await pub.send(seq, batch(removed([20])))
+                    seq += 1
+                await until(lambda: f.counts.batches == before + 5, "batches after the oversized one")
+                assert f.precise and f.counts.dropped["connection"] == 1
         finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
             pub.close()
 
     asyncio.run(scenario())
@@ -269,8 +277,7 @@ def test_a_publisher_that_restarts_on_the_same_port_is_followed_afresh() -> None
         pub = HandPublisher()
         source = BackendKVEvents(endpoint=f"tcp://127.0.0.1:{pub.port}")
         f = KVEventFollower("b", source, KVEventsSettings(resync_s=0.0), 64 * BS)
-        task = asyncio.ensure_future(f.run())
-        try:
+        async with following(f):
             seq = 0
             while f.last_seq is None:  # empty batches until the subscription is up
                 await pub.send(seq, batch())
@@ -304,9 +311,6 @@ def test_a_publisher_that_restarts_on_the_same_port_is_followed_afresh() -> None
             finally:
                 sock.close(0)
                 again.term()
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
     asyncio.run(scenario())
 
