@@ -289,9 +289,9 @@ class GatewaySettings(BaseSettings):
     policy: str = "sagesched"
     """A policy spec from the registry, e.g. ``sagesched``, ``fcfs``, ``edf``, ``fastserve:levels=4``."""
     predictor: str = "global"
-    """``none`` (prompt length only), ``global`` (the default: the headroom map in RESULTS.md finds no
-    predictor, not even an oracle, worth 5% over it where the gateway uses a prediction),
-    ``length-bucket`` or ``semantic``."""
+    """``none`` (prompt length only), ``global`` (the default: on the headroom map in RESULTS.md no
+    other predictor beats it by more than 2% where the gateway uses a prediction, at a seventh of the
+    semantic one's CPU), ``length-bucket`` or ``semantic``."""
     redis_url: str | None = None
     """Shared prediction history (every predictor but ``none``; in-process when unset), and the
     shared admission ledger's Redis (``ledger.enabled``)."""
