@@ -74,7 +74,7 @@ def draw_single(draw: int, target: float) -> tuple[list[TraceRequest], float]:
     def build(scale: float) -> list[TraceRequest]:
         return azure_workload(MINUTES, scale, draw, quiet=True).requests
 
-    mix = [r for r in azure_workload(8.0, 4.0, draw + 1000, quiet=True).requests][:2000]
+    mix = azure_workload(8.0, 4.0, draw + 1000, quiet=True).requests[:2000]
     scale, cap = scale_for(build, target, mix, model=MODEL, gpu=GPU)
     work = build(scale)
     return work, utilisation(work, cap)

@@ -45,7 +45,7 @@ log = logging.getLogger("sagegate.gateway")
 class Resumer:
     """The pause and resume of one relayed stream (:class:`gateway.stream.SseResponse`)."""
 
-    __slots__ = ("key", "offset", "pausing", "sse", "transcript")
+    __slots__ = ("key", "pausing", "sse", "transcript")
 
     def __init__(self, sse: SseResponse, transcript: Transcript) -> None:
         self.sse = sse
@@ -53,8 +53,6 @@ class Resumer:
         self.pausing = False
         """Between a pause and the resumed try's first chunk."""
         self.key = str(sse.req.rid)
-        self.offset = 0
-        """Prompt tokens the current continuation holds beyond the client's prompt."""
 
     @property
     def request(self) -> GatewayRequest:
@@ -134,7 +132,6 @@ class Resumer:
         lc, req, t = sse.lc, sse.req, self.transcript
         t.read()  # what the client has been sent (an unfinished event is dropped: it comes again)
         req.body = t.continuation()
-        self.offset = self._prompt_offset()
         lc.pause(t.tokens)
         if exclude is not None:
             req.excluded.add(exclude)  # before the dispatch pass, which runs at the next iteration
@@ -154,7 +151,8 @@ class Resumer:
         b, resp, chunks, first = opened
         sse.backend, sse.upstream, sse.chunks = b, resp, chunks
         sse.scanner = sse.proxy.scanner(req)
-        t.resumed(self.offset, await self._client_prompt_tokens(b))
+        prompt = await self._client_prompt_tokens(b)
+        t.resumed(self._prompt_offset() if prompt is None else 0, prompt)  # the fallback only if needed
         self.pausing = False
         self.register()
         metrics.pauses.labels("resumed").inc()

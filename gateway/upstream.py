@@ -132,7 +132,7 @@ def no_cookies() -> http.cookiejar.CookieJar:
     return http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
 
 
-class BackendKeys(httpx.Auth):
+class BackendHeaders(httpx.Auth):
     """Each backend's own headers (its key, vLLM's ``--api-key``, as ``Authorization: Bearer``, and any
     others it names) on every request to it: generation, probes, scrapes, ``/tokenize``. A request's
     URL is matched to the backend whose URL starts it (the longest such)."""
@@ -167,7 +167,7 @@ def backend_headers(settings: GatewaySettings) -> dict[str, dict[str, str]]:
 def upstream_client(up: UpstreamSettings, headers: Mapping[str, Mapping[str, str]] | None = None) -> Upstream:
     """The client the gateway forwards and probes through, as ``up.client`` says; ``headers``: each
     backend's own (:func:`backend_headers`)."""
-    auth = BackendKeys(headers) if headers else None
+    auth = BackendHeaders(headers) if headers else None
     if up.client == "httpx":
         return UpstreamClients(
             max_connections=up.max_connections,

@@ -131,7 +131,7 @@ def test_each_backend_gets_its_own_headers_and_no_other_backends() -> None:
     to it, matched by URL prefix; another backend's never leak to it, and the settings never print
     them."""
     from gateway.settings import GatewaySettings
-    from gateway.upstream import BackendKeys, backend_headers
+    from gateway.upstream import BackendHeaders, backend_headers
 
     s = GatewaySettings(
         backends=[
@@ -141,7 +141,7 @@ def test_each_backend_gets_its_own_headers_and_no_other_backends() -> None:
         ],
         upstream={"api_key": "shared"},
     )
-    auth = BackendKeys(backend_headers(s))
+    auth = BackendHeaders(backend_headers(s))
 
     def sent(url: str) -> httpx.Headers:
         return next(auth.auth_flow(httpx.Request("GET", url))).headers
