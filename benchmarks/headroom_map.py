@@ -52,8 +52,20 @@ MINUTES = 0.75
 MAX_WAIT_S = 60.0
 """The live gateway's queue timeout (the demo's backends run at 1× real time)."""
 SLO = Slo(ttft_s=2.0, tpot_s=0.1)
-PREDICTORS = ("oracle", "noisy-20", "noisy-50", "semantic", "length-bucket", "global", "none")
-LEVERS = ("base", "engine_rank")
+PREDICTORS = ("oracle", "noisy-20", "noisy-50", "semantic", "prefix", "length-bucket", "global", "none")
+LEVERS: dict[str, dict[str, Any]] = {
+    "base": {},
+    "engine_rank": {"engine_rank": True},
+    "charge_q70": {"admission": {"quantile": 0.7}},
+    "charge_q90": {"admission": {"quantile": 0.9}},
+    "hold_deeper": {"admission": {"max_waiting_tokens": 2048}},
+    "hold_shallower": {"admission": {"max_waiting_tokens": 32768}},
+}
+"""Each lever's settings over the gateway's defaults. ``charge_q*``: the admission charge from that
+quantile of the prediction (default the median); ``hold_*``: the prompt tokens a backend may have
+waiting before the gateway holds the next request (default 8,192): fewer holds more at the gateway,
+where the prediction orders it, more lets the engines batch."""
+DEFAULT_LEVERS = ("base", "engine_rank")
 WORKLOADS = ("chat", "single", "shared")
 LOADS = (0.8, 1.2, 1.7)
 METRICS = ("ttlt_mean", "ttlt_p50", "ttlt_p99", "ttft_p50")
@@ -164,7 +176,7 @@ def run_cell(
                     seed=draw,
                     max_wait_s=MAX_WAIT_S,
                     predictor_override=override,
-                    engine_rank=lever == "engine_rank",
+                    **LEVERS[lever],
                 )
                 cell["rows"].setdefault(f"{pred}|{lever}", []).append(figures(res.records))
         print(
@@ -194,18 +206,20 @@ def render(cell: dict[str, Any]) -> list[str]:
         f"capacity; round robin's mean TTLT {np.mean([r['ttlt_mean'] for r in rr]):.1f} s)",
         "",
         "| predictor | lever | TTLT mean ÷ rr | p50 ÷ rr | p99 ÷ rr | TTFT p50 ÷ rr | goodput ÷ rr | preemptions "
-        "| mean TTLT ÷ global |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| mean TTLT ÷ global | ÷ base |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for key, rows in cell["rows"].items():
         pred, lever = key.split("|")
         ref = cell["rows"].get(f"global|{lever}")
         vs_global = _cell_text(_ratio(rows, ref, "ttlt_mean")) if ref else "–"
+        own = cell["rows"].get(f"{pred}|base")
+        vs_base = _cell_text(_ratio(rows, own, "ttlt_mean")) if own and lever != "base" else "–"
         lines.append(
             f"| {pred} | {lever} | "
             + " | ".join(_cell_text(_ratio(rows, rr, k)) for k in METRICS)
             + f" | {_cell_text(_ratio(rows, rr, 'goodput'))} | {np.mean([r['preemptions'] for r in rows]):.0f} "
-            f"| {vs_global} |"
+            f"| {vs_global} | {vs_base} |"
         )
     return [*lines, ""]
 
@@ -216,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loads", default=",".join(f"{x:g}" for x in LOADS))
     ap.add_argument("--draws", type=int, default=6)
     ap.add_argument("--predictors", default=",".join(PREDICTORS))
-    ap.add_argument("--levers", default=",".join(LEVERS))
+    ap.add_argument("--levers", default=",".join(DEFAULT_LEVERS), help=f"of {', '.join(LEVERS)}")
     ap.add_argument("--out", default="out/headroom")
     a = ap.parse_args(argv)
     out = Path(a.out)

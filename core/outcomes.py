@@ -101,6 +101,7 @@ class PredictionPath(StrEnum):
     SEMANTIC = "semantic"
     BUCKET = "bucket"
     GLOBAL = "global"
+    PREFIX = "prefix"
     COLD = "cold"
     LENGTH_BUCKET = "length-bucket"
 

@@ -25,17 +25,48 @@ _CAPS = ("max_tokens", "max_completion_tokens")
 _FINISHED, _FINISHED_SPACED = b'"finish_reason":"', b'"finish_reason": "'
 
 
-def pausable(route: str, body: dict[str, Any]) -> bool:
-    """Whether a request can be continued from its text: one choice; a completion of one text prompt
-    without ``echo`` (token-id prompts and echoed prompts cannot be extended by text)."""
+_CONSTRAINED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
+"""vLLM's constrained-decoding fields: a continuation would restart the grammar at its start."""
+
+
+def unresumable(route: str, body: dict[str, Any]) -> str | None:
+    """Why a request cannot be continued from its text faithfully (None: it can). The continuation
+    carries text only, so a resumed answer must be one a single backend could have sent: one choice;
+    a completion of one text prompt without ``echo`` (token ids and echoed prompts cannot be
+    extended by text); no tools (a tool call in progress is held back by the engine's parser, not
+    sent as text), no logprobs or token ids (the resumed prompt is tokenized anew), no constrained
+    output (its grammar would start again)."""
     if body.get("n") not in (None, 1) or body.get("best_of") not in (None, 1):
-        return False
+        return "several choices (n > 1)"
+    if body.get("tools") and body.get("tool_choice") != "none":
+        return "tools"
+    logprobs = body.get("logprobs")
+    if (
+        (logprobs is not None and logprobs is not False)
+        or body.get("top_logprobs")
+        or body.get("prompt_logprobs")
+    ):
+        return "logprobs"
+    if body.get("return_token_ids") or body.get("return_tokens_as_token_ids"):
+        return "token ids"
+    fmt = body.get("response_format")
+    if (isinstance(fmt, dict) and fmt.get("type") not in (None, "text")) or any(
+        body.get(k) for k in _CONSTRAINED
+    ):
+        return "constrained output"
     if route == Route.CHAT:
-        return isinstance(body.get("messages"), list) and bool(body["messages"])
+        return None if isinstance(body.get("messages"), list) and body["messages"] else "no messages"
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
-    return isinstance(prompt, str) and not body.get("echo")
+    if not isinstance(prompt, str):
+        return "a token-id prompt"
+    return "echo" if body.get("echo") else None
+
+
+def pausable(route: str, body: dict[str, Any]) -> bool:
+    """Whether a request can be continued from its text (:func:`unresumable` says why not)."""
+    return unresumable(route, body) is None
 
 
 def _events(data: bytes) -> list[bytes]:
@@ -83,6 +114,9 @@ class Transcript:
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
         """The final usage as the client sees it (the original prompt, every token)."""
+        self.uncarried: str | None = None
+        """What the client was sent that a continuation cannot carry (reasoning, a tool call,
+        logprobs): None while the text is all of it."""
         self._unread: list[bytes] = []
         self._unread_bytes = 0
 
@@ -115,6 +149,12 @@ class Transcript:
                 out.append(_sse(obj))
         return b"".join(out)
 
+    def carried(self) -> bool:
+        """Whether everything the client has been sent can be carried to another try (reads the
+        first try's events so far): when not, the request must not be resumed (:attr:`uncarried`)."""
+        self.read()
+        return self.uncarried is None
+
     def read(self) -> None:
         """Take in the first try's events sent so far (at a pause: its text and token count)."""
         for data in self._unread:
@@ -135,8 +175,14 @@ class Transcript:
         choice = choices[0]
         if choice.get("finish_reason") is not None:
             self.finish_reason = choice["finish_reason"]
+        if choice.get("logprobs"):
+            self.uncarried = self.uncarried or "logprobs"
         if self.chat:
             delta = choice.get("delta") or {}
+            if delta.get("tool_calls"):
+                self.uncarried = self.uncarried or "a tool call"
+            if delta.get("reasoning_content") or delta.get("reasoning"):
+                self.uncarried = self.uncarried or "reasoning"
             piece = delta.get("content")
             if not piece and not delta.get("tool_calls") and choice.get("finish_reason") is None:
                 return "role" not in delta  # the opening role chunk

@@ -82,6 +82,7 @@ class Resumer:
             or sse.aborted is not None
             or sse.scanner.done
             or self.transcript.finished
+            or not self.transcript.carried()
         ):
             return PauseVerdict.NOT_PAUSABLE
         if sse.req.pauses >= sse.proxy.settings.pause.max_pauses:
@@ -105,6 +106,7 @@ class Resumer:
             and sse.aborted is None
             and not sse.proxy.closing
             and not self.transcript.finished
+            and self.transcript.carried()
             and req.pauses < sse.proxy.settings.pause.max_pauses
             and sse.proxy.pool.can_serve(req.model, () if req.backend is None else (req.backend,))
         )

@@ -16,6 +16,7 @@ from predictor.factory import (
     EmbedderOptions,
     GlobalOptions,
     LengthBucketOptions,
+    PrefixOptions,
     SemanticOptions,
 )
 
@@ -28,6 +29,7 @@ DEFAULT_BUDGET_S = 0.05
 _SEMANTIC = SemanticOptions()
 _GLOBAL = GlobalOptions()
 _BUCKET = LengthBucketOptions()
+_PREFIX = PrefixOptions()
 
 
 class _Options(BaseModel):
@@ -62,6 +64,41 @@ class GlobalSettings(_Options):
             self.window,
             self.max_points,
             self.min_samples,
+            self.refresh_every,
+            redis_url=redis_url,
+            redis_prefix=self.redis_prefix,
+        )
+
+
+class PrefixSettings(_Options):
+    """``predictor: prefix``: output-length history per prompt prefix (the task a system prompt or a
+    conversation's opening names), shrunk toward the global histogram (``predictor.prefix_key``)."""
+
+    predictor: Literal["prefix"] = "prefix"
+    key_chars: int = Field(default=_PREFIX.key_chars, ge=1)
+    """Characters of the prompt's start that name its task (a chat's system and first user turns)."""
+    per_key: int = Field(default=_PREFIX.per_key, ge=1)
+    """Outcomes remembered per key."""
+    shrink: float = Field(default=_PREFIX.shrink, ge=0.0)
+    """Pseudo-count of the global histogram in a key's prediction: after n outcomes the key weighs
+    n / (n + shrink)."""
+    max_keys: int = Field(default=_PREFIX.max_keys, ge=1)
+    """Keys remembered (least recently seen out first; ~1 KB each)."""
+    window: int = Field(default=_PREFIX.window, ge=1)
+    """Outputs in the global histogram."""
+    max_points: int = Field(default=_PREFIX.max_points, ge=1)
+    refresh_every: int = Field(default=_PREFIX.refresh_every, ge=1)
+    redis_prefix: str = HISTORY_PREFIX
+    """Key prefix of the shared history (``redis_url``): the stream is ``{prefix}:prefix``."""
+
+    def factory_options(self, redis_url: str | None = None) -> PrefixOptions:
+        return PrefixOptions(
+            self.key_chars,
+            self.per_key,
+            self.shrink,
+            self.max_keys,
+            self.window,
+            self.max_points,
             self.refresh_every,
             redis_url=redis_url,
             redis_prefix=self.redis_prefix,
@@ -180,7 +217,9 @@ class SemanticSettings(_Options):
         )
 
 
-AnyPredictorSettings = NoPredictorSettings | GlobalSettings | LengthBucketSettings | SemanticSettings
+AnyPredictorSettings = (
+    NoPredictorSettings | GlobalSettings | PrefixSettings | LengthBucketSettings | SemanticSettings
+)
 PredictorSettings = Annotated[AnyPredictorSettings, Field(discriminator="predictor")]
 """``predictor_options``: the options of the predictor ``predictor`` names, one model per predictor
 (:class:`GatewaySettings` tells them apart by its ``predictor`` field)."""

@@ -222,6 +222,9 @@ class SseResponse(Response):
         elif broke and self.resumer is not None and self.resumer.recoverable():
             await self.resumer.recover()
         else:
+            kept = self.resumer.transcript.uncarried if broke and self.resumer is not None else None
+            if kept is not None:
+                why = f"the backend failed mid-stream; a response with {kept} cannot be resumed elsewhere"
             self._end(b"", outcome, why)
 
     def _end(self, data: bytes, outcome: Outcome, why: str = "", event: bytes | None = None) -> None:

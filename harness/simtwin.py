@@ -72,6 +72,7 @@ def simulate_run(
     placement: str | None = None,
     engine_rank: bool = False,
     predictor_override: LengthPredictor | None = None,
+    admission: Mapping[str, Any] | None = None,
 ) -> SimResult:
     """``policy`` at the gateway (None: vLLM alone, round robin) in the simulator, with the live
     gateway's admission settings, its queue limits (``max_wait_s`` in engine seconds; None: no
@@ -81,7 +82,8 @@ def simulate_run(
     ``predictor_options`` (default its defaults). ``placement``: the gateway's ``placement.mode``
     (None: its default). ``engine_rank``: the gateway's ``upstream.rank_priority`` to engines in vLLM's
     priority mode. ``predictor_override``: a predictor built by the caller (an oracle handed the
-    answer key) in place of ``predictor``."""
+    answer key) in place of ``predictor``. ``admission``: the gateway's ``admission`` settings given
+    (the rest its defaults)."""
     from gateway.settings import AdmissionSettings, PauseSettings, PlacementSettings, QueueSettings
     from policies.registry import parse_policy
     from predictor.semantic_face import SemanticLengthPredictor
@@ -102,7 +104,8 @@ def simulate_run(
             level="gateway",
             policy=parse_policy(policy, _aged_bound(q.aged_share, max_wait_s)),
             predictor=pred,
-            admission=AdmissionSettings().config(),  # the live gateway's admission, backlog included
+            # the live gateway's admission, backlog included
+            admission=AdmissionSettings.model_validate(admission or {}).config(),
             queue_limits=QueueLimits(q.max_requests, q.max_tokens, max_wait_s if max_wait_s else 1e18),
             pause=PauseSettings.model_validate({"enabled": pause, **(pause_options or {})}).config(),
             placement=placement or PlacementSettings().mode,

@@ -70,6 +70,23 @@ class LengthBucketOptions:
     redis_prefix: str = HISTORY_PREFIX
 
 
+@dataclass(frozen=True, slots=True)
+class PrefixOptions:
+    """The ``prefix`` predictor (:mod:`predictor.prefix_key`). ``redis_url``: learn from every
+    replica's completions too (:mod:`predictor.shared_history`)."""
+
+    key_chars: int = 1024
+    per_key: int = 64
+    shrink: float = 4.0
+    max_keys: int = 20000
+    window: int = 2000
+    max_points: int = 32
+    refresh_every: int = 32
+    prior: LengthDistribution | None = None
+    redis_url: str | None = None
+    redis_prefix: str = HISTORY_PREFIX
+
+
 EMBED_RUNTIMES = ("onnx", "torch")
 ONNX_MISSING = ("export", "torch", "error")
 
@@ -116,12 +133,13 @@ class SemanticOptions:
     budget_s: float | None = None
 
 
-PredictorOptions = NoisyOracleOptions | GlobalOptions | LengthBucketOptions | SemanticOptions
+PredictorOptions = NoisyOracleOptions | GlobalOptions | PrefixOptions | LengthBucketOptions | SemanticOptions
 
 OPTIONS: dict[str, type[PredictorOptions] | None] = {
     "oracle": None,
     "noisy-oracle": NoisyOracleOptions,
     "global": GlobalOptions,
+    "prefix": PrefixOptions,
     "length-bucket": LengthBucketOptions,
     "semantic": SemanticOptions,
 }
@@ -164,6 +182,21 @@ def make_predictor(
             g.window, g.max_points, g.prior, min_samples=g.min_samples, refresh_every=g.refresh_every
         )
         return shared(inline, g.redis_url, g.redis_prefix)
+    if name == "prefix":
+        from predictor.prefix_key import PrefixKeyPredictor
+
+        k = options if isinstance(options, PrefixOptions) else PrefixOptions()
+        keyed = PrefixKeyPredictor(
+            k.key_chars,
+            k.per_key,
+            k.shrink,
+            k.max_keys,
+            window=k.window,
+            max_points=k.max_points,
+            prior=k.prior,
+            refresh_every=k.refresh_every,
+        )
+        return shared(keyed, k.redis_url, k.redis_prefix)
     if name == "length-bucket":
         b = options if isinstance(options, LengthBucketOptions) else LengthBucketOptions()
         bucketed = LengthBucketPredictor(

@@ -20,6 +20,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -31,6 +32,17 @@ from predictor.history import Completion, HistoryStore, StoreStats, wall_clock
 log = logging.getLogger(__name__)
 
 NO_EMBEDDING = np.zeros(0, dtype=np.float32)
+NO_TERMS = np.zeros(0, dtype=np.uint32)
+
+
+@runtime_checkable
+class KeyedHistory(Protocol):
+    """A baseline that learns under a key of the prompt (``prefix``): its records carry the key as
+    their terms, so every replica learns under it too (never the prompt)."""
+
+    def record_terms(self, req: PredictionQuery) -> np.ndarray: ...
+
+    def learn_terms(self, terms: np.ndarray, output_tokens: int) -> None: ...
 
 
 class SharedHistory(InlinePredictor):
@@ -81,6 +93,7 @@ class SharedHistory(InlinePredictor):
                 output_tokens=output_tokens,
                 ts=self.clock(),
                 tenant=req.tenant,
+                terms=self.inner.record_terms(req) if isinstance(self.inner, KeyedHistory) else NO_TERMS,
             )
         )
 
@@ -91,4 +104,6 @@ class SharedHistory(InlinePredictor):
                     rid=0, prompt_tokens=rec.prompt_tokens, tenant=rec.tenant, model=rec.model or None
                 )
                 self.inner.observe_inline(query, rec.output_tokens)
+                if isinstance(self.inner, KeyedHistory):
+                    self.inner.learn_terms(rec.terms, rec.output_tokens)
             self.received += len(records)

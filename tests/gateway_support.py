@@ -141,18 +141,20 @@ class FakeState:
     poison: str | None = None
     """A request whose body holds this text is answered 500 (a poison input), with ``poison_type``."""
     poison_type: str = "InternalServerError"
+    first_delta: dict[str, Any] = field(default_factory=dict)
+    """Merged into the first streamed chunk's delta (reasoning, a tool call: what text cannot carry)."""
     requests: int = 0
     completed: int = 0
     disconnects: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _chunk(i: int, model: str) -> bytes:
+def _chunk(i: int, model: str, extra: dict[str, Any] | None = None) -> bytes:
     obj = {
         "id": "c",
         "object": "chat.completion.chunk",
         "model": model,
-        "choices": [{"index": 0, "delta": {"content": f" t{i}"}, "finish_reason": None}],
+        "choices": [{"index": 0, "delta": {"content": f" t{i}", **(extra or {})}, "finish_reason": None}],
     }
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
@@ -222,7 +224,7 @@ class FakeBackend:
                     raise RuntimeError("backend died mid-stream")
                 if s.delay_s:
                     await asyncio.sleep(s.delay_s)
-                yield _chunk(i, s.model)
+                yield _chunk(i, s.model, s.first_delta if i == 0 else None)
             opts = body.get("stream_options") or {}
             if opts.get("include_usage"):
                 usage = {"prompt_tokens": 3, "completion_tokens": s.tokens, "total_tokens": 3 + s.tokens}

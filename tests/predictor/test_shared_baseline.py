@@ -92,6 +92,40 @@ def test_length_buckets_travel_with_their_prompt_lengths(redis_url: str, redis_p
         asyncio.run(b.close())
 
 
+def test_prompt_prefixes_travel_as_keys_never_as_text(redis_url: str, redis_prefix: str) -> None:
+    """``prefix``: a replica learns another's outcomes under the key of the prompt's start; the
+    record carries that digest, not the prompt."""
+    import redis
+
+    a = replica("prefix", redis_url, redis_prefix)
+    b = replica("prefix", redis_url, redis_prefix)
+    task_long, task_short = "system: write a long report. " * 50, "system: answer yes or no. " * 50
+
+    async def learn() -> None:
+        for i in range(20):
+            await a.observe(PredictionQuery(i, 100, task_long + f"q{i}", model="m"), 900)
+            await a.observe(PredictionQuery(i, 100, task_short + f"q{i}", model="m"), 3)
+
+    def mean_for(p: LengthPredictor, prompt: str) -> float:
+        got = asyncio.run(p.predict(PredictionQuery(99, 100, prompt, model="m"))).distribution
+        assert got is not None
+        return got.mean
+
+    try:
+        asyncio.run(learn())
+        assert wait_for(lambda: b.received == 40), b.received
+        assert mean_for(b, task_long + "new") > 700
+        assert mean_for(b, task_short + "new") < 200
+        assert mean_for(b, "an unrelated prompt") == pytest.approx((900 + 3) / 2, rel=0.07)
+        r = redis.Redis.from_url(redis_url)
+        raw = b"".join(v for _, fields in r.xrange(f"{redis_prefix}:prefix:stream") for v in fields.values())
+        r.close()
+        assert b"report" not in raw and b"yes or no" not in raw
+    finally:
+        asyncio.run(a.close())
+        asyncio.run(b.close())
+
+
 def test_baseline_and_semantic_streams_stay_apart(redis_url: str, redis_prefix: str) -> None:
     """A baseline's records carry no embedding; a semantic store skips them, and a baseline store
     skips a semantic record, so neither breaks the other under one prefix by mistake."""
