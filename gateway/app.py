@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 from core.outcomes import Reason
 from core.predictor import LengthPredictor
 from gateway import errors
+from gateway.access_log import REQUEST_ID_HEADER, access_fields
 from gateway.admin import MAX_LIMIT, queue_snapshot
 from gateway.backends import BackendPool
 from gateway.clock import fleet_clock
@@ -201,7 +202,23 @@ def create_app(
     async def _gateway_error(request: Request, exc: GatewayError) -> Response:
         if exc.status >= 400:
             gw.metrics.requests.labels(_route(request), str(exc.status)).inc()
-        return exc.response()
+        return _identified(request, exc)
+
+    def _identified(request: Request, exc: GatewayError) -> Response:
+        """A refusal with its request's id, and its access-log line (a generation request's)."""
+        response = exc.response()
+        rid = getattr(request.state, "request_id", None)
+        if rid is None:
+            return response
+        response.headers[REQUEST_ID_HEADER] = rid
+        req = getattr(request.state, "gateway_request", None)
+        why = str(exc.reason or exc.status)
+        fields: dict[str, object] = {"id": rid, "route": _route(request), "status": exc.status}
+        fields["outcome"] = why
+        if req is not None:
+            fields = {**access_fields(req, exc.status, why, gw.dispatcher.clock()), **fields}
+        gw.proxy.access.write(fields)
+        return response
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
@@ -221,9 +238,9 @@ def create_app(
     @app.exception_handler(Exception)
     async def _crash(request: Request, exc: Exception) -> Response:
         log.exception("internal error")
-        return GatewayError(
-            500, "internal error", type="internal_error", reason=Reason.INTERNAL_ERROR
-        ).response()
+        return _identified(
+            request, GatewayError(500, "internal error", type="internal_error", reason=Reason.INTERNAL_ERROR)
+        )
 
     @app.post("/v1/chat/completions", openapi_extra=_body_doc("ChatCompletionRequest"), responses=_RESPONSES)
     async def chat_completions(request: Request) -> Response:

@@ -23,6 +23,7 @@ from core.outcomes import CancelStage, LateOutcome, Outcome, PredictionPath, Rea
 from core.predictor import Asked, LengthPredictor, Prediction
 from core.request import PredictionQuery
 from gateway import errors
+from gateway.access_log import access_fields, request_id
 from gateway.backends import BackendPool
 from gateway.blame import RetryBudget, Verdicts
 from gateway.disconnect import DisconnectGuard
@@ -83,6 +84,7 @@ class Director:
     async def handle(self, request: Request, route: Route) -> Response:
         """Answer one ``POST`` to a generation route; raises :class:`GatewayError` for the gateway's
         own refusals (the app turns them into responses)."""
+        request.state.request_id = request_id(request.headers)
         self.refuse_if_draining()
         try:
             client = await self.receive(request, route)
@@ -98,7 +100,9 @@ class Director:
             locality = self.dispatcher.locality
             chat = client.route is Route.CHAT
             exact = await locality.exact_keys(client.body, chat) if locality is not None else None
-            lc = self.enqueue(self.describe(client, who, asked, arrival, session, exact))
+            req = self.describe(client, who, asked, arrival, session, exact, request.state.request_id)
+            request.state.gateway_request = req
+            lc = self.enqueue(req)
             self.follow_late_prediction(lc, asked.prediction)
             return await self.serve(lc, asked)
         return self.client_gone(route)
@@ -171,6 +175,7 @@ class Director:
         arrival: float,
         session: str | None = None,
         exact: ExactKeys | None = None,
+        request_id: str = "",
     ) -> GatewayRequest:
         """The request as the policy and the dispatcher see it (its prompt blocks keyed for placement)."""
         rid = asked.query.rid
@@ -193,6 +198,7 @@ class Director:
             stream=client.stream,
             want_usage=client.want_usage,
             max_tokens=max_tokens,
+            request_id=request_id,
         )
         locality = self.dispatcher.locality
         if locality is not None:
@@ -255,6 +261,7 @@ class Director:
             stage = lc.cancel()
             if stage is not None and not self.closing:
                 self.metrics.cancellations.labels(stage).inc()
+                self.proxy.access.write(access_fields(lc.req, 499, Outcome.CLIENT_GONE, self.clock()))
             if self.closing and task is not None and task.cancelling():
                 task.uncancel()  # cancelled by close_all, not by the client
                 self.metrics.rejected(Reason.DRAINING)

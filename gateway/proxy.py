@@ -23,6 +23,7 @@ from starlette.responses import Response
 
 from core.outcomes import Outcome
 from core.predictor import Asked
+from gateway.access_log import REQUEST_ID_HEADER, AccessLog, access_fields, upstream_id
 from gateway.backends import Backend, BackendPool
 from gateway.blame import MAX_ERROR_BYTES, Suspect, error_object
 from gateway.continuation import Transcript, pausable
@@ -81,6 +82,7 @@ class Proxy:
         self.timeout = httpx.Timeout(
             connect=up.connect_timeout_s, read=up.read_timeout_s, write=up.read_timeout_s, pool=None
         )
+        self.access = AccessLog(settings.access_log)
         self.closing = False
         """Set by ``Director.close_all``: the gateway is ending what is still running."""
         self.streams: set[SseResponse] = set()
@@ -204,7 +206,7 @@ class Proxy:
             lc.computed()
             output = self.plausible(lc.req, b, _completion_tokens(body))
             self.pool.request_succeeded(b)
-        self.settle(lc, asked, Outcome.OK if status == 200 else Outcome.CLIENT_ERROR, output)
+        self.settle(lc, asked, Outcome.OK if status == 200 else Outcome.CLIENT_ERROR, output, status)
         headers = {
             "content-type": resp.headers.get("content-type", "application/json"),
             **answer_headers(lc.req, b),
@@ -233,7 +235,10 @@ class Proxy:
             "POST",
             b.url + PATHS[req.route],
             content=json.dumps(body, separators=(",", ":")).encode(),
-            headers={"content-type": "application/json"},
+            headers={
+                "content-type": "application/json",
+                REQUEST_ID_HEADER: upstream_id(req.request_id, req.attempt + req.pauses),
+            },
             timeout=self.timeout,
         )
 
@@ -244,6 +249,7 @@ class Proxy:
         now = self.dispatcher.clock()
         b.answered_at = now
         if first_token:
+            lc.req.t_first = now
             self.metrics.first_token(now - lc.req.arrival_s)
 
     # --- the end of a request the backend answered -----------------------------------------------
@@ -258,11 +264,16 @@ class Proxy:
             log.warning("backend %s reported implausible usage %r (cap %d); not recorded", b.name, usage, cap)
         return value
 
-    def settle(self, lc: Lifecycle, asked: Asked, outcome: Outcome, output: int | None) -> None:
-        """End the request (its reservation released); on success, teach the predictor the true length."""
-        lc.finish(outcome)
+    def settle(
+        self, lc: Lifecycle, asked: Asked, outcome: Outcome, output: int | None, status: int = 200
+    ) -> None:
+        """End the request (its reservation released) and write its access-log line; on success,
+        teach the predictor the true length. ``status``: what the client was answered."""
         req = lc.req
+        b = self.pool.backends[req.backend].name if req.backend is not None else None
+        lc.finish(outcome)
         self.metrics.requests.labels(req.route, outcome).inc()
+        self.access.write(access_fields(req, status, outcome, self.dispatcher.clock(), b, output))
         if outcome is Outcome.OK and output is not None:
             self.metrics.outcome(req.prediction, output, self.dispatcher.clock() - req.arrival_s)
             self.recorder.record(asked, output)

@@ -52,12 +52,14 @@ class GatewayRequest(SchedRequest):
         "prefix_hits",
         "prefix_keys",
         "prompt",
+        "request_id",
         "resumed_from",
         "route",
         "session",
         "stream",
         "t_dispatch",
         "t_enqueue",
+        "t_first",
         "want_usage",
     )
 
@@ -79,6 +81,7 @@ class GatewayRequest(SchedRequest):
         stream: bool = False,
         want_usage: bool = False,
         max_tokens: int | None = None,
+        request_id: str = "",
     ) -> None:
         super().__init__(
             rid, arrival_s, prompt_tokens, tenant=tenant, priority=priority, deadline_s=deadline_s,
@@ -104,6 +107,10 @@ class GatewayRequest(SchedRequest):
         self.future: asyncio.Future[int] | None = None
         self.t_enqueue = arrival_s
         self.t_dispatch: float | None = None
+        self.t_first: float | None = None
+        """When the client's first token left (its first try's first byte)."""
+        self.request_id = request_id or str(rid)
+        """The client's id for it (``gateway.access_log``): answers, upstream tries and the access log."""
         self.pauses = 0
         """Times the gateway paused it (``gateway.resume``)."""
         self.resumed_from = 0

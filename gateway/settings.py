@@ -18,6 +18,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from gateway.access_log import AccessLogFormat
 from gateway.settings_kv_events import BackendKVEvents, KVEventsSettings
 from gateway.settings_limits import LimitSettings
 from gateway.settings_predictor import (
@@ -331,6 +332,12 @@ class GatewaySettings(BaseSettings):
     cors_origins: list[str] = Field(default_factory=list)
     """Origins browsers may call the gateway from (``["*"]`` for any); empty: no CORS headers."""
     log_prompts: bool = False
+    """Log each prompt (at INFO, apart from the access log, which never holds one)."""
+    access_log: AccessLogFormat = "text"
+    """One line per generation request on the ``sagegate.access`` logger (``gateway.access_log``):
+    its id, tenant, model, backend, status and outcome, tokens (prompt, predicted cached, output,
+    predicted), queue wait, TTFT and TTLT from its arrival, retries and resumes. ``json`` for one
+    object a line, ``off`` for none."""
     drain_timeout_s: float = Field(default=30.0, ge=0.0)
     """On SIGTERM, how long in-flight and queued requests may take to finish. Then the gateway ends
     what is left itself (streams with an SSE error event, the rest with ``503``)."""

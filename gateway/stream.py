@@ -17,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 from core.outcomes import CancelStage, Outcome, Reason
 from core.predictor import Asked
 from gateway import errors
+from gateway.access_log import REQUEST_ID_HEADER as CLIENT_ID_HEADER
 from gateway.backends import Backend
 from gateway.client_guard import CLIENT_ABORT
 from gateway.continuation import Transcript, assemble
@@ -33,6 +34,7 @@ log = logging.getLogger("sagegate.gateway")
 
 BACKEND_HEADER = "x-sagegate-backend"
 REQUEST_ID_HEADER = "x-sagegate-request-id"
+"""The gateway's own number for a request (what ``/admin/requests/{id}/pause`` takes)."""
 """The gateway's id of the request (what ``POST /admin/requests/{id}/pause`` takes)."""
 PREDICTED_HEADER = "x-sagegate-predicted-tokens"
 PREFIX_HIT_HEADER = "x-sagegate-prefix-hit"
@@ -307,7 +309,7 @@ class _ClientTooSlow(Exception):
 
 def answer_headers(req: GatewayRequest, b: Backend) -> dict[str, str]:
     """Response headers telling the client where its request went and what was predicted."""
-    out = {BACKEND_HEADER: b.name, REQUEST_ID_HEADER: str(req.rid)}
+    out = {BACKEND_HEADER: b.name, REQUEST_ID_HEADER: str(req.rid), CLIENT_ID_HEADER: req.request_id}
     if req.prediction is not None:
         out[PREDICTED_HEADER] = str(round(req.prediction.mean))
     if req.prefix_hits is not None:

@@ -147,6 +147,7 @@ class FakeState:
     completed: int = 0
     disconnects: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
 
 
 def _chunk(i: int, model: str, extra: dict[str, Any] | None = None) -> bytes:
@@ -193,6 +194,7 @@ class FakeBackend:
         body = await request.json()
         s.requests += 1
         s.bodies.append(body)
+        s.headers.append(dict(request.headers))
         if s.mode == "fail500":
             return JSONResponse({"error": {"message": "boom"}}, status_code=500)
         if s.poison is not None and s.poison in json.dumps(body):
