@@ -289,10 +289,12 @@ class GatewaySettings(BaseSettings):
     backends: list[BackendSettings] = Field(default_factory=list)
     policy: str = "sagesched"
     """A policy spec from the registry, e.g. ``sagesched``, ``fcfs``, ``edf``, ``fastserve:levels=4``."""
-    predictor: str = "global"
-    """``none`` (prompt length only), ``global`` (the default: on the headroom map in RESULTS.md no
-    other predictor beats it by more than 2% where the gateway uses a prediction, at a seventh of the
-    semantic one's CPU), ``length-bucket`` or ``semantic``."""
+    predictor: str = "prefix"
+    """``prefix`` (the default: outcomes per prompt prefix shrunk toward the global histogram; on
+    the headroom map in RESULTS.md never worse than ``global`` on average in any cell, better where
+    output length follows the task a system prompt names), ``global`` (one histogram), ``none``
+    (prompt length only), ``length-bucket`` or ``semantic`` (similar past prompts: no better than
+    ``global`` on the map, at several times its CPU)."""
     redis_url: str | None = None
     """Shared prediction history (every predictor but ``none``; in-process when unset), and the
     shared admission ledger's Redis (``ledger.enabled``)."""

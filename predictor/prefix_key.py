@@ -35,6 +35,17 @@ def prefix_key(prompt: str | None, key_chars: int) -> bytes | None:
     return hashlib.blake2b(prompt[:key_chars].encode("utf-8", "surrogatepass"), digest_size=8).digest()
 
 
+class _Task:
+    """One key's last outcomes, and its mixture with the global histogram as last built."""
+
+    __slots__ = ("base", "mixed", "seen")
+
+    def __init__(self, per_key: int) -> None:
+        self.seen: deque[int] = deque(maxlen=per_key)
+        self.base: LengthDistribution | None = None
+        self.mixed: LengthDistribution | None = None
+
+
 class PrefixKeyPredictor(InlinePredictor):
     """Outcomes per prompt-prefix key, shrunk toward a global window (see the module docstring)."""
 
@@ -62,7 +73,7 @@ class PrefixKeyPredictor(InlinePredictor):
         self.fallback = GlobalPredictor(
             window, max_points, prior or DEFAULT_PRIOR, refresh_every=refresh_every
         )
-        self._keys: OrderedDict[bytes, deque[int]] = OrderedDict()
+        self._keys: OrderedDict[bytes, _Task] = OrderedDict()
 
     def __len__(self) -> int:
         """Keys held."""
@@ -71,14 +82,17 @@ class PrefixKeyPredictor(InlinePredictor):
     def predict_inline(self, req: PredictionQuery) -> LengthDistribution:
         base = self.fallback.predict_inline(req)
         key = prefix_key(req.prompt, self.key_chars)
-        seen = self._keys.get(key) if key is not None else None
-        if not seen:
+        task = self._keys.get(key) if key is not None else None
+        if task is None:
             return base
-        n = len(seen)
-        w = n / (n + self.shrink)
-        values = [*seen, *base.support]
-        weights = [w / n] * n + [(1.0 - w) * p for p in base.probs]
-        return LengthDistribution.from_samples(values, weights, max_points=self.max_points)
+        if task.mixed is None or task.base is not base:  # rebuilt only when either side changed
+            n = len(task.seen)
+            w = n / (n + self.shrink)
+            values = [*task.seen, *base.support]
+            weights = [w / n] * n + [(1.0 - w) * p for p in base.probs]
+            task.mixed = LengthDistribution.from_samples(values, weights, max_points=self.max_points)
+            task.base = base
+        return task.mixed
 
     def observe_inline(self, req: PredictionQuery, output_tokens: int) -> None:
         self.fallback.observe_inline(req, output_tokens)
@@ -99,11 +113,12 @@ class PrefixKeyPredictor(InlinePredictor):
         """One outcome under ``key``."""
         if key is None:
             return
-        seen = self._keys.get(key)
-        if seen is None:
-            seen = self._keys[key] = deque(maxlen=self.per_key)
+        task = self._keys.get(key)
+        if task is None:
+            task = self._keys[key] = _Task(self.per_key)
             if len(self._keys) > self.max_keys:
                 self._keys.popitem(last=False)
         else:
             self._keys.move_to_end(key)
-        seen.append(max(1, int(output_tokens)))
+        task.seen.append(max(1, int(output_tokens)))
+        task.mixed = None

@@ -38,7 +38,7 @@ def demo(
     model: Annotated[str, typer.Option(help="Model the simulated backends serve.")] = "qwen3-32b",
     gpu: Annotated[str, typer.Option(help="GPU the simulated backends model.")] = "h100",
     policy: Annotated[str, typer.Option(help="The gateway's policy.")] = "sagesched",
-    predictor: Annotated[str, typer.Option(help="The gateway's predictor (its default: global).")] = "global",
+    predictor: Annotated[str, typer.Option(help="The gateway's predictor (its default: prefix).")] = "prefix",
     embed_model: Annotated[
         str,
         typer.Option(

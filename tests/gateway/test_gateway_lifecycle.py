@@ -86,7 +86,7 @@ def test_serve_is_warm_when_ready_and_exits_promptly_on_sigterm() -> None:
             "SAGEGATE_PREDICTOR_OPTIONS": '{"predict_budget_s": 1.5}',
         }
         cmd = [sys.executable, "-m", "sagegate.cli", "serve", "--backend", be.url, "--port", str(port)]
-        cmd += ["--predictor", "semantic"]  # the model this is about (the default predictor is global)
+        cmd += ["--predictor", "semantic"]  # the model this is about (the default predictor is prefix)
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
 

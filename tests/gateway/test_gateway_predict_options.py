@@ -24,7 +24,7 @@ from predictor.factory import EmbedderOptions, GlobalOptions, LengthBucketOption
 
 
 def test_the_documented_json_variable_still_sets_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SAGEGATE_PREDICTOR", "semantic")  # (the default is global)
+    monkeypatch.setenv("SAGEGATE_PREDICTOR", "semantic")  # (the default is prefix)
     monkeypatch.setenv("SAGEGATE_PREDICTOR_OPTIONS", '{"predict_budget_s": 1.5, "embed_quantize": "false"}')
     opts = GatewaySettings().predictor_options
     assert isinstance(opts, SemanticSettings)

@@ -46,7 +46,7 @@ def test_settings_yaml_env_and_overrides(tmp_path: Path, monkeypatch: pytest.Mon
     assert s.policy == "fcfs"  # an explicit override beats both
     assert s.admission.target == 0.8 and s.admission.max_waiting == 3
     assert s.admission.config().rule == "sum" and GatewaySettings().admission.config().rule == "peak"
-    assert s.predictor == "global" and GatewaySettings().policy == "sagesched"  # the product defaults
+    assert s.predictor == "prefix" and GatewaySettings().policy == "sagesched"  # the product defaults
 
 
 @pytest.mark.parametrize(
