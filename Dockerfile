@@ -1,6 +1,6 @@
 # sagegate: the gateway and the simulated backend in one image (the command picks which).
 #   docker build -t sagegate .                      # gateway + simulated backend + semantic predictor
-#   docker build --build-arg EXTRAS=tokenize -t sagegate-slim .   # without torch (predictor: global)
+#   docker build --build-arg EXTRAS=tokenize -t sagegate-slim .   # without torch (every predictor but semantic)
 FROM python:3.11-slim
 
 ARG EXTRAS=tokenize,embed,onnx
@@ -21,6 +21,7 @@ COPY policies ./policies
 COPY loadgen ./loadgen
 COPY sim ./sim
 COPY study ./study
+COPY deploy/gateway.yaml /etc/sagegate/gateway.yaml
 RUN pip install ".[${EXTRAS}]" uvloop httptools \
     && useradd --system --uid 10001 sagegate
 # The ONNX files the gateway's embedder loads (int8, with the shipped length tune and without it:

@@ -33,6 +33,8 @@ class Reason(StrEnum):
     REJECTED_BY_POLICY = "rejected_by_policy"
     # every backend tried failed
     UPSTREAM_RATE_LIMITED = "upstream_rate_limited"
+    RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
+    """The tenant is over one of its ``rate_limits``."""
     UPSTREAM_FAILED = "upstream_failed"
     REQUEST_FAILED_TWICE = "request_failed_twice"
     """The same request failed on two backends: taken as the request's fault (``gateway.blame``)."""

@@ -41,6 +41,7 @@ from gateway.openai_schema import ChatCompletionRequest, CompletionRequest, Erro
 from gateway.predict import Recorder, build_predictor
 from gateway.proxy import Proxy
 from gateway.queue import BoundedQueue
+from gateway.rate_limits import RateLimiter
 from gateway.settings import GatewaySettings, OpenEndpoint
 from gateway.shared_prefixes import shared_prefixes
 from gateway.state_metrics import StateGauges
@@ -116,6 +117,7 @@ class Gateway:
         """The prefix index shared with other replicas through Redis (``placement.share``)."""
         self.recorder = Recorder(self.predictor)
         self.proxy = Proxy(settings, self.dispatcher, self.pool, self.client, self.metrics, self.recorder)
+        self.limiter = RateLimiter(settings.rate_limits, settings.api_keys, settings.redis_url)
         self.director = Director(
             settings,
             Intake(settings),
@@ -126,6 +128,7 @@ class Gateway:
             self.metrics,
             self._known_models,
             lambda: self.draining,
+            self.limiter,
         )
         self.metrics.attach_state(StateGauges(self.queue, self.pool))
         if self.kv_events is not None:
@@ -168,6 +171,7 @@ class Gateway:
         if self.shared_prefixes is not None:
             await self.shared_prefixes.stop()
         await self.recorder.drain()
+        await self.limiter.close()
         await self.predictor.close()
         await self.client.aclose()
 
@@ -275,11 +279,12 @@ def create_app(
 
     def require_key(request: Request, endpoint: OpenEndpoint) -> None:
         """With API keys set, an endpoint not in ``open_endpoints`` needs a client's or the admin key."""
-        if not settings.api_keys or endpoint in settings.open_endpoints:
+        keys = gw.limiter.api_keys
+        if not keys or endpoint in settings.open_endpoints:
             return
         if is_admin(request.headers, settings.admin_key):
             return
-        if match_key(bearer(request.headers), settings.api_keys) is None:
+        if match_key(bearer(request.headers), keys) is None:
             raise errors.unauthorized()
 
     @app.get("/admin/queue")

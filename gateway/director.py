@@ -36,6 +36,7 @@ from gateway.openai_schema import Route
 from gateway.predict import cap, query_of
 from gateway.proxy import Failed, Proxy
 from gateway.queue import DispatchRefused, GatewayRequest
+from gateway.rate_limits import RateLimiter
 from gateway.settings import GatewaySettings
 from gateway.stream import SHUTDOWN_MESSAGE
 from gateway.tenants import Identity, identify
@@ -56,6 +57,7 @@ class Director:
         metrics: GatewayMetrics,
         known_models: Callable[[], set[str]],
         draining: Callable[[], bool],
+        limiter: RateLimiter,
     ) -> None:
         self.settings = settings
         self.intake = intake
@@ -66,6 +68,7 @@ class Director:
         self.metrics = metrics
         self.known_models = known_models
         self.draining = draining
+        self.limiter = limiter
         self.clock = dispatcher.clock
         self.max_attempts = settings.upstream.max_attempts
         up = settings.upstream
@@ -92,7 +95,7 @@ class Director:
             return self.client_gone(route, CancelStage.UPLOAD)
         async with DisconnectGuard(request.receive):
             arrival = self.clock()
-            who = self.authenticate(request, arrival)
+            who = self.authenticate(request, arrival, client.body.get("priority"))
             session = self.session(request)
             self.resolve_model(client)
             query = await self.count_tokens(client, who)
@@ -102,7 +105,7 @@ class Director:
             exact = await locality.exact_keys(client.body, chat) if locality is not None else None
             req = self.describe(client, who, asked, arrival, session, exact, request.state.request_id)
             request.state.gateway_request = req
-            lc = self.enqueue(req)
+            lc = await self.admit(req)
             self.follow_late_prediction(lc, asked.prediction)
             return await self.serve(lc, asked)
         return self.client_gone(route)
@@ -117,9 +120,11 @@ class Director:
         raw = await self.intake.read_body(request)
         return self.intake.parse(raw, route)
 
-    def authenticate(self, request: Request, now: float) -> Identity:
-        """Tenant, priority and deadline (401 for a bad key)."""
-        return identify(request.headers, self.settings.api_keys, now)
+    def authenticate(self, request: Request, now: float, body_priority: object = None) -> Identity:
+        """Tenant, priority band and deadline (401 for a bad key, 400 for a bad priority), by the
+        keys in force (``rate_limits.file`` may replace them without a restart)."""
+        self.limiter.reload()
+        return identify(request.headers, self.limiter.api_keys, now, body_priority)
 
     def session(self, request: Request) -> str | None:
         """The client's session (``placement.session_header``) as a fixed-size key, when placement
@@ -209,6 +214,24 @@ class Director:
         """The prediction as the request carries it: capped at its ``max_tokens`` unless
         ``cap_at_max_tokens`` is off."""
         return cap(dist, max_tokens) if self.settings.cap_at_max_tokens else dist
+
+    async def admit(self, req: GatewayRequest) -> Lifecycle:
+        """Within the tenant's rate limits (``429`` past one), into the queue; the permit is given
+        back when the request ends, however it ends."""
+        try:
+            permit = await self.limiter.admit(req.tenant, req.prompt_tokens)
+        except errors.GatewayError:
+            self.metrics.rejected(Reason.RATE_LIMIT_EXCEEDED)
+            raise
+        if permit is None:
+            return self.enqueue(req)
+        try:
+            lc = self.enqueue(req)
+        except BaseException:
+            permit.end(None)
+            raise
+        lc.on_end = lambda: permit.end(lc.req.output_tokens)
+        return lc
 
     def enqueue(self, req: GatewayRequest) -> Lifecycle:
         """Into the dispatcher's queue, unless the gateway is closing, no backend is healthy or the

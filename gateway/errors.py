@@ -93,6 +93,13 @@ def rate_limited(message: str, retry_after: str | None) -> GatewayError:
     )
 
 
+def limit_exceeded(message: str, retry_after_s: int) -> GatewayError:
+    """The tenant is over one of its rate limits (OpenAI's shape: ``rate_limit_exceeded``)."""
+    return GatewayError(
+        429, message, type="rate_limit_error", reason=Reason.RATE_LIMIT_EXCEEDED, retry_after=retry_after_s
+    )
+
+
 def timeout(message: str) -> GatewayError:
     return GatewayError(408, message, reason=Reason.REQUEST_TIMEOUT, close=True)
 

@@ -9,6 +9,7 @@ holding it; leaving a final state is refused, and releasing twice raises :class:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from enum import StrEnum
 
 from core.outcomes import CancelStage, Outcome
@@ -54,7 +55,7 @@ class LifecycleError(RuntimeError):
 class Lifecycle:
     """A request from its arrival to its end; ``ledger`` holds it while it lives."""
 
-    __slots__ = ("dispatcher", "future", "ledger", "releases", "req", "reserved", "state")
+    __slots__ = ("dispatcher", "future", "ledger", "on_end", "releases", "req", "reserved", "state")
 
     def __init__(self, req: GatewayRequest, dispatcher: Dispatcher, ledger: dict[int, Lifecycle]) -> None:
         self.req = req
@@ -66,6 +67,8 @@ class Lifecycle:
         """The backend (index) this request holds a reservation on."""
         self.releases = 0
         """Reservations released so far (one per dispatch: a retry is a second dispatch)."""
+        self.on_end: Callable[[], None] | None = None
+        """Called once when the request ends, however it ends (its rate-limit permit given back)."""
         ledger[id(self)] = self
 
     @property
@@ -176,6 +179,8 @@ class Lifecycle:
             self._release(final=True)
         self.state = state
         self.ledger.pop(id(self), None)
+        if self.on_end is not None:
+            self.on_end()
 
     def _leave_queue(self) -> None:
         """Out of the dispatcher's queue; a dispatch already on its way to the handler (the future

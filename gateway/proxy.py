@@ -228,7 +228,7 @@ class Proxy:
             }
         if up.rank_priority:
             rank = self.dispatcher.policy.engine_rank(req)
-            body = {**body, "priority": engine_priority(rank, req.priority if up.forward_priority else 0)}
+            body = {**body, "priority": engine_priority(rank, req.priority)}  # the band first
         elif up.forward_priority:
             body = {**body, "priority": -req.priority}
         return self.client.build_request(
@@ -271,6 +271,7 @@ class Proxy:
         teach the predictor the true length. ``status``: what the client was answered."""
         req = lc.req
         b = self.pool.backends[req.backend].name if req.backend is not None else None
+        req.output_tokens = output
         lc.finish(outcome)
         self.metrics.requests.labels(req.route, outcome).inc()
         self.access.write(access_fields(req, status, outcome, self.dispatcher.clock(), b, output))

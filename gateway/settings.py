@@ -29,6 +29,7 @@ from gateway.settings_predictor import (
     check_options,
     tag_options,
 )
+from gateway.settings_rate_limits import RateLimitSettings
 from gateway.settings_share import ShareSettings
 from gateway.settings_upstream import UpstreamSettings
 from policies.admission import AdmissionConfig, Rule
@@ -322,6 +323,9 @@ class GatewaySettings(BaseSettings):
     placement: PlacementSettings = Field(default_factory=PlacementSettings)
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
+    rate_limits: RateLimitSettings = Field(default_factory=RateLimitSettings)
+    """Per-tenant requests and tokens per minute and requests at once (``gateway.rate_limits``),
+    shared by the replicas through ``redis_url``."""
     api_keys: dict[str, str] = Field(default_factory=dict)
     """API key → tenant. Empty: no authentication, tenant from ``x-tenant``."""
     admin_key: str | None = None

@@ -40,8 +40,8 @@ class UpstreamSettings(BaseModel):
     forward_priority: bool = False
     """Send ``priority`` (minus ``x-priority``) to backends started with ``--scheduling-policy priority``."""
     rank_priority: bool = False
-    """Send each request's rank at dispatch as its ``priority`` (``policies.engine_priority``: the class
-    first with ``forward_priority``, then the policy's rank bucketed on a log scale), so an engine in
+    """Send each request's rank at dispatch as its ``priority`` (``policies.engine_priority``: its
+    priority band first, then the policy's rank bucketed on a log scale), so an engine in
     vLLM's priority mode orders its waiting queue and picks preemption victims by predicted cost.
     Only for backends started with ``--scheduling-policy priority`` (vLLM refuses a non-zero
     ``priority`` otherwise)."""

@@ -53,8 +53,14 @@ def is_admin(headers: Mapping[str, str], admin_key: str | None) -> bool:
     return hmac.compare_digest(given.encode(), admin_key.encode())
 
 
-def identify(headers: Mapping[str, str], keys: Mapping[str, str], now: float) -> Identity:
-    """Tenant, priority and deadline of a request; raises :class:`GatewayError` (401 or 400)."""
+def identify(
+    headers: Mapping[str, str], keys: Mapping[str, str], now: float, body_priority: object = None
+) -> Identity:
+    """Tenant, priority and deadline of a request; raises :class:`GatewayError` (401 or 400).
+
+    The priority (its band: higher served first) is ``x-priority``, else the body's ``priority`` read
+    as vLLM reads it (lower first: ``priority`` p is band 1 − p, so vLLM's default 0 is the gateway's
+    default band 1), else 1."""
     if keys:
         tenant = match_key(bearer(headers), keys)
         if tenant is None:
@@ -64,6 +70,12 @@ def identify(headers: Mapping[str, str], keys: Mapping[str, str], now: float) ->
         if len(tenant) > MAX_TENANT_LEN:
             raise bad_request(f"{TENANT_HEADER} longer than {MAX_TENANT_LEN} characters", TENANT_HEADER)
     priority = _int_header(headers, PRIORITY_HEADER, 1, lo=-1_000_000, hi=1_000_000)
+    if PRIORITY_HEADER not in headers and body_priority is not None:
+        if isinstance(body_priority, bool) or not isinstance(body_priority, int):
+            raise bad_request("priority must be an integer", "priority")
+        if not -1_000_000 <= body_priority <= 1_000_000:
+            raise bad_request("priority must be between -1000000 and 1000000", "priority")
+        priority = 1 - body_priority
     deadline = None
     for name in (DEADLINE_HEADER, SLO_TTFT_HEADER):
         if name in headers:

@@ -88,7 +88,8 @@ class _GittinsPolicy(Policy):
         return tr.rank
 
     def key(self, req: SchedRequest, now: float) -> Any:
-        return (self.rank(req), *fcfs_tiebreak(req))
+        """Priority bands first (a higher ``priority`` strictly ahead), the Gittins rank inside one."""
+        return (-req.priority, self.rank(req), *fcfs_tiebreak(req))
 
     def engine_rank(self, req: SchedRequest) -> float | None:
         return self.rank(req)
@@ -140,7 +141,9 @@ class SageSched(_GittinsPolicy):
     recompute cost, the widest margin first, and a resumed request is held until its next rank
     boundary (``preempt_pays=false``: displace whenever the rank says so, the worst first).
     At gateway level a queued request has
-    generated nothing, so its key is the rank at attained cost 0.
+    generated nothing, so its key is the rank at attained cost 0. Requests are held in priority
+    bands (``SchedRequest.priority``: the gateway's ``x-priority``, higher first), strictly: the
+    rank orders a band, never across bands; every request in one band (the default) is SageSched.
 
     ``max_wait_s`` (off by default, as published): a request that arrived that long ago goes ahead of
     every one that did not, oldest first. Serving the cheapest expected work first leaves long requests
@@ -167,21 +170,31 @@ class SageSched(_GittinsPolicy):
         if self.max_wait_s is None:
             return super().key(req, now)
         if now - req.arrival_s >= self.max_wait_s:
-            return (0, req.arrival_s, *fcfs_tiebreak(req))
-        return (1, self.rank(req), *fcfs_tiebreak(req))
+            return (-req.priority, 0, req.arrival_s, *fcfs_tiebreak(req))
+        return (-req.priority, 1, self.rank(req), *fcfs_tiebreak(req))
 
-    # lanes (only with max_wait_s): "waiting" by rank until max_wait_s after arrival, then "aged"
+    # lanes (only with max_wait_s), one pair per priority band: ("waiting", band) by rank until
+    # max_wait_s after arrival, then ("aged", band) by arrival
     def place(self, req: SchedRequest, now: float) -> Placement:
-        return Placement("waiting", self.rank(req), req.arrival_s)
+        return Placement(("waiting", req.priority), self.rank(req), req.arrival_s)
 
     def primary(self, lane: Hashable, rank: Any, now: float) -> tuple[Any, ...]:
-        return (0 if lane == "aged" else 1, rank)
+        kind, band = _band_lane(lane)
+        return (-band, 0 if kind == "aged" else 1, rank)
 
     def flipped(self, flip: float, now: float) -> bool:
         return self.max_wait_s is not None and now - flip >= self.max_wait_s
 
     def after_flip(self, placed: Placement) -> Placement:
-        return Placement("aged", placed.flip)  # by arrival
+        _, band = _band_lane(placed.lane)
+        return Placement(("aged", band), placed.flip)  # by arrival
+
+
+def _band_lane(lane: Hashable) -> tuple[str, int]:
+    """A ``sagesched`` lane: (``"waiting"`` or ``"aged"``, the priority band)."""
+    if not isinstance(lane, tuple) or len(lane) != 2:
+        raise TypeError(f"not a sagesched lane: {lane!r}")
+    return str(lane[0]), int(lane[1])
 
 
 @register("gittins-length")

@@ -25,7 +25,8 @@ def serve(
     port: Annotated[int | None, typer.Option(help="Port to listen on.")] = None,
     policy: Annotated[str | None, typer.Option(help="Queue policy spec (default sagesched).")] = None,
     predictor: Annotated[
-        str | None, typer.Option(help="Output-length predictor: none, global, prefix, length-bucket, semantic.")
+        str | None,
+        typer.Option(help="Output-length predictor: none, global, prefix, length-bucket, semantic."),
     ] = None,
     redis_url: Annotated[
         str | None, typer.Option("--redis-url", help="Redis for the shared prediction history.")

@@ -62,11 +62,26 @@ def test_compose_commands_are_valid_cli_invocations(monkeypatch: pytest.MonkeyPa
     }
     assert {"gateway", "backend-a", "backend-b", "gateway-gpu"} <= set(commands)
     for name, command in commands.items():
-        result = runner.invoke(_cli(), [str(c) for c in command])
+        mounted = _mounts(services[name])  # the config file a service reads is the repository's
+        result = runner.invoke(_cli(), [mounted.get(str(c), str(c)) for c in command])
         assert result.exit_code == 0, f"{name}: {result.output}"
     gateway = next(s for s in served if s.port == 8080 and len(s.backends) == 2)
     assert [b.url for b in gateway.backends] == ["http://backend-a:8000", "http://backend-b:8000"]
-    assert gateway.redis_url == "redis://redis:6379/0" and gateway.policy == "sagesched"
+    assert gateway.redis_url == "redis://:change-me-too@redis:6379/0" and gateway.policy == "sagesched"
+    assert gateway.predictor == "prefix" and gateway.host == "0.0.0.0"  # from deploy/gateway.yaml
+    assert "ports" not in services["redis"] and "--requirepass" in services["redis"]["command"]
+
+
+def _mounts(service: dict[str, Any]) -> dict[str, str]:
+    """A service's bind mounts, container path → the repository's file."""
+    out = {}
+    for v in service.get("volumes") or []:
+        if isinstance(v, dict) and v.get("type") == "bind":
+            out[v["target"]] = v["source"]
+        elif isinstance(v, str) and ":" in v:
+            src, dst = v.split(":")[:2]
+            out[dst] = str((REPO / src).resolve())
+    return out
 
 
 def test_the_replicas_profile_puts_two_ledger_sharing_gateways_behind_one_port(
@@ -92,7 +107,10 @@ def test_the_replicas_profile_puts_two_ledger_sharing_gateways_behind_one_port(
         assert r["environment"]["SAGEGATE_LEDGER__ENABLED"] == "true"
         result = CliRunner().invoke(_cli(), [str(c) for c in r["command"]])
         assert result.exit_code == 0, result.output
-    assert len(served) == 2 and served[0].redis_url == served[1].redis_url == "redis://redis:6379/0"
+    assert (
+        len(served) == 2
+        and served[0].redis_url == served[1].redis_url == "redis://:change-me-too@redis:6379/0"
+    )
     lb = services["replicas-lb"]
     assert any(p["published"] == 8081 for p in lb["ports"])
     (mount,) = lb["volumes"]

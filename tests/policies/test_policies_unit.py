@@ -275,20 +275,20 @@ def test_sagesched_rank_is_gittins_rank_and_changes_only_at_boundaries():
     r = req(0, prompt=prompt, pred=d)
     p.on_arrival(r, 0.0)
     costs = cost_support(d, prompt)
-    assert p.key(r, 0.0)[0] == pytest.approx(gittins_rank(costs, d.probs, 0.0))
+    assert p.key(r, 0.0)[1] == pytest.approx(gittins_rank(costs, d.probs, 0.0))  # after the band
     support_points = set(d.support)
 
     def is_boundary(g: int) -> bool:  # a support point, or a bucket 16·2^m (docs/design/policies.md)
         return g in support_points or (g % 16 == 0 and (g // 16) & (g // 16 - 1) == 0)
 
     assert {g for g in range(1, 1501) if is_boundary(g)} == set(boundaries_tokens(d, 16)) - {0}
-    prev = p.key(r, 0.0)[0]
+    prev = p.key(r, 0.0)[1]
     changes = []
     last_bound = 0
     for g in range(1, 2100):  # past the support too (buckets continue: 2048)
         r.generated = g
         p.on_progress(r, 1, 0.0)
-        k = p.key(r, 0.0)[0]
+        k = p.key(r, 0.0)[1]
         if is_boundary(g):
             last_bound = g
         assert k == pytest.approx(gittins_rank(costs, d.probs, service_cost(prompt, last_bound)))
@@ -310,13 +310,13 @@ def test_sagesched_prefers_the_cheaper_of_equal_length_predictions():
     assert order(SageSched(), [long_prompt, short_prompt]) == [0, 1]
     g = parse_policy("gittins-length")  # the ablation cannot see the difference: arrival decides
     short_prompt, long_prompt = pair()
-    assert g.key(short_prompt, 0.0)[0] == g.key(long_prompt, 0.0)[0]
+    assert g.key(short_prompt, 0.0)[1] == g.key(long_prompt, 0.0)[1]  # (the band, then the rank)
 
 
 def test_sagesched_without_prediction_uses_the_cold_start_prior():
     p = SageSched()
     r = req(0, prompt=300, pred=None)
-    assert p.key(r, 0.0)[0] == pytest.approx(service_cost(300, UNKNOWN_OUTPUT))
+    assert p.key(r, 0.0)[1] == pytest.approx(service_cost(300, UNKNOWN_OUTPUT))
 
 
 def test_sagesched_max_wait_puts_an_old_request_ahead_oldest_first():
@@ -332,6 +332,23 @@ def test_sagesched_max_wait_puts_an_old_request_ahead_oldest_first():
     assert order(aging, queue(), now=40.0) == [0, 1, 3, 2]  # 0, 1 and 3 have: by arrival; then 2 by rank
     with pytest.raises(ValueError, match="max_wait_s"):
         parse_policy("sagesched:max_wait_s=0")
+
+
+@pytest.mark.parametrize("spec", ["sagesched", "sagesched:max_wait_s=30", "gittins-length"])
+def test_sagesched_holds_priority_bands_strictly_and_ranks_inside_each(spec: str) -> None:
+    """A higher ``priority`` goes first whatever its predicted cost; inside a band, the Gittins rank
+    (and with ``max_wait_s``, aging happens within a band, never across)."""
+    p = parse_policy(spec)
+    reqs = [
+        req(0, 0.0, pred=3000, priority=1),
+        req(1, 1.0, pred=10, priority=1),
+        req(2, 2.0, pred=2000, priority=2),
+        req(3, 3.0, pred=20, priority=2),
+        req(4, 4.0, pred=5, priority=0),
+    ]
+    assert order(p, reqs, now=5.0) == [3, 2, 1, 0, 4]
+    if spec.endswith("max_wait_s=30"):
+        assert order(p, reqs, now=40.0) == [2, 3, 0, 1, 4]  # all aged: by arrival, band by band
 
 
 def test_mean_cost_orders_by_expected_cost():

@@ -61,7 +61,7 @@ def test_keys_are_bounded_least_recently_seen_first_out() -> None:
     assert len(p) == 3
     p.observe_inline(q(9, "task 2".ljust(40, ".")), 7)  # seen again: kept
     p.observe_inline(q(10, "task 5".ljust(40, ".")), 7)
-    assert prefix_key("task 2".ljust(40, "."), 32) in p._keys  # noqa: SLF001
+    assert prefix_key("task 2".ljust(40, "."), 32) in p._keys
     assert prefix_key("task 3".ljust(40, "."), 32) not in p._keys
 
 
