@@ -3,7 +3,7 @@
 #   docker build --build-arg EXTRAS=tokenize -t sagegate-slim .   # without torch (every predictor but semantic)
 FROM python:3.11-slim
 
-ARG EXTRAS=tokenize,embed,onnx
+ARG EXTRAS=tokenize,embed,onnx,trace
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \

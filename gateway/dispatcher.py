@@ -122,6 +122,9 @@ class Dispatcher:
         )
         """The admission rule's dispatch pass (``policies.dispatch_loop``, the simulator's own)."""
         self.pause_enabled = False
+        """``pause.enabled``: operators may pause, and the pass may pause by rank."""
+        self.pause_bands = False
+        """``pause.bands``: the pass may pause a lower priority band for a higher one."""
         """``pause.enabled``: :meth:`pause` may act."""
         self.pausable: dict[str, Pausable] = {}
         """Requests being streamed from a backend, by ``str(rid)``: what :meth:`pause` can pause."""
@@ -199,13 +202,18 @@ class Dispatcher:
         return self.try_pause(rid) is PauseVerdict.PAUSED
 
     def can_pause(self, req: GatewayRequest) -> bool:
-        """Whether ``req`` is being streamed by a resumer that could pause it now (``pause.enabled``)."""
-        return self.pause_enabled and str(req.rid) in self.pausable
+        """Whether ``req`` is being streamed by a resumer that could pause it now (``pause.enabled``
+        or ``pause.bands``)."""
+        return (self.pause_enabled or self.pause_bands) and str(req.rid) in self.pausable
 
     def try_pause(self, rid: object) -> PauseVerdict:
-        """:meth:`pause`, saying why not."""
+        """:meth:`pause` (an operator's, ``pause.enabled``), saying why not."""
         if not self.pause_enabled:
             return PauseVerdict.DISABLED
+        return self.pause_now(rid)
+
+    def pause_now(self, rid: object) -> PauseVerdict:
+        """Pause ``rid`` if its resumer can (the dispatch pass's own decision)."""
         target = self.pausable.get(str(rid))
         if target is None:
             return PauseVerdict.UNKNOWN
@@ -419,7 +427,7 @@ class _GatewayDriver:
     def pause(self, req: GatewayRequest, now: float) -> bool:
         """Pause a running request (see :meth:`Dispatcher.pause`): its charge is released at once and
         it queues again as a continuation, so the pass may go on to admit the head in its room."""
-        return self.d.pause(req.rid)
+        return self.d.pause_now(req.rid) is PauseVerdict.PAUSED
 
 
 def _resolve_error(req: GatewayRequest, reason: str) -> None:

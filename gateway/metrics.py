@@ -26,6 +26,8 @@ LOG_EVERY_S = 1.0
 
 TOKEN_BUCKETS = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, float("inf"))
 WAIT_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, float("inf"))
+E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, float("inf"))
+TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, float("inf"))
 RATIO_BUCKETS = (0.125, 0.25, 0.5, 0.8, 1.0, 1.25, 2, 4, 8, float("inf"))
 
 
@@ -82,6 +84,20 @@ class GatewayMetrics:
         self.ttft = Histogram(
             "sagegate_ttft_seconds", "Time from arrival to the first byte from the backend.",
             buckets=WAIT_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            "sagegate_e2e_seconds", "Time from arrival to the last token, requests that completed.",
+            buckets=E2E_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.tpot = Histogram(
+            "sagegate_time_per_output_token_seconds",
+            "(last token − first token) / (output tokens − 1), requests that completed with two or more.",
+            buckets=TPOT_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.tenant_tokens = Counter(
+            "sagegate_tenant_tokens",
+            "Prompt and output tokens of requests that ended, by tenant (a tenant not named in api_keys "
+            "or rate_limits counts as other).", ["tenant", "kind"], registry=r,
         )  # fmt: skip
         self.predicted = Histogram(
             "sagegate_predicted_output_tokens", "Predicted mean output length.", buckets=TOKEN_BUCKETS,
@@ -166,9 +182,15 @@ class GatewayMetrics:
         self.ttft.observe(ttft_s)
         self.telemetry.first_token(ttft_s)
 
-    def outcome(self, prediction: LengthDistribution | None, actual: int, ttlt_s: float) -> None:
-        """A request completed with ``actual`` tokens, ``ttlt_s`` after it arrived."""
+    def outcome(
+        self, prediction: LengthDistribution | None, actual: int, ttlt_s: float, ttft_s: float | None = None
+    ) -> None:
+        """A request completed with ``actual`` tokens, ``ttlt_s`` after it arrived (its first token
+        ``ttft_s`` after)."""
         self.actual.observe(actual)
+        self.e2e.observe(ttlt_s)
+        if ttft_s is not None and actual > 1:
+            self.tpot.observe(max(0.0, ttlt_s - ttft_s) / (actual - 1))
         if prediction is not None and prediction.mean > 0:
             self.ratio.observe(actual / prediction.mean)
         self.telemetry.completed(ttlt_s, prediction, actual)

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 from starlette.responses import Response
@@ -36,6 +37,7 @@ from gateway.queue import GatewayRequest
 from gateway.settings import GatewaySettings
 from gateway.sse import USAGE_CAP, SseScanner, plausible_usage
 from gateway.stream import SseResponse, answer_headers, close_quietly
+from gateway.tracing import RequestTrace
 from gateway.upstream import Upstream
 from policies.engine_priority import engine_priority
 
@@ -83,6 +85,8 @@ class Proxy:
             connect=up.connect_timeout_s, read=up.read_timeout_s, write=up.read_timeout_s, pool=None
         )
         self.access = AccessLog(settings.access_log)
+        self.tenant_label: Callable[[str], str] = lambda tenant: "other"
+        """A tenant's label on per-tenant metrics (the app sets the rate limiter's: bounded)."""
         self.closing = False
         """Set by ``Director.close_all``: the gateway is ending what is still running."""
         self.streams: set[SseResponse] = set()
@@ -231,16 +235,23 @@ class Proxy:
             body = {**body, "priority": engine_priority(rank, req.priority)}  # the band first
         elif up.forward_priority:
             body = {**body, "priority": -req.priority}
+        tries = req.attempt + req.pauses
+        headers = {"content-type": "application/json", REQUEST_ID_HEADER: upstream_id(req.request_id, tries)}
+        if req.trace is not None:
+            headers.update(req.trace.upstream(b.name, tries))
         return self.client.build_request(
             "POST",
             b.url + PATHS[req.route],
             content=json.dumps(body, separators=(",", ":")).encode(),
-            headers={
-                "content-type": "application/json",
-                REQUEST_ID_HEADER: upstream_id(req.request_id, req.attempt + req.pauses),
-            },
+            headers=headers,
             timeout=self.timeout,
         )
+
+    def ended(self, trace: RequestTrace | None, fields: dict[str, Any]) -> None:
+        """A request ended: its access-log line, and its trace closed with the same figures."""
+        self.access.write(fields)
+        if trace is not None:
+            trace.end(fields)
 
     def answered(self, lc: Lifecycle, b: Backend, *, first_token: bool = True) -> None:
         """The backend's first byte: time to first token (not for a resumed try), and the backend is
@@ -250,6 +261,8 @@ class Proxy:
         b.answered_at = now
         if first_token:
             lc.req.t_first = now
+            if lc.req.trace is not None:
+                lc.req.trace.phase("stream")
             self.metrics.first_token(now - lc.req.arrival_s)
 
     # --- the end of a request the backend answered -----------------------------------------------
@@ -274,9 +287,14 @@ class Proxy:
         req.output_tokens = output
         lc.finish(outcome)
         self.metrics.requests.labels(req.route, outcome).inc()
-        self.access.write(access_fields(req, status, outcome, self.dispatcher.clock(), b, output))
+        self.ended(req.trace, access_fields(req, status, outcome, self.dispatcher.clock(), b, output))
+        label = self.tenant_label(req.tenant)
+        self.metrics.tenant_tokens.labels(label, "prompt").inc(req.prompt_tokens)
+        if output:
+            self.metrics.tenant_tokens.labels(label, "output").inc(output)
         if outcome is Outcome.OK and output is not None:
-            self.metrics.outcome(req.prediction, output, self.dispatcher.clock() - req.arrival_s)
+            ttft = None if req.t_first is None else req.t_first - req.arrival_s
+            self.metrics.outcome(req.prediction, output, self.dispatcher.clock() - req.arrival_s, ttft)
             self.recorder.record(asked, output)
 
 

@@ -18,6 +18,7 @@ from policies.queue import PolicyQueue
 
 if TYPE_CHECKING:
     from gateway.tokens import ExactKeys
+    from gateway.tracing import RequestTrace
 
 
 class DispatchRefused(Exception):
@@ -61,6 +62,7 @@ class GatewayRequest(SchedRequest):
         "t_dispatch",
         "t_enqueue",
         "t_first",
+        "trace",
         "want_usage",
     )
 
@@ -109,6 +111,8 @@ class GatewayRequest(SchedRequest):
         self.t_enqueue = arrival_s
         self.t_dispatch: float | None = None
         self.t_first: float | None = None
+        self.trace: RequestTrace | None = None
+        """Its spans (``tracing.enabled``)."""
         self.output_tokens: int | None = None
         """The output the client was sent, once it ended (rate limits count it)."""
         """When the client's first token left (its first try's first byte)."""

@@ -216,6 +216,13 @@ class RateLimiter:
     def limits_of(self, tenant: str) -> TenantLimits:
         return self.tenants.get(tenant, self.default)
 
+    def tenant_label(self, tenant: str) -> str:
+        """``tenant`` if the configuration names it (a key's tenant, or one with limits), else
+        ``other``: a client-chosen ``x-tenant`` cannot grow a metric's label set."""
+        if tenant == "default" or tenant in self.tenants or tenant in self.api_keys.values():
+            return tenant
+        return "other"
+
     # --- a request ---------------------------------------------------------------------------
     async def admit(self, tenant: str, prompt_tokens: int) -> Permit | None:
         """A permit (None when the tenant has no limits), or ``429`` over a limit."""

@@ -61,7 +61,7 @@ class Resumer:
     def register(self) -> None:
         """Offer it to pausing (only where pausing is on: a resumer may exist to recover a broken stream)."""
         dispatcher = self.sse.proxy.dispatcher
-        if dispatcher.pause_enabled:
+        if dispatcher.pause_enabled or dispatcher.pause_bands:
             dispatcher.pausable[self.key] = self
 
     def unregister(self) -> None:

@@ -31,6 +31,7 @@ from gateway.settings_predictor import (
 )
 from gateway.settings_rate_limits import RateLimitSettings
 from gateway.settings_share import ShareSettings
+from gateway.settings_tracing import TracingSettings
 from gateway.settings_upstream import UpstreamSettings
 from policies.admission import AdmissionConfig, Rule
 from policies.pause import PauseConfig
@@ -151,6 +152,11 @@ class PauseSettings(BaseModel):
     """With ``enabled``: the dispatch pass also pauses a running request whose Gittins rank fell behind
     a waiting head that no backend admits, when the expected gain beats ``hysteresis`` × the resume's
     prefill. False: only operators and failed backends pause."""
+    bands: bool = _PAUSE.bands
+    """Whether ``enabled`` or not: a waiting request of a higher priority band that no backend admits
+    pauses a running streamed request of a lower band without which it fits (the lowest band, least
+    held, first; ``policies.pause``), so a low band's flood cannot hold a high band back. With every
+    request in one band it never happens."""
     max_pauses: int = Field(default=_PAUSE.max_pauses, ge=0, le=16)
     """At most this many pauses per request (no thrash); past it a request runs to its end."""
     hysteresis: float = Field(default=_PAUSE.hysteresis, ge=0.0)
@@ -164,6 +170,7 @@ class PauseSettings(BaseModel):
             max_pauses=self.max_pauses,
             hysteresis=self.hysteresis,
             prefill_tokens_per_step=self.prefill_tokens_per_step,
+            bands=self.bands,
         )
 
 
@@ -339,6 +346,8 @@ class GatewaySettings(BaseSettings):
     """Origins browsers may call the gateway from (``["*"]`` for any); empty: no CORS headers."""
     log_prompts: bool = False
     """Log each prompt (at INFO, apart from the access log, which never holds one)."""
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
+    """OpenTelemetry traces, one per request with its phases as child spans (``gateway.tracing``)."""
     access_log: AccessLogFormat = "text"
     """One line per generation request on the ``sagegate.access`` logger (``gateway.access_log``):
     its id, tenant, model, backend, status and outcome, tokens (prompt, predicted cached, output,

@@ -37,6 +37,7 @@ class SchedRequest:
     __slots__ = (
         "arrival_s",
         "deadline_s",
+        "engine_priority",
         "generated",
         "key_cache",
         "pauses",
@@ -75,6 +76,9 @@ class SchedRequest:
         self.key_cache: Any = None
         self.pauses = 0
         """Times the gateway paused it (``policies.pause``); a continuation has ``pauses > 0``."""
+        self.engine_priority: int | None = None
+        """The ``priority`` an engine in vLLM's priority mode orders it by when the gateway sent one
+        (``policies.engine_priority``); None: its ``priority``. Its band stays ``priority``."""
         self.shared_tokens = 0
         """Its leading prompt tokens a request in flight already holds where it would run (set at
         arrival by a driver whose charges know prompt blocks, ``policies.admission.resident_prefix``):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, Protocol, TypeVar
 
 from policies.admission import AdmissionConfig, BackendLoad, Charge, usage_after
@@ -171,13 +171,15 @@ class DispatchLoop(Generic[R]):
         self.screens = Capability.SCREEN in policy.capabilities
         """Only a policy that screens gets asked (and a :class:`LoadView`: building one costs
         O(backends)); any other admits everything."""
-        self.pause = pause if pause is not None and pause.enabled else None
-        if self.pause is not None and (
-            Capability.PREEMPT_PAYS not in policy.capabilities or self.pause.max_pauses == 0
-        ):
-            self.pause = None  # only a policy that prices displacements may pause
-        """Pausing on (None: off, or it can never happen: ``max_pauses`` 0, or a policy that does not
-        price displacements, ``PREEMPT_PAYS``)."""
+        by_rank = pause is not None and pause.enabled and Capability.PREEMPT_PAYS in policy.capabilities
+        by_band = pause is not None and pause.bands
+        self.pause = (
+            replace(pause, enabled=by_rank)
+            if pause is not None and (by_rank or by_band) and pause.max_pauses > 0
+            else None
+        )
+        """Pausing on (None: off, or it can never happen: ``max_pauses`` 0, or neither pausing by rank,
+        which needs a policy that prices displacements, ``PREEMPT_PAYS``, nor by priority band)."""
         self.pauses = 0
         """Requests paused so far."""
         self.decisions = 0

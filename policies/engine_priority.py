@@ -51,4 +51,5 @@ class PriorityPolicy(Policy):
     levels: ClassVar[frozenset[str]] = frozenset({ENGINE})
 
     def key(self, req: SchedRequest, now: float) -> Any:
-        return (req.priority, *fcfs_tiebreak(req))
+        own = req.priority if req.engine_priority is None else req.engine_priority
+        return (own, *fcfs_tiebreak(req))

@@ -21,6 +21,12 @@ A pause is chosen only when all of these hold, for a victim that has started on 
   slowing every request running there.
 
 Of the candidates the one with the widest margin is paused (the first dispatched on a tie).
+
+Priority bands (``bands``, on by default, whether or not pausing by rank is): a head that fits
+nowhere pauses a running request of a strictly *lower* band (``SchedRequest.priority``) without which
+it fits, the lowest band first and of those the one holding least (cheapest to resume): a band is a
+promise about order, not a bet on mean latency, so no gain is priced. With every request in one band
+(the default) it never happens.
 """
 
 from __future__ import annotations
@@ -49,6 +55,9 @@ class PauseConfig:
     prefill_tokens_per_step: float = 512.0
     """Prefill tokens one decode step of engine time buys: the resume cost's exchange rate. Between
     ~250 and ~1000 for Llama-3.1-8B on an H100 by the simulator's roofline (``sim.perf``), by batch."""
+    bands: bool = True
+    """A higher priority band's head that fits nowhere pauses a lower band's running request (module
+    docstring), ``enabled`` or not."""
 
     def __post_init__(self) -> None:
         if self.max_pauses < 0:
@@ -118,6 +127,12 @@ def choose_pause(
 ) -> PauseChoice | None:
     """The pause that pays most for ``head`` (which fits nowhere now), or None (module docstring).
     ``running[i]`` is what has started on backend ``i``, in dispatch order, with its charges."""
+    if cfg.bands:
+        lower = _band_pause(head, head_charge, loads, running, allowed, admission, cfg)
+        if lower is not None:
+            return lower
+    if not cfg.enabled:
+        return None
     best: PauseChoice | None = None
     margin = 0.0
     head_left = policy.expected_remaining(head)
@@ -143,4 +158,31 @@ def choose_pause(
             if not fits_without(load, charge, head_charge, admission, head.prompt_tokens):
                 continue
             best, margin = PauseChoice(victim, i, gain, cost), gain - cost
+    return best
+
+
+def _band_pause(
+    head: R,
+    head_charge: Charge,
+    loads: Sequence[BackendLoad],
+    running: Sequence[Sequence[tuple[R, Charge]]],
+    allowed: Sequence[bool] | None,
+    admission: AdmissionConfig,
+    cfg: PauseConfig,
+) -> PauseChoice | None:
+    """The lowest-band, least-holding running request of a band below ``head``'s without which
+    ``head`` fits, or None."""
+    best: PauseChoice | None = None
+    best_key: tuple[int, float] | None = None
+    for i, started in enumerate(running):
+        if not started or (allowed is not None and not allowed[i]):
+            continue
+        for victim, charge in started:
+            if victim.priority >= head.priority or victim.pauses >= cfg.max_pauses:
+                continue
+            key = (victim.priority, float(charge.held))
+            if best_key is not None and key >= best_key:
+                continue
+            if fits_without(loads[i], charge, head_charge, admission, head.prompt_tokens):
+                best, best_key = PauseChoice(victim, i, 0.0, 0.0), key
     return best

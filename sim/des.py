@@ -111,9 +111,7 @@ class Simulation:
         gateway = setup.level == GATEWAY
         engine_policy: Policy = FCFS() if gateway else setup.policy
         if gateway and setup.engine_rank:
-            engine_policy = PriorityPolicy()
-        self.client_class: dict[int, int] = {}
-        """``engine_rank``: each request's own priority (its class), kept while the engine's is its rank."""
+            engine_policy = PriorityPolicy()  # ordering by each request's ``engine_priority``
         engine_cfg = engine_config_for(setup.engine, engine_policy)
         self.engines = [
             Engine(setup.perf, engine_cfg, engine_policy, name=f"engine-{i}", fold_decode=setup.fold_decode)
@@ -153,7 +151,8 @@ class Simulation:
         self.progress_hook = Capability.PROGRESS_HOOK in setup.policy.capabilities
         # No fold while the gateway queue holds work, wherever a pass may act on progress at any step:
         # a projected peak falls as requests progress, and a pause reads every running request.
-        pausing = self.gw is not None and self.gw.dispatch_loop.pause is not None
+        pause = self.gw.dispatch_loop.pause if self.gw is not None else None
+        pausing = pause is not None and pause.enabled  # (a band's pause waits for an unfolded pass)
         self.peak_rule = gateway and (setup.admission.rule == "peak" or pausing)
 
     # --- the loop -----------------------------------------------------------------------------
@@ -258,8 +257,7 @@ class Simulation:
             req.t_dispatch = self.now
             self.records[req.rid].dispatch_s = self.now
         if self.setup.engine_rank and self.gw is not None:  # sent with its rank as its priority
-            client = self.client_class.setdefault(req.rid, req.priority)
-            req.priority = engine_priority(self.policy.engine_rank(req), client)
+            req.engine_priority = engine_priority(self.policy.engine_rank(req), req.priority)
         req.backend = idx
         self.engines[idx].add(req, self.now)
         self._kick(idx)

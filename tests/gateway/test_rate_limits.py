@@ -17,7 +17,7 @@ from gateway.app import create_app
 from gateway.rate_limit_rule import Refusal, Window, decide
 from gateway.rate_limits import LocalCounts, RedisCounts
 from gateway.settings_rate_limits import RateLimitSettings, TenantLimits
-from tests.gateway_support import FakeBackend, ServerThread, fleet, settings_for, wait_until
+from tests.gateway_support import FakeBackend, ServerThread, fleet, metric, settings_for, wait_until
 
 BODY = {"model": "fake", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4}
 
@@ -153,3 +153,19 @@ def test_limits_and_keys_reload_from_their_file_without_a_restart(tmp_path: Path
         assert post(url, authorization="Bearer k2").status_code == 200
         path.write_text("api_keys: [not, a, map]")  # a bad file: the limits in force stay
         assert post(url, authorization="Bearer k2").status_code == 200
+
+
+def test_tokens_are_counted_per_named_tenant_and_latencies_per_request() -> None:
+    """Per-tenant token counters name only configured tenants (a client-chosen ``x-tenant`` is
+    ``other``: no unbounded label set); end-to-end and per-output-token histograms count each
+    completed request."""
+    with fleet({"tokens": 4}, rate_limits={"tenants": {"acme": {"concurrent": 8}}}) as (_, url):
+        for tenant in ("acme", "acme", "made-up-1", "made-up-2"):
+            assert post(url, tenant=tenant).status_code == 200
+        text = httpx.get(url + "/metrics").text
+        assert metric(url, 'sagegate_tenant_tokens_total{kind="output",tenant="acme"}') == 8
+        assert metric(url, 'sagegate_tenant_tokens_total{kind="output",tenant="other"}') == 8
+        assert metric(url, 'sagegate_tenant_tokens_total{kind="prompt",tenant="acme"}') > 0
+        assert "made-up" not in text
+        assert metric(url, "sagegate_e2e_seconds_count") == 4
+        assert metric(url, "sagegate_time_per_output_token_seconds_count") == 4

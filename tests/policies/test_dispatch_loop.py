@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from core.distribution import LengthDistribution
 from gateway.backends import BackendPool
-from gateway.dispatcher import Dispatcher
+from gateway.dispatcher import Dispatcher, PauseVerdict
 from gateway.locality import Locality
 from gateway.queue import BoundedQueue, DispatchRefused, GatewayRequest
 from gateway.settings import GatewaySettings, PlacementSettings
@@ -183,16 +183,16 @@ class PausingDispatcher(Dispatcher):
     def can_pause(self, req: GatewayRequest) -> bool:
         return True  # every started request is "streamed" here
 
-    def pause(self, rid: object) -> bool:
+    def pause_now(self, rid: object) -> PauseVerdict:
         req = next((r for r in self.flying.values() if r.rid == rid), None)
         if req is None:
-            return False
+            return PauseVerdict.UNKNOWN
         self.release(req, final=False)
         req.future = asyncio.get_running_loop().create_future()
         req.charge = None  # rebuilt at its progress
         self._charge(req)
         self.queue.push(req, self.clock())
-        return True
+        return PauseVerdict.PAUSED
 
 
 @settings(max_examples=120, deadline=None)
@@ -221,6 +221,7 @@ pauses = st.builds(
     max_pauses=st.integers(0, 3),
     hysteresis=st.sampled_from([0.0, 0.5, 2.0]),
     prefill_tokens_per_step=st.sampled_from([64.0, 512.0, 1e6]),
+    bands=st.booleans(),
 )
 
 
