@@ -178,7 +178,7 @@ class RateLimiter:
         self.default, self.tenants = settings.default, dict(settings.tenants)
         self.local = LocalCounts()
         self.redis = RedisCounts(redis_url, settings, self.local) if redis_url else None
-        self._file_state: tuple[float, int] | None = None
+        self._file_state: tuple[int, ...] | None = None
         self._checked = -math.inf
         self._tasks: set[asyncio.Task[None]] = set()
         self._renewer: asyncio.Task[None] | None = None
@@ -197,15 +197,18 @@ class RateLimiter:
         self._checked = now
         try:
             st = os.stat(path)
-            state = (st.st_mtime, st.st_size)
-            if state == self._file_state:
-                return False
+            state: tuple[int, ...] = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except OSError:
+            state = ()
+        if state == self._file_state:
+            return False
+        self._file_state = state  # a bad file is reported once, not at every check
+        try:
             with open(path, encoding="utf-8") as fh:
                 parsed = LimitsFile.model_validate(yaml.safe_load(fh) or {})
         except Exception as exc:
             log.error("rate_limits.file %s: %s; the limits in force stay", path, exc)
             return False
-        self._file_state = state
         default, tenants, keys = self._base
         self.default = parsed.default or default
         self.tenants = dict(parsed.tenants if parsed.tenants is not None else tenants)
