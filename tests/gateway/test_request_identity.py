@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from gateway.access_log import AccessLog, request_id, upstream_id
-from tests.gateway_support import fleet
+from tests.gateway_support import fleet, wait_until
 
 BODY = {"model": "fake", "messages": [{"role": "user", "content": "a secret prompt"}], "max_tokens": 8}
 HEX = re.compile(r"[0-9a-f]{32}")
@@ -52,6 +52,8 @@ def test_the_id_comes_back_goes_upstream_and_names_the_access_line(caplog: pytes
         list(raw.parse())
         assert HEX.fullmatch(made)
         assert [h.get("x-request-id") for h in fake.state.headers] == ["req-1", made]
+        # a stream's line is written when the gateway settles it, just after the client's last byte
+        wait_until(lambda: made in {line["id"] for line in access_lines(caplog)}, what="the stream's line")
         lines = access_lines(caplog)
     by_id = {line["id"]: line for line in lines}
     first = by_id["req-1"]
