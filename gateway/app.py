@@ -119,10 +119,17 @@ class Gateway:
         )
         """The prefix index shared with other replicas through Redis (``placement.share``)."""
         self.recorder = Recorder(self.predictor)
-        self.proxy = Proxy(settings, self.dispatcher, self.pool, self.client, self.metrics, self.recorder)
         self.limiter = RateLimiter(settings.rate_limits, settings.api_keys, settings.redis_url)
         self.tracing = Tracing(settings.tracing, span_exporter)
-        self.proxy.tenant_label = self.limiter.tenant_label
+        self.proxy = Proxy(
+            settings,
+            self.dispatcher,
+            self.pool,
+            self.client,
+            self.metrics,
+            self.recorder,
+            self.limiter.tenant_label,
+        )
         self.director = Director(
             settings,
             Intake(settings),
@@ -229,10 +236,10 @@ def create_app(
         response.headers[REQUEST_ID_HEADER] = rid
         req = getattr(request.state, "gateway_request", None)
         why = str(exc.reason or exc.status)
-        fields: dict[str, object] = {"id": rid, "route": _route(request), "status": exc.status}
-        fields["outcome"] = why
         if req is not None:
-            fields = {**access_fields(req, exc.status, why, gw.dispatcher.clock()), **fields}
+            fields = access_fields(req, exc.status, why, gw.dispatcher.clock())
+        else:
+            fields = {"id": rid, "route": _route(request), "status": exc.status, "outcome": why}
         gw.proxy.ended(getattr(request.state, "trace", None), fields)
         return response
 

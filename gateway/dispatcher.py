@@ -125,7 +125,6 @@ class Dispatcher:
         """``pause.enabled``: operators may pause, and the pass may pause by rank."""
         self.pause_bands = False
         """``pause.bands``: the pass may pause a lower priority band for a higher one."""
-        """``pause.enabled``: :meth:`pause` may act."""
         self.pausable: dict[str, Pausable] = {}
         """Requests being streamed from a backend, by ``str(rid)``: what :meth:`pause` can pause."""
         self.last_stop: Decision[GatewayRequest] | None = None

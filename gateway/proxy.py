@@ -73,6 +73,7 @@ class Proxy:
         client: Upstream,
         metrics: GatewayMetrics,
         recorder: Recorder,
+        tenant_label: Callable[[str], str],
     ) -> None:
         self.settings = settings
         self.dispatcher = dispatcher
@@ -85,8 +86,8 @@ class Proxy:
             connect=up.connect_timeout_s, read=up.read_timeout_s, write=up.read_timeout_s, pool=None
         )
         self.access = AccessLog(settings.access_log)
-        self.tenant_label: Callable[[str], str] = lambda tenant: "other"
-        """A tenant's label on per-tenant metrics (the app sets the rate limiter's: bounded)."""
+        self.tenant_label = tenant_label
+        """A tenant's label on per-tenant metrics (the rate limiter's: a bounded set)."""
         self.closing = False
         """Set by ``Director.close_all``: the gateway is ending what is still running."""
         self.streams: set[SseResponse] = set()
@@ -286,15 +287,16 @@ class Proxy:
         b = self.pool.backends[req.backend].name if req.backend is not None else None
         req.output_tokens = output
         lc.finish(outcome)
+        now = self.dispatcher.clock()
         self.metrics.requests.labels(req.route, outcome).inc()
-        self.ended(req.trace, access_fields(req, status, outcome, self.dispatcher.clock(), b, output))
+        self.ended(req.trace, access_fields(req, status, outcome, now, b, output))
         label = self.tenant_label(req.tenant)
         self.metrics.tenant_tokens.labels(label, "prompt").inc(req.prompt_tokens)
         if output:
             self.metrics.tenant_tokens.labels(label, "output").inc(output)
         if outcome is Outcome.OK and output is not None:
             ttft = None if req.t_first is None else req.t_first - req.arrival_s
-            self.metrics.outcome(req.prediction, output, self.dispatcher.clock() - req.arrival_s, ttft)
+            self.metrics.outcome(req.prediction, output, now - req.arrival_s, ttft)
             self.recorder.record(asked, output)
 
 

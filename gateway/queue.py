@@ -111,11 +111,11 @@ class GatewayRequest(SchedRequest):
         self.t_enqueue = arrival_s
         self.t_dispatch: float | None = None
         self.t_first: float | None = None
+        """When the client's first token left (its first try's first byte)."""
         self.trace: RequestTrace | None = None
         """Its spans (``tracing.enabled``)."""
         self.output_tokens: int | None = None
         """The output the client was sent, once it ended (rate limits count it)."""
-        """When the client's first token left (its first try's first byte)."""
         self.request_id = request_id or str(rid)
         """The client's id for it (``gateway.access_log``): answers, upstream tries and the access log."""
         self.pauses = 0

@@ -85,8 +85,6 @@ class RedisCounts:
         self._release = self._redis.register_script(RELEASE_LUA)
         self._renew = self._redis.register_script(RENEW_LUA)
         self.failures = 0
-        self._alone: set[str] = set()
-        """Tenants whose permits were granted locally (released locally too)."""
 
     def _keys(self, tenant: str) -> list[str]:
         p = self.settings.redis_prefix
@@ -183,7 +181,6 @@ class RateLimiter:
         self._tasks: set[asyncio.Task[None]] = set()
         self._renewer: asyncio.Task[None] | None = None
         self._holding: dict[str, int] = {}
-        self.refused: dict[str, int] = {}
         self.reload()
 
     # --- the limits in force ------------------------------------------------------------------
@@ -237,7 +234,6 @@ class RateLimiter:
         else:
             refused, shared = self.local.acquire(tenant, limits, prompt_tokens), False
         if refused is not None:
-            self.refused[refused.kind] = self.refused.get(refused.kind, 0) + 1
             wait = refused.retry_after_s
             raise errors.limit_exceeded(
                 f"tenant {tenant!r} is over its {_NAMES[refused.kind]}; retry after {wait} s", wait

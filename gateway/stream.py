@@ -34,7 +34,6 @@ log = logging.getLogger("sagegate.gateway")
 
 BACKEND_HEADER = "x-sagegate-backend"
 REQUEST_ID_HEADER = "x-sagegate-request-id"
-"""The gateway's own number for a request (what ``/admin/requests/{id}/pause`` takes)."""
 """The gateway's id of the request (what ``POST /admin/requests/{id}/pause`` takes)."""
 PREDICTED_HEADER = "x-sagegate-predicted-tokens"
 PREFIX_HIT_HEADER = "x-sagegate-prefix-hit"
