@@ -325,14 +325,15 @@ class KVEventFollower:
                 if not await sock.poll(wait_ms):
                     return None
                 frames = await sock.recv_multipart()
-                if len(frames) != 3 or len(frames[1]) != 8:
+                # ("", topic, seq, payload) as vLLM 0.32 replays; earlier vLLM sent no topic
+                if len(frames) not in (3, 4) or frames[0] or len(frames[-2]) != 8:
                     return None
-                seq = int.from_bytes(frames[1], "big", signed=True)
+                seq = int.from_bytes(frames[-2], "big", signed=True)
                 if seq == END_SEQ or seq > first + len(out):
                     return None  # ended early, or the buffer no longer reaches back that far
                 if seq == first + len(out):
-                    out.append(frames[2])
-                    size += len(frames[2])
+                    out.append(frames[-1])
+                    size += len(frames[-1])
                     if size > REPLAY_MAX_BYTES:
                         return None
                 await asyncio.sleep(0)

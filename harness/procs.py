@@ -4,6 +4,8 @@ until it answers, and always stop it (no process is left behind)."""
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -20,8 +22,6 @@ ROOT = Path(__file__).resolve().parents[1]  # the repository, so `python -m sage
 def exit_on_sigterm() -> None:
     """Make SIGTERM (``kill``, a CI timeout) unwind like Ctrl-C: every ``finally`` runs, so the children
     this process started are stopped too (by default SIGTERM ends Python without unwinding)."""
-    import signal
-
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
@@ -82,20 +82,27 @@ def running(
     ready_path: str = "/health",
     startup_timeout_s: float = 30.0,
     env: dict[str, str] | None = None,
+    group: bool = False,
 ) -> Iterator[tuple[subprocess.Popen[str], IO[str]]]:
     """Run ``cmd`` (any program serving ``url``) until ``url + ready_path`` answers 200; yield the
-    process and its stderr log; terminate it (then kill it) on exit."""
+    process and its stderr log; terminate it (then kill it) on exit. ``group``: it runs in a process
+    group of its own, and whatever of the group is left (its children, when it was killed) is
+    killed on exit too."""
     # stderr to a file, not a pipe: a chatty child never blocks on it.
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen(
-            list(cmd), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True, env=env
-        )
+            list(cmd), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True, env=env,
+            start_new_session=group,
+        )  # fmt: skip
         try:
             _wait_ready(proc, url + ready_path, log, startup_timeout_s)
             yield proc, log
         finally:
             if proc.poll() is None:
                 stop(proc, 10)
+            if group:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
 
 
 def stop(proc: subprocess.Popen[Any], grace: float) -> bool:

@@ -59,10 +59,11 @@ def tiny_model(seed: int = 0) -> Path:
 
 @dataclass
 class Engine:
-    """A running vLLM engine: its URL, and its KV events' endpoint if it publishes them."""
+    """A running vLLM engine: its URL, and where it publishes its KV events if it does (a backend's
+    ``kv_events`` setting: the PUB socket and the replay socket that fills a late subscriber's gap)."""
 
     url: str
-    kv_events: str | None
+    kv_events: dict[str, str] | None
     proc: subprocess.Popen[str]
 
 
@@ -75,6 +76,7 @@ def vllm_engine(
     kv_events: bool = False,
     scheduling_policy: str = "fcfs",
     api_key: str | None = None,
+    max_num_seqs: int | None = None,
     seed: int = 0,
 ) -> Iterator[Engine]:
     """One real vLLM engine serving the tiny model as ``tiny`` on a free port (stopped on exit)."""
@@ -92,13 +94,18 @@ def vllm_engine(
     cmd.append("--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching")
     if api_key is not None:
         cmd += ["--api-key", api_key]
+    if max_num_seqs is not None:
+        cmd += ["--max-num-seqs", str(max_num_seqs)]
     events = None
     if kv_events:
-        events_port = free_port()
-        cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{events_port}"}
+        pub, replay = free_port(), free_port()
+        cfg = {
+            "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{pub}",
+            "replay_endpoint": f"tcp://*:{replay}",
+        }  # fmt: skip
         cmd += ["--kv-events-config", json.dumps(cfg)]
-        events = f"tcp://127.0.0.1:{events_port}"
+        events = {"endpoint": f"tcp://127.0.0.1:{pub}", "replay_endpoint": f"tcp://127.0.0.1:{replay}"}
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
     url = f"http://127.0.0.1:{port}"
-    with running(cmd, url, "/health", STARTUP_S, env) as (proc, _log):
+    with running(cmd, url, "/health", STARTUP_S, env, group=True) as (proc, _log):  # its engine core too
         yield Engine(url, events, proc)

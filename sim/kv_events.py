@@ -11,8 +11,9 @@ struct: ``BlockStored`` (``block_hashes``, ``parent_block_hash``, ``token_ids``,
 #42892 an event is a map keyed by field name with its tag under ``"type"`` (fields at their default
 omitted); before it, an array with the tag first and every field in declaration order (``layout:
 "array"`` here, a simulator-only key). An optional ROUTER socket (``replay_endpoint``) replays the
-last ``buffer_steps`` batches: a client sends ``(b"", start_seq)`` and gets ``(b"", seq, payload)``
-for each buffered batch from ``start_seq`` on, then ``(b"", -1, b"")``.
+last ``buffer_steps`` batches: a client sends ``(b"", start_seq)`` and gets ``(b"", topic, seq,
+payload)`` for each buffered batch from ``start_seq`` on, then ``(b"", b"", -1, b"")``, as vLLM 0.32
+replays (its real replay socket, ``tests/vllm``; earlier vLLM sent no topic).
 
 :class:`EventLog` is what ``sim.kv.BlockPool.events`` calls; the runner (``sim.server_runner``) hands
 its events to :class:`Publisher` after each step. A block's hash is its simulated content key (a
@@ -239,8 +240,10 @@ class Publisher:
             first = int.from_bytes(start, "big")
             for seq, payload in list(self.buffer):
                 if seq >= first:
-                    await self.replay.send_multipart([client, b"", seq.to_bytes(8, "big"), payload])
-            await self.replay.send_multipart([client, b"", END_SEQ, b""])
+                    await self.replay.send_multipart(
+                        [client, b"", self.topic, seq.to_bytes(8, "big"), payload]
+                    )
+            await self.replay.send_multipart([client, b"", b"", END_SEQ, b""])  # as vLLM 0.32 replays
 
     def close(self) -> None:
         if self._task is not None:

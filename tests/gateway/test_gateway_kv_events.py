@@ -142,9 +142,11 @@ def test_a_gap_clears_a_restart_clears_and_silence_after_requests_is_stale() -> 
 
 # --- over real ZMQ ----------------------------------------------------------------------------------------
 class HandPublisher:
-    """vLLM's publisher side by hand: PUB (topic, seq, payload) and a ROUTER replaying its buffer."""
+    """vLLM's publisher side by hand: PUB (topic, seq, payload) and a ROUTER replaying its buffer as
+    vLLM 0.32 does (topic, seq, payload), or as earlier vLLM did (seq, payload)."""
 
-    def __init__(self) -> None:
+    def __init__(self, replay_topic: bool = True) -> None:
+        self.replay_topic = [b"kv@b@m"] if replay_topic else []
         self.port, self.replay_port = free_port(), free_port()
         self.ctx = zmq.asyncio.Context()
         self.pub = self.ctx.socket(zmq.PUB)
@@ -164,8 +166,11 @@ class HandPublisher:
             ident, _, start = await self.router.recv_multipart()
             for seq, payload in self.buffer:
                 if seq >= int.from_bytes(start, "big"):
-                    await self.router.send_multipart([ident, b"", seq.to_bytes(8, "big"), payload])
-            await self.router.send_multipart([ident, b"", (-1).to_bytes(8, "big", signed=True), b""])
+                    await self.router.send_multipart(
+                        [ident, b"", *self.replay_topic, seq.to_bytes(8, "big"), payload]
+                    )
+            end = [b""] if self.replay_topic else []
+            await self.router.send_multipart([ident, b"", *end, (-1).to_bytes(8, "big", signed=True), b""])
 
     def close(self) -> None:
         self.task.cancel()
@@ -193,9 +198,10 @@ async def until(cond: Any, what: str, timeout: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def test_the_follower_over_zmq_fills_a_gap_from_the_replay_socket() -> None:
+@pytest.mark.parametrize("replay_topic", [True, False], ids=["vllm-0.32", "earlier"])
+def test_the_follower_over_zmq_fills_a_gap_from_the_replay_socket(replay_topic: bool) -> None:
     async def scenario() -> None:
-        pub = HandPublisher()
+        pub = HandPublisher(replay_topic)
         source = BackendKVEvents(
             endpoint=f"tcp://127.0.0.1:{pub.port}", replay_endpoint=f"tcp://127.0.0.1:{pub.replay_port}"
         )

@@ -209,17 +209,19 @@ def test_a_backend_publishes_stored_removed_and_cleared_as_vllm_frames_them(
         seqs = [s for _, s, _ in sub.messages]
         assert topics == {b"kv@sim@fake"}
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # one more each batch, no gap
-        # the replay socket gives back what was published, from the asked sequence on, then -1
+        # the replay socket gives back what was published, from the asked sequence on, then -1, each
+        # (topic, seq, payload) as vLLM 0.32 replays (the end marker's topic empty)
         dealer = sub.ctx.socket(zmq.DEALER)
         dealer.connect(f"tcp://127.0.0.1:{replay}")
         dealer.send_multipart([b"", seqs[1].to_bytes(8, "big")])
         replayed = []
         while True:
             assert dealer.poll(5000)
-            _, seq, payload = dealer.recv_multipart()
+            _, topic, seq, payload = dealer.recv_multipart()
             if int.from_bytes(seq, "big", signed=True) == -1:
-                assert payload == b""
+                assert payload == b"" and topic == b""
                 break
+            assert topic == b"kv@sim@fake"
             replayed.append((int.from_bytes(seq, "big"), payload))
         dealer.close(0)
         assert replayed == [(s, p) for _, s, p in sub.messages[1:]]

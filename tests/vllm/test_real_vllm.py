@@ -1,13 +1,19 @@
 """The gateway in front of a real vLLM (its CPU build, a tiny random-weight model: ``harness.vllm``).
 
 Run by ``make test-vllm`` (and CI); skipped where ``make vllm`` has not made vLLM's environment. One
-engine serves the module (started with an API key and its KV events on): the gateway must take its
-key, read its metrics, relay its streams, pass its refusals on without blaming it, and predict its
-prefix-cache hits from its own events as vLLM counts them.
+engine serves most tests (started with an API key and its KV events on): the gateway must take its
+key, read its metrics, relay its streams, pass its refusals on without blaming it, abort what a client
+abandons, and predict its prefix-cache hits from its own events as vLLM counts them. A second, small
+one (24 blocks, priority scheduling, one sequence at a time) evicts and orders; a third is killed
+mid-stream.
 """
 
 from __future__ import annotations
 
+import os
+import random
+import signal
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,6 +40,28 @@ SYSTEM = "You are the timetable assistant of a railway; answer briefly and exact
 def engine() -> Iterator[Engine]:
     with vllm_engine(api_key=KEY, kv_events=True) as e:
         yield e
+
+
+SMALL_BLOCKS = 24
+"""The small engine's cache: 3,072 tokens, about three of :func:`office`'s prompts."""
+
+
+@pytest.fixture(scope="module")
+def small() -> Iterator[Engine]:
+    """24 blocks, vLLM's priority scheduling, one sequence at a time, no key."""
+    with vllm_engine(
+        blocks=SMALL_BLOCKS, max_model_len=2048, kv_events=True, scheduling_policy="priority", max_num_seqs=1
+    ) as e:
+        yield e
+
+
+WORDS = ("train", "platform", "ticket", "Basel", "Bern", "Zurich", "delay", "coach", "seat", "fare")
+
+
+def office(k: int, words: int = 700) -> str:
+    """A system prompt of its own for each ``k`` (~1k tokens; different from the first word)."""
+    rng = random.Random(k)
+    return f"Office {k}. " + " ".join(rng.choice(WORDS) + str(rng.randrange(100)) for _ in range(words))
 
 
 def gateway(engine: Engine, key: str | None = KEY, **kw: Any) -> ServerThread:
@@ -96,36 +124,188 @@ def test_vllms_refusal_reaches_the_client_and_charges_no_circuit(engine: Engine)
         assert metric(gw.url, 'sagegate_requests_total{route="chat",status="client_error"}') == 1
 
 
+def following(gw: ServerThread) -> None:
+    """Wait until the gateway's follower has subscribed to the engine's KV events."""
+    wait_until(
+        lambda: (
+            metric(gw.url, 'sagegate_kv_events_state{backend="backend-0",state="waiting"}') == 1
+            or metric(gw.url, 'sagegate_kv_events_state{backend="backend-0",state="precise"}') == 1
+        ),
+        what="the follower subscribed",
+    )
+
+
+def hits(
+    gw: ServerThread, engine: Engine, body: dict[str, Any], route: str = "chat/completions"
+) -> tuple[int, int]:
+    """One request's predicted cached tokens (the gateway's header) and vLLM's own count for it."""
+    before = metric(engine.url, "vllm:prefix_cache_hits_total")
+    r = httpx.post(f"{gw.url}/v1/{route}", json={"model": MODEL_NAME, "max_tokens": 4, **body}, timeout=60)
+    assert r.status_code == 200, r.text
+    wait_until(  # its events have come before the next request is placed
+        lambda: metric(gw.url, 'sagegate_kv_events_state{backend="backend-0",state="precise"}') == 1,
+        what="precise",
+    )
+    return int(r.headers["x-sagegate-prefix-hit"]), int(
+        metric(engine.url, "vllm:prefix_cache_hits_total") - before
+    )
+
+
+def turn(system: str, user: str) -> dict[str, Any]:
+    return {"messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
+
+
 def test_precise_hits_are_vllms_own(engine: Engine) -> None:
     """Following vLLM's KV events (its tokenizer through ``/tokenize``), the gateway's predicted cached
     tokens equal what vLLM's own counter records for each turn, within a block."""
     with gateway(engine) as gw:
         up(gw.url)
-        wait_until(
-            lambda: metric(gw.url, 'sagegate_kv_events_state{backend="backend-0",state="waiting"}') == 1,
-            what="the follower subscribed",
-        )
-        seen = []
-        for i in range(4):
-            before = metric(engine.url, "vllm:prefix_cache_hits_total")
-            body = {
-                "model": MODEL_NAME,
-                "messages": [
-                    {"role": "system", "content": SYSTEM},
-                    {"role": "user", "content": f"Question {i}: when does train {i} leave?"},
-                ],
-                "max_tokens": 4,
-            }
-            r = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=60)
-            assert r.status_code == 200, r.text
-            wait_until(  # its events have come before the next turn is placed
-                lambda: metric(gw.url, 'sagegate_kv_events_state{backend="backend-0",state="precise"}') == 1,
-                what="precise",
-            )
-            hit = metric(engine.url, "vllm:prefix_cache_hits_total") - before
-            seen.append((int(r.headers["x-sagegate-prefix-hit"]), int(hit)))
+        following(gw)
+        seen = [hits(gw, engine, turn(SYSTEM, f"Question {i}: when does train {i} leave?")) for i in range(4)]
         assert seen[0] == (0, 0)
         assert all(abs(p - h) <= BLOCK_SIZE and h > 0 for p, h in seen[1:]), seen
+
+
+def test_precise_hits_follow_vllms_evictions(small: Engine) -> None:
+    """In a cache of three prompts, a fourth evicts the oldest: the gateway hears vLLM remove its
+    blocks and predicts no hit where vLLM finds none, and a hit where the blocks survive."""
+    with gateway(small, key=None) as gw:
+        up(gw.url)
+        following(gw)
+        order = [0, 1, 0, 2, 3, 0, 3, 1]
+        seen = [hits(gw, small, turn(office(k), f"Question {i}?")) for i, k in enumerate(order)]
+        assert all(abs(p - h) <= BLOCK_SIZE for p, h in seen), list(zip(order, seen, strict=True))
+        assert seen[2][1] > 0 and seen[6][1] > 0  # a repeat within the cache hits
+        assert seen[5][1] == 0 and seen[5][0] <= BLOCK_SIZE  # office 0 was evicted by offices 2 and 3
+
+
+def test_a_token_id_prompt_is_placed_by_its_ids_by_a_gateway_that_joined_late(engine: Engine) -> None:
+    """``/v1/completions`` with a prompt of token ids, first sent to vLLM directly: a gateway started
+    afterwards, on the first events it sees, asks vLLM's replay socket for the ones it missed, and
+    keys the ids themselves (no text to tokenise) as vLLM's cache does: its predicted hit is vLLM's."""
+    rng = random.Random(7)
+    ids = [rng.randrange(1_000, 90_000) for _ in range(1_400)]
+    direct = {"model": MODEL_NAME, "prompt": ids[:1_100], "max_tokens": 3}
+    r = httpx.post(
+        engine.url + "/v1/completions", json=direct, headers={"authorization": f"Bearer {KEY}"}, timeout=60
+    )
+    assert r.status_code == 200, r.text
+    with gateway(engine) as gw:
+        up(gw.url)
+        following(gw)
+        r = httpx.post(gw.url + "/v1/completions", json={**direct, "prompt": ids[:1_300]}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == 1_300
+        predicted, hit = hits(gw, engine, {"prompt": ids}, route="completions")  # 10 of 11 blocks cached
+        assert hit == 10 * BLOCK_SIZE and abs(predicted - hit) <= BLOCK_SIZE, (predicted, hit)
+        assert metric(gw.url, 'sagegate_kv_events_gaps_total{backend="backend-0",what="replayed"}') == 1
+
+
+def test_a_client_that_leaves_mid_stream_aborts_the_request_in_vllm(engine: Engine) -> None:
+    with gateway(engine) as gw:
+        up(gw.url)
+        generated = metric(engine.url, "vllm:generation_tokens_total")
+        body = {
+            "model": MODEL_NAME, "messages": [{"role": "user", "content": "Every stop to Chur?"}],
+            "max_tokens": 4_000, "stream": True, "ignore_eos": True,
+        }  # fmt: skip
+        with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            for _ in range(10):
+                next(lines)
+            assert metric(engine.url, "vllm:num_requests_running") == 1
+        # 4,000 tokens take vLLM ~30 s here: it stops long before that
+        wait_until(
+            lambda: metric(engine.url, "vllm:num_requests_running") == 0, timeout=10, what="vLLM aborts"
+        )
+        assert metric(engine.url, "vllm:generation_tokens_total") - generated < 2_000
+        wait_until(
+            lambda: metric(gw.url, 'sagegate_cancellations_total{stage="streaming"}') == 1, what="counted"
+        )
+
+
+def finish_order(engine: Engine, forward: bool) -> list[str]:
+    """The order in which a low (``x-priority: 0``) and a later high (``5``) request finish while one
+    long request holds the engine's only sequence, the gateway forwarding bands to vLLM or not."""
+    done: list[str] = []
+
+    def ask(url: str, name: str, priority: int, max_tokens: int) -> None:
+        body = {
+            "model": MODEL_NAME,
+            "prompt": f"{name} request",
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+        }
+        r = httpx.post(url + "/v1/completions", json=body, headers={"x-priority": str(priority)}, timeout=120)
+        assert r.status_code == 200, r.text
+        done.append(name)
+
+    def waiting(n: int) -> None:
+        wait_until(
+            lambda: metric(engine.url, "vllm:num_requests_waiting") == n, timeout=30, what=f"{n} waiting"
+        )
+
+    with gateway(engine, key=None, upstream={"forward_priority": forward}) as gw:
+        up(gw.url)
+        threads = [
+            threading.Thread(target=ask, args=(gw.url, *a))
+            for a in (("long", 1, 300), ("low", 0, 4), ("high", 5, 4))
+        ]
+        threads[0].start()
+        wait_until(
+            lambda: metric(engine.url, "vllm:num_requests_running") == 1, timeout=30, what="long running"
+        )
+        threads[1].start()
+        waiting(1)
+        threads[2].start()
+        waiting(2)
+        for t in threads:
+            t.join(120)
+    return done
+
+
+def test_vllms_priority_scheduling_serves_the_gateways_higher_band_first(small: Engine) -> None:
+    """Forwarded (``upstream.forward_priority``), the band orders vLLM's own waiting queue: the later
+    high request finishes before the earlier low one; not forwarded, vLLM serves them as they came."""
+    assert finish_order(small, forward=False) == ["long", "low", "high"]
+    assert finish_order(small, forward=True) == ["long", "high", "low"]
+
+
+def test_a_stream_whose_engine_dies_goes_on_from_another_engine(small: Engine) -> None:
+    """The engine serving a stream is killed mid-way: the gateway continues it on the other engine
+    (vLLM's ``continue_final_message`` after the text the client has), and the client sees one answer
+    of the length it asked for."""
+    with vllm_engine(blocks=64, max_model_len=2048) as doomed:
+        settings = settings_for([doomed.url, small.url])
+        with ServerThread(create_app(settings)) as gw:
+            wait_until(
+                lambda: all(b["healthy"] for b in admin(gw.url)["backends"]), timeout=15, what="healthy"
+            )
+            prompt_before = metric(small.url, "vllm:prompt_tokens_total")
+            client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
+            raw = client.chat.completions.with_raw_response.create(
+                model=MODEL_NAME,
+                messages=[{"role": "user", "content": "Name every station from Geneva to St. Gallen."}],
+                max_tokens=200, stream=True, stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True},
+            )  # fmt: skip
+            assert raw.headers["x-sagegate-backend"] == "backend-0"
+            text, before_kill, finish, usage = [], 0, None, None
+            for i, chunk in enumerate(raw.parse()):
+                if i == 30:
+                    before_kill = len(text)
+                    os.kill(doomed.proc.pid, signal.SIGKILL)
+                if chunk.choices:
+                    text += [chunk.choices[0].delta.content or ""]
+                    finish = chunk.choices[0].finish_reason or finish
+                usage = chunk.usage or usage
+            assert metric(gw.url, 'sagegate_pauses_total{event="recovered"}') == 1
+            assert metric(gw.url, 'sagegate_pauses_total{event="resumed"}') == 1
+            assert finish == "length" and len(text) > before_kill + 100  # it went on (one chunk a token)
+            assert usage is not None and usage.completion_tokens >= 190
+            # the other engine was given the prompt and the text the client had
+            carried = metric(small.url, "vllm:prompt_tokens_total") - prompt_before
+            assert carried >= before_kill, (carried, before_kill)
 
 
 def paused_and_whole(engine: Engine) -> tuple[Any, Any]:
