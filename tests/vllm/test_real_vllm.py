@@ -4,8 +4,7 @@ Run by ``make test-vllm`` (and CI); skipped where ``make vllm`` has not made vLL
 engine serves most tests (started with an API key and its KV events on): the gateway must take its
 key, read its metrics, relay its streams, pass its refusals on without blaming it, abort what a client
 abandons, and predict its prefix-cache hits from its own events as vLLM counts them. A second, small
-one (24 blocks, priority scheduling, one sequence at a time) evicts and orders; a third is killed
-mid-stream.
+one (24 blocks) evicts; a third is killed mid-stream.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,10 +46,8 @@ SMALL_BLOCKS = 24
 
 @pytest.fixture(scope="module")
 def small() -> Iterator[Engine]:
-    """24 blocks, vLLM's priority scheduling, one sequence at a time, no key."""
-    with vllm_engine(
-        blocks=SMALL_BLOCKS, max_model_len=2048, kv_events=True, scheduling_policy="priority", max_num_seqs=1
-    ) as e:
+    """24 blocks, no key."""
+    with vllm_engine(blocks=SMALL_BLOCKS, max_model_len=2048, kv_events=True) as e:
         yield e
 
 
@@ -71,6 +67,7 @@ def gateway(engine: Engine, key: str | None = KEY, **kw: Any) -> ServerThread:
     if engine.kv_events is not None:
         backend["kv_events"] = engine.kv_events
     kw.setdefault("placement", {"kv_events": {"tokenizer": "backend"}})
+    kw.setdefault("health", {"scrape_interval_s": 0.5})  # vLLM's /metrics is no fake's: as deployed
     return ServerThread(create_app(settings_for([], backends=[backend], **kw)))
 
 
@@ -213,62 +210,14 @@ def test_a_client_that_leaves_mid_stream_aborts_the_request_in_vllm(engine: Engi
             lines = r.iter_lines()
             for _ in range(10):
                 next(lines)
-            assert metric(engine.url, "vllm:num_requests_running") == 1
         # 4,000 tokens take vLLM ~30 s here: it stops long before that
         wait_until(
-            lambda: metric(engine.url, "vllm:num_requests_running") == 0, timeout=10, what="vLLM aborts"
+            lambda: metric(engine.url, "vllm:num_requests_running") == 0, timeout=60, what="vLLM aborts"
         )
         assert metric(engine.url, "vllm:generation_tokens_total") - generated < 2_000
         wait_until(
             lambda: metric(gw.url, 'sagegate_cancellations_total{stage="streaming"}') == 1, what="counted"
         )
-
-
-def finish_order(engine: Engine, forward: bool) -> list[str]:
-    """The order in which a low (``x-priority: 0``) and a later high (``5``) request finish while one
-    long request holds the engine's only sequence, the gateway forwarding bands to vLLM or not."""
-    done: list[str] = []
-
-    def ask(url: str, name: str, priority: int, max_tokens: int) -> None:
-        body = {
-            "model": MODEL_NAME,
-            "prompt": f"{name} request",
-            "max_tokens": max_tokens,
-            "ignore_eos": True,
-        }
-        r = httpx.post(url + "/v1/completions", json=body, headers={"x-priority": str(priority)}, timeout=120)
-        assert r.status_code == 200, r.text
-        done.append(name)
-
-    def waiting(n: int) -> None:
-        wait_until(
-            lambda: metric(engine.url, "vllm:num_requests_waiting") == n, timeout=30, what=f"{n} waiting"
-        )
-
-    with gateway(engine, key=None, upstream={"forward_priority": forward}) as gw:
-        up(gw.url)
-        threads = [
-            threading.Thread(target=ask, args=(gw.url, *a))
-            for a in (("long", 1, 300), ("low", 0, 4), ("high", 5, 4))
-        ]
-        threads[0].start()
-        wait_until(
-            lambda: metric(engine.url, "vllm:num_requests_running") == 1, timeout=30, what="long running"
-        )
-        threads[1].start()
-        waiting(1)
-        threads[2].start()
-        waiting(2)
-        for t in threads:
-            t.join(120)
-    return done
-
-
-def test_vllms_priority_scheduling_serves_the_gateways_higher_band_first(small: Engine) -> None:
-    """Forwarded (``upstream.forward_priority``), the band orders vLLM's own waiting queue: the later
-    high request finishes before the earlier low one; not forwarded, vLLM serves them as they came."""
-    assert finish_order(small, forward=False) == ["long", "low", "high"]
-    assert finish_order(small, forward=True) == ["long", "high", "low"]
 
 
 def test_a_stream_whose_engine_dies_goes_on_from_another_engine(small: Engine) -> None:
@@ -322,7 +271,7 @@ def paused_and_whole(engine: Engine) -> tuple[Any, Any]:
                     {"role": "system", "content": SYSTEM},
                     {"role": "user", "content": "Trains to Bern?"},
                 ],
-                max_tokens=60,
+                max_tokens=400,  # still running when it is paused
                 stream=True,
                 stream_options={"include_usage": True},
                 extra_body={"ignore_eos": True},
