@@ -239,6 +239,7 @@ class Director:
         except BaseException:
             permit.end(None)
             raise
+        req.on_generated = permit.streamed
         lc.on_end = lambda: permit.end(lc.req.output_tokens)
         return lc
 

@@ -1,6 +1,7 @@
 """The rate-limit rule inside Redis (``gateway.rate_limit_rule`` says it in Python; a test holds
 them equal): one hash per tenant (``r:{minute}``, ``t:{minute}`` counts, ``c:{replica}`` requests
-in flight) and one sorted set of live replicas (score: lease expiry). Atomic, so every replica
+in flight) and one sorted set of live replicas (score: lease expiry). ``RELEASE_LUA`` adds output
+tokens (as they stream) and, when its request is done, gives its place back. Atomic, so every replica
 counts against the same numbers. ``now`` is Redis's clock unless given (tests)."""
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ return {1}
 RELEASE_LUA = (
     _COMMON
     + """
-local output = tonumber(ARGV[4])
-if num('c:' .. replica) > 0 then redis.call('HINCRBY', h, 'c:' .. replica, -1) end
+local output, done = tonumber(ARGV[4]), ARGV[5] == '1'
+if done and num('c:' .. replica) > 0 then redis.call('HINCRBY', h, 'c:' .. replica, -1) end
 if output > 0 then redis.call('HINCRBY', h, 't:' .. minute, output) end
 redis.call('EXPIRE', h, math.max(180, math.ceil(lease * 2)))
 return 1

@@ -62,11 +62,13 @@ class LocalCounts:
                 del t.minutes[old]
         return refused
 
-    def release(self, tenant: str, output_tokens: int) -> None:
+    def release(self, tenant: str, output_tokens: int, done: bool = True) -> None:
+        """``output_tokens`` more generated; ``done``: the request ended (its place given back)."""
         t = self._tenants.get(tenant)
         if t is None:
             return
-        t.running = max(0, t.running - 1)
+        if done:
+            t.running = max(0, t.running - 1)
         if output_tokens > 0:
             t.minutes.setdefault(math.floor(self.clock() / WINDOW_S), [0.0, 0.0])[1] += output_tokens
 
@@ -109,12 +111,15 @@ class RedisCounts:
         kind = got[1].decode() if isinstance(got[1], bytes) else str(got[1])
         return Refusal(kind, int(got[2])), True
 
-    async def release(self, tenant: str, output_tokens: int, now: float | None = None) -> None:
+    async def release(
+        self, tenant: str, output_tokens: int, now: float | None = None, done: bool = True
+    ) -> None:
         args: list[Any] = [
             self.replica,
             "" if now is None else repr(now),
             self.settings.lease_s,
             output_tokens,
+            "1" if done else "0",
         ]
         try:
             await asyncio.wait_for(self._release(keys=self._keys(tenant), args=args), self.settings.timeout_s)
@@ -145,22 +150,37 @@ class RedisCounts:
             await self._redis.aclose()
 
 
-class Permit:
-    """An admitted request's hold on its tenant's counts, given back once (:meth:`end`)."""
+STREAM_CHARGE_TOKENS = 64
+"""A stream's output is counted against its tenant's tokens per minute each time this many more
+tokens have been relayed (and the rest when it ends): a long answer counts as it streams, not all at
+its end, at one Redis call per this many tokens."""
 
-    __slots__ = ("_done", "limiter", "shared", "tenant")
+
+class Permit:
+    """An admitted request's hold on its tenant's counts: output counted as it streams
+    (:meth:`streamed`), given back once (:meth:`end`)."""
+
+    __slots__ = ("_charged", "_done", "limiter", "shared", "tenant")
 
     def __init__(self, limiter: RateLimiter, tenant: str, shared: bool) -> None:
         self.limiter = limiter
         self.tenant = tenant
         self.shared = shared
         self._done = False
+        self._charged = 0
+
+    def streamed(self, generated: int) -> None:
+        """``generated`` output tokens relayed so far."""
+        if self._done or generated - self._charged < STREAM_CHARGE_TOKENS:
+            return
+        more, self._charged = generated - self._charged, generated
+        self.limiter.counted(self, more, done=False)
 
     def end(self, output_tokens: int | None) -> None:
         if self._done:
             return
         self._done = True
-        self.limiter.ended(self, output_tokens or 0)
+        self.limiter.counted(self, max(0, (output_tokens or 0) - self._charged), done=True)
 
 
 class RateLimiter:
@@ -243,17 +263,19 @@ class RateLimiter:
             self._renewer = asyncio.get_running_loop().create_task(self._renew_while_holding())
         return Permit(self, tenant, shared)
 
-    def ended(self, permit: Permit, output_tokens: int) -> None:
+    def counted(self, permit: Permit, output_tokens: int, done: bool) -> None:
+        """``output_tokens`` more of ``permit``'s output; ``done``: its request ended."""
         tenant = permit.tenant
-        left = self._holding.get(tenant, 1) - 1
-        if left > 0:
-            self._holding[tenant] = left
-        else:
-            self._holding.pop(tenant, None)
+        if done:
+            left = self._holding.get(tenant, 1) - 1
+            if left > 0:
+                self._holding[tenant] = left
+            else:
+                self._holding.pop(tenant, None)
         if permit.shared and self.redis is not None:
-            self._spawn(self.redis.release(tenant, output_tokens))
+            self._spawn(self.redis.release(tenant, output_tokens, done=done))
         else:
-            self.local.release(tenant, output_tokens)
+            self.local.release(tenant, output_tokens, done)
 
     async def _renew_while_holding(self) -> None:
         assert self.redis is not None

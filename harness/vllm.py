@@ -77,9 +77,14 @@ def vllm_engine(
     scheduling_policy: str = "fcfs",
     api_key: str | None = None,
     max_num_seqs: int | None = None,
+    cpus: str | None = None,
+    dev_mode: bool = False,
     seed: int = 0,
 ) -> Iterator[Engine]:
-    """One real vLLM engine serving the tiny model as ``tiny`` on a free port (stopped on exit)."""
+    """One real vLLM engine serving the tiny model as ``tiny`` on a free port (stopped on exit).
+    ``cpus``: the cores its worker's threads are bound to (``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``"1"``;
+    vLLM's default binds them to every core, and its busy threads starve whatever else runs there).
+    ``dev_mode``: vLLM's development routes (``POST /reset_prefix_cache``), for benchmarks."""
     py = vllm_python()
     if py is None:
         raise RuntimeError("no vLLM environment: run `make vllm` first")
@@ -106,6 +111,10 @@ def vllm_engine(
         cmd += ["--kv-events-config", json.dumps(cfg)]
         events = {"endpoint": f"tcp://127.0.0.1:{pub}", "replay_endpoint": f"tcp://127.0.0.1:{replay}"}
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    if cpus is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
+    if dev_mode:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     url = f"http://127.0.0.1:{port}"
     with running(cmd, url, "/health", STARTUP_S, env, group=True) as (proc, _log):  # its engine core too
         yield Engine(url, events, proc)

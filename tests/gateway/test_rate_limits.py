@@ -55,8 +55,8 @@ def test_the_rule_reads_a_sliding_minute_from_two_fixed_ones() -> None:
 def test_the_rule_inside_redis_is_the_rules_own(
     redis_url: str, redis_prefix: str, limits: TenantLimits
 ) -> None:
-    """The same random sequence of starts and ends, on one clock, through the Python rule and the Lua
-    script: the same decisions, the same Retry-After."""
+    """The same random sequence of starts, output counted as it streams and ends, on one clock,
+    through the Python rule and the Lua script: the same decisions, the same Retry-After."""
     rng = random.Random(7)
     settings = RateLimitSettings(redis_prefix=redis_prefix, timeout_s=5.0)
     clock = [1000.0]
@@ -69,6 +69,11 @@ def test_the_rule_inside_redis_is_the_rules_own(
         try:
             for _ in range(400):
                 clock[0] += rng.expovariate(1 / 1.5)
+                if held and rng.random() < 0.2:  # output counted as it streams: the request stays
+                    more = rng.randint(1, 100)
+                    local.release("t", more, done=False)
+                    await remote.release("t", more, now=clock[0], done=False)
+                    continue
                 if held and rng.random() < 0.45:
                     out = held.pop(rng.randrange(len(held)))
                     local.release("t", out)
@@ -123,6 +128,31 @@ def test_concurrency_is_given_back_when_a_request_ends_however_it_ends() -> None
         with httpx.stream("POST", gw.url + "/v1/chat/completions", json={**BODY, "stream": True}) as s:
             next(s.iter_bytes())  # a stream the client walks away from
         wait_until(lambda: post(gw.url).status_code == 200, what="the abandoned stream's permit back")
+
+
+def test_a_streams_output_counts_against_tokens_per_minute_as_it_streams() -> None:
+    """A long answer is counted as it is relayed, not all at its end: while one still streams, the
+    tenant is over its tokens per minute and the next request is refused."""
+    slow = FakeBackend(tokens=400, delay_s=0.01)
+    limits = {"default": {"tokens_per_minute": 250}}
+    with (
+        ServerThread(slow.app) as be,
+        ServerThread(create_app(settings_for([be.url], rate_limits=limits))) as gw,
+    ):
+        wait_until(lambda: httpx.get(gw.url + "/ready").status_code == 200, what="ready")
+        body = {**BODY, "max_tokens": 400, "stream": True}
+        with httpx.stream(
+            "POST", gw.url + "/v1/chat/completions", json=body, headers={"x-tenant": "t1"}
+        ) as s:
+            events = (line for line in s.iter_lines() if line.startswith("data: {"))
+            for _ in range(300):  # 300 tokens relayed, ~100 still to come
+                next(events)
+            refused = post(gw.url)
+            assert slow.state.requests == 1  # the first is still streaming
+            for _ in events:
+                pass
+    assert refused.status_code == 429, refused.text
+    assert "tokens per minute" in refused.json()["error"]["message"]
 
 
 def test_two_replicas_on_one_redis_hold_one_limit(redis_url: str, redis_prefix: str) -> None:
