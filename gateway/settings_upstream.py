@@ -43,8 +43,8 @@ class UpstreamSettings(BaseModel):
     """Send each request's rank at dispatch as its ``priority`` (``policies.engine_priority``: its
     priority band first, then the policy's rank bucketed on a log scale), so an engine in
     vLLM's priority mode orders its waiting queue and picks preemption victims by predicted cost.
-    Only for backends started with ``--scheduling-policy priority`` (vLLM refuses a non-zero
-    ``priority`` otherwise)."""
+    Only useful for backends started with ``--scheduling-policy priority`` (an FCFS vLLM ignores the
+    field; vLLM 0.32 accepts it without error, some earlier versions refused a non-zero one)."""
     max_sse_event_bytes: int = Field(default=1024 * 1024, ge=4096)
     """Largest SSE event accepted from a backend (a token event is well under 1 KB). A backend that
     sends more without ending an event has its stream ended with an SSE error event."""
