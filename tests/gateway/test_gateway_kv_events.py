@@ -149,12 +149,17 @@ class HandPublisher:
         self.replay_topic = [b"kv@b@m"] if replay_topic else []
         self.port, self.replay_port = free_port(), free_port()
         self.ctx = zmq.asyncio.Context()
-        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub = self.ctx.socket(zmq.XPUB)  # a PUB that hears its subscribers (:meth:`subscribed`)
         self.pub.bind(f"tcp://127.0.0.1:{self.port}")
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.bind(f"tcp://127.0.0.1:{self.replay_port}")
         self.buffer: list[tuple[int, bytes]] = []
         self.task = asyncio.ensure_future(self._replay())
+
+    async def subscribed(self) -> None:
+        """Until a subscriber's subscription has reached it (what it sends before is lost)."""
+        assert await self.pub.poll(10_000), "no subscriber"
+        await self.pub.recv()
 
     async def send(self, seq: int, payload: bytes, lose: bool = False) -> None:
         self.buffer.append((seq, payload))
@@ -208,7 +213,7 @@ def test_the_follower_over_zmq_fills_a_gap_from_the_replay_socket(replay_topic: 
         f = KVEventFollower("b", source, KVEventsSettings(), 64 * BS)
         try:
             async with following(f):
-                await asyncio.sleep(0.3)  # the subscription reaches the publisher
+                await pub.subscribed()
                 await pub.send(0, batch(stored([11, 12], None, TOKENS[:32])))
                 await until(lambda: f.index.match(KEYS) == 2, "the first blocks")
                 await pub.send(1, batch(stored([13], 12, TOKENS[32:48])), lose=True)
