@@ -454,7 +454,8 @@ def test_priority_mode_serves_urgent_first() -> None:
         while metrics(url)["vllm:num_requests_waiting"] < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert metrics(url)["vllm:num_requests_waiting"] >= 1, "the low request never queued"
-        high = threading.Thread(target=send, args=("high", -1, 2))
+        # 20 tokens, not 2: it ends well after the long one, whose thread reads a larger answer
+        high = threading.Thread(target=send, args=("high", -1, 20))
         high.start()
         for t in (first, low, high):
             t.join(timeout=60)
