@@ -76,7 +76,6 @@ def vllm_engine(
     kv_events: bool = False,
     scheduling_policy: str = "fcfs",
     api_key: str | None = None,
-    max_num_seqs: int | None = None,
     cpus: str | None = None,
     dev_mode: bool = False,
     seed: int = 0,
@@ -99,8 +98,6 @@ def vllm_engine(
     cmd.append("--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching")
     if api_key is not None:
         cmd += ["--api-key", api_key]
-    if max_num_seqs is not None:
-        cmd += ["--max-num-seqs", str(max_num_seqs)]
     events = None
     if kv_events:
         pub, replay = free_port(), free_port()
