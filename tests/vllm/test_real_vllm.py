@@ -271,7 +271,9 @@ def paused_and_whole(engine: Engine) -> tuple[Any, Any]:
                     {"role": "system", "content": SYSTEM},
                     {"role": "user", "content": "Trains to Bern?"},
                 ],
-                max_tokens=400,  # still running when it is paused
+                # still running when it is paused: a 400-token answer could end before the client
+                # had read five chunks (the relay runs ahead of a slow reader)
+                max_tokens=1500,
                 stream=True,
                 stream_options={"include_usage": True},
                 extra_body={"ignore_eos": True},
