@@ -66,6 +66,35 @@ class Engine:
     kv_events: dict[str, str] | None
     proc: subprocess.Popen[str]
 
+    def pin(self, frontend: set[int], engine: set[int]) -> None:
+        """Bind every thread of the API server to the ``frontend`` cores and every thread of the
+        processes it started (vLLM's engine core and its workers) to ``engine``: the HTTP front end,
+        detokenisation and streaming then stay off the engine's cores (Linux ``/proc``)."""
+        _bind(self.proc.pid, frontend)
+        for child in _descendants(self.proc.pid):
+            _bind(child, engine)
+
+
+def _threads(pid: int) -> list[int]:
+    with contextlib.suppress(OSError):
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    return []
+
+
+def _bind(pid: int, cores: set[int]) -> None:
+    for tid in _threads(pid):
+        with contextlib.suppress(OSError):  # a thread that just ended
+            os.sched_setaffinity(tid, cores)
+
+
+def _descendants(pid: int) -> list[int]:
+    out: list[int] = []
+    for tid in _threads(pid):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children") as f:
+            for child in (int(c) for c in f.read().split()):
+                out += [child, *_descendants(child)]
+    return out
+
 
 @contextlib.contextmanager
 def vllm_engine(
@@ -78,12 +107,15 @@ def vllm_engine(
     api_key: str | None = None,
     cpus: str | None = None,
     dev_mode: bool = False,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
     seed: int = 0,
 ) -> Iterator[Engine]:
     """One real vLLM engine serving the tiny model as ``tiny`` on a free port (stopped on exit).
     ``cpus``: the cores its worker's threads are bound to (``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``"1"``;
     vLLM's default binds them to every core, and its busy threads starve whatever else runs there).
-    ``dev_mode``: vLLM's development routes (``POST /reset_prefix_cache``), for benchmarks."""
+    ``dev_mode``: vLLM's development routes (``POST /reset_prefix_cache``), for benchmarks.
+    ``max_num_seqs``, ``max_num_batched_tokens``: vLLM's batch limits (None: its defaults)."""
     py = vllm_python()
     if py is None:
         raise RuntimeError("no vLLM environment: run `make vllm` first")
@@ -96,6 +128,10 @@ def vllm_engine(
         "--scheduling-policy", scheduling_policy, "--seed", str(seed),
     ]  # fmt: skip
     cmd.append("--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching")
+    if max_num_seqs is not None:
+        cmd += ["--max-num-seqs", str(max_num_seqs)]
+    if max_num_batched_tokens is not None:
+        cmd += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
     if api_key is not None:
         cmd += ["--api-key", api_key]
     events = None
