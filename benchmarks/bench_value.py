@@ -24,7 +24,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -145,8 +145,11 @@ def gateway_pauses(url: str) -> float | None:
     )
 
 
-def run_live(work: Sequence[TraceRequest], setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
-    """One run on fresh backends: the records, the backends' counters, the gateway's queue depth."""
+def run_live(
+    work: Sequence[TraceRequest], setup: Setup, args: argparse.Namespace, env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """One run on fresh backends: the records, the backends' counters, the gateway's queue depth.
+    ``env``: more of the gateway's settings (``SAGEGATE_...`` variables)."""
     from harness.live import backends, gateway, replay_config, round_robin
     from loadgen.client import replay
 
@@ -162,7 +165,7 @@ def run_live(work: Sequence[TraceRequest], setup: Setup, args: argparse.Namespac
                 round_robin(work, urls, args.time_scale, timeout_s=timeout_s, max_connections=conns)
             )
         else:
-            env = dict(GATEWAY_ENV)
+            env = {**GATEWAY_ENV, **(env or {})}
             if setup.pause:
                 env["SAGEGATE_PAUSE__ENABLED"] = "true"
                 env |= {f"SAGEGATE_PAUSE__{k.upper()}": str(v) for k, v in pause_options(args).items()}

@@ -20,6 +20,10 @@ output length). Only ``sagegate backend`` reads it; the gateway forwards it unto
 it; a real vLLM ignores it, so its outputs are the model's own."""
 
 
+DEFAULT_PRIORITY = 1
+"""A request's priority band when it names none (higher is served first: ``x-priority``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class TraceRequest:
     """One request of a workload, as a trace describes it.
@@ -37,7 +41,7 @@ class TraceRequest:
     rid: int = 0
     prompt: str | None = None
     tenant: str = "default"
-    priority: int = 1
+    priority: int = DEFAULT_PRIORITY
     deadline_s: float | None = None
     hash_ids: tuple[int, ...] | None = None
     extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)

@@ -373,7 +373,9 @@ class _GatewayDriver:
             self.send(req, backend, now)
             return
         d._committing[id(req)] = req
-        d.ledger.commit(backend, charge, lambda ok: self.committed(req, backend, charge, ok, now))
+        d.ledger.commit(
+            backend, charge, lambda ok: self.committed(req, backend, charge, ok, now), req.priority
+        )
 
     def committed(self, req: GatewayRequest, backend: int, charge: Charge, ok: bool, decided: float) -> None:
         """The shared ledger's answer (to the decision made at ``decided``): send it; or (no room

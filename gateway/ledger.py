@@ -48,6 +48,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from core.request import DEFAULT_PRIORITY
 from gateway.ledger_parts import LedgerMode, LedgerStats, QueueHead, RemoteCharge
 from gateway.ledger_script import LEDGER_LUA
 from gateway.settings import LedgerSettings
@@ -67,6 +68,7 @@ class _Commit:
     backend: int
     charge: Charge
     verdict: Verdict
+    priority: int = DEFAULT_PRIORITY
 
 
 class SharedLedger:
@@ -179,14 +181,17 @@ class SharedLedger:
             want = max(1, int(share * self._true_capacity[i]))
             load.capacity_tokens = self._set_capacity[i] = want
 
-    def commit(self, backend: int, charge: Charge, verdict: Verdict) -> None:
-        """Ask Redis to charge ``charge`` on ``backend`` (the local view already admitted it);
-        ``verdict`` gets the answer. Alone (Redis down) the local view's yes is the answer, at once."""
+    def commit(
+        self, backend: int, charge: Charge, verdict: Verdict, priority: int = DEFAULT_PRIORITY
+    ) -> None:
+        """Ask Redis to charge ``charge`` on ``backend`` (the local view already admitted it) under
+        the rule for ``priority``'s band; ``verdict`` gets the answer. Alone (Redis down) the local
+        view's yes is the answer, at once."""
         if self.mode is LedgerMode.LOCAL:
             self._own[backend][charge] = None
             verdict(True)
             return
-        self._commits.append(_Commit(backend, charge, verdict))
+        self._commits.append(_Commit(backend, charge, verdict, priority))
         # Our charges there as they stand ride the same call: Redis checks the commit against the
         # charges the local decision weighed, not against the last sync's.
         self._dirty.add(backend)
@@ -361,11 +366,17 @@ class SharedLedger:
 
     def _commit_args(self, c: _Commit) -> list[str | int | float]:
         """``[backend, held, remaining, limit, rule]``."""
-        return [self.backend_ids[c.backend], c.charge.held, c.charge.remaining, *self._limit(c.backend)]
+        return [
+            self.backend_ids[c.backend],
+            c.charge.held,
+            c.charge.remaining,
+            *self._limit(c.backend, c.priority),
+        ]
 
-    def _limit(self, backend: int) -> tuple[float, str]:
-        """The rule's limit on ``backend``'s true capacity, and the rule."""
-        cfg, cap = self.admission, self._true_capacity[backend]
+    def _limit(self, backend: int, priority: int = DEFAULT_PRIORITY + 1) -> tuple[float, str]:
+        """The rule's limit on ``backend``'s true capacity for a request of ``priority`` (the
+        default: the whole rule, no band reserve), and the rule."""
+        cfg, cap = self.admission.for_band(priority), self._true_capacity[backend]
         return (cfg.target * cap if cfg.rule == "sum" else cfg.peak_target * cap), cfg.rule
 
     def _packed(self, backend: int) -> str:

@@ -113,6 +113,10 @@ class AdmissionSettings(BaseModel):
     prompts the engine has already freed (measured 0.55-0.88 on a CPU-starved machine). With
     cache-aware placement it is measured but not applied: the charge counts shared blocks once
     (``policies.resident``)."""
+    band_reserve: float = Field(default=_ADMISSION.band_reserve, ge=0.0, lt=1.0)
+    """Share of each backend's admission room kept for requests above the default priority band
+    (``x-priority`` 2 and up): a flood in the default band cannot fill it (see
+    ``policies.admission.AdmissionConfig.band_reserve``). 0, the default: none kept."""
     pending_s: float = Field(default=0.03, gt=0.0)
     """A request sent to a backend counts as waiting there until its first byte, the next scrape, or
     this long (about one engine step: by then the engine has scheduled it or reports it waiting)."""
@@ -126,6 +130,7 @@ class AdmissionSettings(BaseModel):
             max_waiting_tokens=self.max_waiting_tokens,
             rule=self.rule,
             peak_target=self.peak_target,
+            band_reserve=self.band_reserve,
         )
 
 

@@ -16,10 +16,11 @@ buys a queue to reorder, at the price of throughput; letting in more only buys p
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, get_args
 
 from core.distribution import LengthDistribution
+from core.request import DEFAULT_PRIORITY
 from policies.holdings import Holdings
 from policies.resident import PromptBlocks, ResidentBlocks
 
@@ -55,6 +56,11 @@ class AdmissionConfig:
     peak_target: float = 1.0
     """Share of KV capacity the projected peak may reach (rule ``"peak"``; 0.97 cut preemptions to
     near zero in the simulator but cost up to 4% of throughput with an uninformative predictor)."""
+    band_reserve: float = 0.0
+    """Share of what the rule allows that only requests above the default priority band may fill
+    (:meth:`for_band`): room a higher band finds at once, however hard the default band floods,
+    instead of waiting for a departure or a pause. The default band loses that share of each
+    backend's memory even when no higher band comes (0: none kept)."""
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:
@@ -69,6 +75,16 @@ class AdmissionConfig:
             raise ValueError("admission max_waiting must be at least 1")
         if self.max_waiting_tokens < 1:
             raise ValueError("admission max_waiting_tokens must be at least 1")
+        if not 0.0 <= self.band_reserve < 1.0:
+            raise ValueError("admission band_reserve must be in [0, 1)")
+
+    def for_band(self, priority: int) -> AdmissionConfig:
+        """The rule a request of ``priority`` is admitted under: this one above the default band;
+        at or below it, the targets less ``band_reserve``."""
+        if priority > DEFAULT_PRIORITY or self.band_reserve == 0.0:
+            return self
+        keep = 1.0 - self.band_reserve
+        return replace(self, target=self.target * keep, peak_target=self.peak_target * keep, band_reserve=0.0)
 
 
 def predicted_total(pred: LengthDistribution | None, generated: int, quantile: float, unknown: int) -> int:

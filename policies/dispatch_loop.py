@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Generic, Protocol, TypeVar
 
+from core.request import DEFAULT_PRIORITY
 from policies.admission import AdmissionConfig, BackendLoad, Charge, usage_after
 from policies.base import ADMIT, Capability, LoadView, Policy, SchedRequest, Verdict
 from policies.pause import PauseConfig, choose_pause
@@ -164,6 +165,8 @@ class DispatchLoop(Generic[R]):
     ) -> None:
         self.policy = policy
         self.admission = admission
+        self.default_band = admission.for_band(DEFAULT_PRIORITY)
+        """The rule for the default band and below (``band_reserve`` kept back for higher bands)."""
         self.queue = queue
         self.driver = driver
         self.capacity_requests = capacity_requests
@@ -193,8 +196,9 @@ class DispatchLoop(Generic[R]):
         driver, loads = self.driver, self.driver.loads
         charge = driver.charge(req)
         self.decisions += 1
+        rule = self.admission if req.priority > DEFAULT_PRIORITY else self.default_band
         placement = choose_placement(
-            charge, loads, self.admission, req.prompt_tokens, driver.allowed(req), driver.cached(req)
+            charge, loads, rule, req.prompt_tokens, driver.allowed(req), driver.cached(req)
         )
         idx = placement.backend
         if placement.charge is not None:  # cheaper there: a request in flight holds its leading blocks

@@ -20,6 +20,49 @@ from policies.registry import register
 _QUEUED, _IN_FLIGHT, _DONE = 0, 1, 2
 
 
+class TenantCounters:
+    """Virtual token counters, one per tenant (VTC, Sheng et al., OSDI'24), for any policy to order by.
+
+    A tenant's counter grows by ``input_weight`` per prompt token when one of its requests is
+    dispatched and by ``output_weight`` per output token as they stream. A tenant that *returns* (it
+    had nothing queued or in flight) is lifted to the least counter among the tenants that are active,
+    so idle time is not banked as credit; with no active tenant its counter is kept. Requests are
+    told apart by ``rid`` (unique among those alive).
+    """
+
+    def __init__(self, input_weight: float = 1.0, output_weight: float = 2.0) -> None:
+        self.input_weight = input_weight
+        self.output_weight = output_weight
+        self.counters: dict[str, float] = defaultdict(float)
+        self.active: dict[str, int] = defaultdict(int)  # queued + in flight, per tenant
+        self._alive: dict[Hashable, str] = {}  # rid → its tenant, from arrival to finish
+
+    def __getitem__(self, tenant: str) -> float:
+        return self.counters[tenant]
+
+    def arrived(self, req: SchedRequest) -> None:
+        t = req.tenant
+        if req.rid in self._alive:
+            return  # a paused request queued again: still active
+        if self.active[t] == 0:
+            others = [self.counters[u] for u, n in self.active.items() if n > 0 and u != t]
+            if others:
+                self.counters[t] = max(self.counters[t], min(others))
+        self.active[t] += 1
+        self._alive[req.rid] = t
+
+    def dispatched(self, req: SchedRequest) -> None:
+        self.counters[req.tenant] += self.input_weight * req.prompt_tokens
+
+    def progressed(self, req: SchedRequest, new_tokens: int) -> None:
+        self.counters[req.tenant] += self.output_weight * new_tokens
+
+    def finished(self, req: SchedRequest) -> None:
+        t = self._alive.pop(req.rid, None)
+        if t is not None:
+            self.active[t] -= 1
+
+
 @register("vtc")
 class VTC(Policy):
     """Virtual token counter per tenant: serve the least-served tenant (Sheng et al., OSDI'24, VTC).
@@ -36,43 +79,31 @@ class VTC(Policy):
 
     @checked
     def __init__(self, input_weight: NonNegative = 1.0, output_weight: NonNegative = 2.0) -> None:
-        self.input_weight = input_weight
-        self.output_weight = output_weight
-        self.counters: dict[str, float] = defaultdict(float)
-        self.active: dict[str, int] = defaultdict(int)  # queued + in flight, per tenant
+        self.tenants = TenantCounters(input_weight, output_weight)
 
     def counter(self, tenant: str) -> float:
-        return self.counters[tenant]
+        return self.tenants[tenant]
 
     def key(self, req: SchedRequest, now: float) -> Any:
-        return (self.counters[req.tenant], *fcfs_tiebreak(req))
+        return (self.tenants[req.tenant], *fcfs_tiebreak(req))
 
     def place(self, req: SchedRequest, now: float) -> Placement:
         return Placement(req.tenant, 0)  # one counter per tenant, then first come first served
 
     def primary(self, lane: Hashable, rank: Any, now: float) -> tuple[Any, ...]:
-        return (self.counters[cast(str, lane)],)
+        return (self.tenants[cast(str, lane)],)
 
     def on_arrival(self, req: SchedRequest, now: float) -> None:
-        t = req.tenant
-        if self.active[t] == 0:
-            others = [self.counters[u] for u, n in self.active.items() if n > 0 and u != t]
-            if others:
-                self.counters[t] = max(self.counters[t], min(others))
-        self.active[t] += 1
-        req.pstate = _QUEUED
+        self.tenants.arrived(req)
 
     def on_dispatch(self, req: SchedRequest, now: float) -> None:
-        self.counters[req.tenant] += self.input_weight * req.prompt_tokens
-        req.pstate = _IN_FLIGHT
+        self.tenants.dispatched(req)
 
     def on_progress(self, req: SchedRequest, new_tokens: int, now: float) -> None:
-        self.counters[req.tenant] += self.output_weight * new_tokens
+        self.tenants.progressed(req, new_tokens)
 
     def on_finish(self, req: SchedRequest, now: float) -> None:
-        if req.pstate in (_QUEUED, _IN_FLIGHT):
-            self.active[req.tenant] -= 1
-        req.pstate = _DONE
+        self.tenants.finished(req)
 
 
 @register("wfs")

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 from core.distribution import LengthDistribution
 from policies.base import ENGINE, GATEWAY, Capability, Placement, Policy, SchedRequest, fcfs_tiebreak
 from policies.cost import service_cost
+from policies.fairness import TenantCounters
 from policies.gittins import GittinsTable, GittinsTracker
 from policies.params import Positive, Range, checked
 from policies.prediction import expected_remaining, prior_of
@@ -149,6 +150,11 @@ class SageSched(_GittinsPolicy):
     every one that did not, oldest first. Serving the cheapest expected work first leaves long requests
     behind for as long as cheaper ones keep arriving; this bounds their wait under sustained overload,
     at the price of some mean latency. It makes the key time-dependent (``DYNAMIC_KEY``, kept in lanes).
+
+    ``fair_tenants`` (off by default): inside a band, the tenant with the least virtual token counter
+    goes first (:class:`~policies.fairness.TenantCounters`: VTC's counters, prompt tokens at dispatch
+    and output tokens twice as they stream), the Gittins rank inside a tenant; so one tenant's flood
+    in a band cannot starve another tenant of that band. Aged requests still go first, oldest first.
     """
 
     @checked
@@ -160,41 +166,70 @@ class SageSched(_GittinsPolicy):
         max_wait_s: Positive | None = None,
         preempt_pays: bool = True,
         shared_prefix: bool = True,
+        fair_tenants: bool = False,
     ) -> None:
         super().__init__(buckets, max_points, preempt, preempt_pays, shared_prefix)
         self.max_wait_s = max_wait_s
-        if max_wait_s is not None:  # the key ages with the clock
+        self.tenants = TenantCounters() if fair_tenants else None
+        if max_wait_s is not None or fair_tenants:  # the key ages with the clock, or follows the counters
             self.declare(self.capabilities | {Capability.DYNAMIC_KEY, Capability.LANE_KEY})
 
     def key(self, req: SchedRequest, now: float) -> Any:
-        if self.max_wait_s is None:
+        if self.max_wait_s is None and self.tenants is None:
             return super().key(req, now)
-        if now - req.arrival_s >= self.max_wait_s:
+        if self.max_wait_s is not None and now - req.arrival_s >= self.max_wait_s:
             return (-req.priority, 0, req.arrival_s, *fcfs_tiebreak(req))
-        return (-req.priority, 1, self.rank(req), *fcfs_tiebreak(req))
+        return (-req.priority, 1, *self._share(req.tenant), self.rank(req), *fcfs_tiebreak(req))
 
-    # lanes (only with max_wait_s), one pair per priority band: ("waiting", band) by rank until
-    # max_wait_s after arrival, then ("aged", band) by arrival
+    def _share(self, tenant: str) -> tuple[float, ...]:
+        """The tenant's counter when tenants share a band fairly (else nothing)."""
+        return () if self.tenants is None else (self.tenants[tenant],)
+
+    # lanes (with max_wait_s or fair_tenants), per priority band: ("waiting", band[, tenant]) by rank
+    # until max_wait_s after arrival, then ("aged", band) by arrival
     def place(self, req: SchedRequest, now: float) -> Placement:
-        return Placement(("waiting", req.priority), self.rank(req), req.arrival_s)
+        lane = ("waiting", req.priority) if self.tenants is None else ("waiting", req.priority, req.tenant)
+        return Placement(lane, self.rank(req), req.arrival_s)
 
     def primary(self, lane: Hashable, rank: Any, now: float) -> tuple[Any, ...]:
-        kind, band = _band_lane(lane)
-        return (-band, 0 if kind == "aged" else 1, rank)
+        kind, band, tenant = _band_lane(lane)
+        if kind == "aged":
+            return (-band, 0, rank)
+        return (-band, 1, *self._share(tenant), rank)
+
+    def on_arrival(self, req: SchedRequest, now: float) -> None:
+        super().on_arrival(req, now)
+        if self.tenants is not None:
+            self.tenants.arrived(req)
+
+    def on_dispatch(self, req: SchedRequest, now: float) -> None:
+        super().on_dispatch(req, now)
+        if self.tenants is not None:
+            self.tenants.dispatched(req)
+
+    def on_progress(self, req: SchedRequest, new_tokens: int, now: float) -> None:
+        super().on_progress(req, new_tokens, now)
+        if self.tenants is not None:
+            self.tenants.progressed(req, new_tokens)
+
+    def on_finish(self, req: SchedRequest, now: float) -> None:
+        super().on_finish(req, now)
+        if self.tenants is not None:
+            self.tenants.finished(req)
 
     def flipped(self, flip: float, now: float) -> bool:
         return self.max_wait_s is not None and now - flip >= self.max_wait_s
 
     def after_flip(self, placed: Placement) -> Placement:
-        _, band = _band_lane(placed.lane)
+        _, band, _ = _band_lane(placed.lane)
         return Placement(("aged", band), placed.flip)  # by arrival
 
 
-def _band_lane(lane: Hashable) -> tuple[str, int]:
-    """A ``sagesched`` lane: (``"waiting"`` or ``"aged"``, the priority band)."""
-    if not isinstance(lane, tuple) or len(lane) != 2:
+def _band_lane(lane: Hashable) -> tuple[str, int, str]:
+    """A ``sagesched`` lane: (``"waiting"`` or ``"aged"``, the priority band, the tenant or "")."""
+    if not isinstance(lane, tuple) or len(lane) not in (2, 3):
         raise TypeError(f"not a sagesched lane: {lane!r}")
-    return str(lane[0]), int(lane[1])
+    return str(lane[0]), int(lane[1]), str(lane[2]) if len(lane) == 3 else ""
 
 
 @register("gittins-length")

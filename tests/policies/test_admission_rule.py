@@ -81,6 +81,19 @@ def test_peak_admits_what_sum_refuses_and_refuses_an_overflow() -> None:
     assert choose_backend(big, [load, BackendLoad(cap)], peak) == 1  # the idle one takes it
 
 
+def test_a_band_reserve_keeps_room_only_a_higher_band_may_fill() -> None:
+    load = BackendLoad(1000)
+    load.charge(charge(600, 100))  # holds 600, will hold 700
+    newcomer = charge(100, 50)  # with it the peak is 800 (650 + 150, fifty tokens from now)
+    reserved = AdmissionConfig(rule="peak", peak_target=1.0, band_reserve=0.25)
+    assert load.admits(newcomer, AdmissionConfig(rule="peak").for_band(1))  # no reserve: it fits
+    assert not load.admits(newcomer, reserved.for_band(1))  # the default band stops at 750
+    assert not load.admits(newcomer, reserved.for_band(0))  # and so does a lower one
+    assert load.admits(newcomer, reserved.for_band(2))  # a higher band may fill the reserve
+    summed = AdmissionConfig(rule="sum", target=1.0, band_reserve=0.25)
+    assert not load.admits(newcomer, summed.for_band(1)) and load.admits(charge(100, 40), summed.for_band(2))
+
+
 def test_load_bookkeeping_and_an_idle_backend_always_admits() -> None:
     load = BackendLoad(100)
     huge = charge(500, 500)
@@ -104,7 +117,8 @@ def test_choose_backend_respects_the_mask_and_waiting_bounds() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"rule": "max"}, {"peak_target": 0.0}, {"target": -1.0}, {"quantile": 1.5}]
+    "kwargs",
+    [{"rule": "max"}, {"peak_target": 0.0}, {"target": -1.0}, {"quantile": 1.5}, {"band_reserve": 1.0}],
 )
 def test_config_rejects_nonsense(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):

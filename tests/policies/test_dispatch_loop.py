@@ -135,6 +135,7 @@ admissions = st.builds(
     rule=st.sampled_from(RULES),
     target=st.sampled_from([0.8, 1.5]),
     peak_target=st.sampled_from([0.7, 1.0]),
+    band_reserve=st.sampled_from([0.0, 0.0, 0.3]),
 )
 
 

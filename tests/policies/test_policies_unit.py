@@ -334,7 +334,9 @@ def test_sagesched_max_wait_puts_an_old_request_ahead_oldest_first():
         parse_policy("sagesched:max_wait_s=0")
 
 
-@pytest.mark.parametrize("spec", ["sagesched", "sagesched:max_wait_s=30", "gittins-length"])
+@pytest.mark.parametrize(
+    "spec", ["sagesched", "sagesched:max_wait_s=30", "sagesched:fair_tenants=true", "gittins-length"]
+)
 def test_sagesched_holds_priority_bands_strictly_and_ranks_inside_each(spec: str) -> None:
     """A higher ``priority`` goes first whatever its predicted cost; inside a band, the Gittins rank
     (and with ``max_wait_s``, aging happens within a band, never across)."""
@@ -349,6 +351,28 @@ def test_sagesched_holds_priority_bands_strictly_and_ranks_inside_each(spec: str
     assert order(p, reqs, now=5.0) == [3, 2, 1, 0, 4]
     if spec.endswith("max_wait_s=30"):
         assert order(p, reqs, now=40.0) == [2, 3, 0, 1, 4]  # all aged: by arrival, band by band
+
+
+def test_sagesched_fair_tenants_share_a_band_by_their_counters() -> None:
+    """Inside a band the tenant served least goes first, the rank inside a tenant; bands stay strict."""
+    p, plain = parse_policy("sagesched:fair_tenants=true"), SageSched()
+    flood = [req(i, 0.1 * i, prompt=500, pred=10, tenant="a") for i in range(4)]
+    other = req(10, 0.5, prompt=500, pred=400, tenant="b")  # worse ranked than every one of a's
+    urgent = req(11, 0.6, pred=900, tenant="a", priority=2)
+    for r in (*flood, other, urgent):
+        p.on_arrival(r, r.arrival_s)
+        plain.on_arrival(r, r.arrival_s)
+    assert order(plain, [*flood[1:], other]) == [1, 2, 3, 10]  # the rank alone: b waits behind a
+    p.on_dispatch(flood[0], 1.0)  # a's counter: 500 prompt tokens
+    assert order(p, [*flood[1:], other, urgent], now=1.0) == [11, 10, 1, 2, 3]
+    p.on_dispatch(other, 1.1)
+    p.on_progress(other, 100, 1.2)  # b: 500 + 2 × 100 = 700 > a's 500
+    assert order(p, [*flood[1:], urgent], now=1.3) == [11, 1, 2, 3]
+    p.on_finish(other, 1.4)  # b leaves; back later it is lifted to a's counter, no banked credit
+    late = req(12, 2.0, pred=400, tenant="b")
+    p.on_arrival(late, 2.0)
+    assert p.tenants is not None and p.tenants["b"] == 700  # above a's 500: kept, not lowered
+    assert order(p, [*flood[1:], late], now=2.0) == [1, 2, 3, 12]
 
 
 def test_mean_cost_orders_by_expected_cost():
@@ -442,7 +466,7 @@ def test_vtc_lifts_a_returning_tenant_to_the_least_active_counter():
     assert p.counter("a") == 800  # only b is active now
     # A tenant already above the least active counter is not lowered.
     p.on_finish(a2, 9.0)
-    p.counters["a"] = 5000
+    p.tenants.counters["a"] = 5000
     p.on_arrival(req(4, arrival=10.0, tenant="a"), 10.0)
     assert p.counter("a") == 5000
 

@@ -29,7 +29,11 @@ SPECS = {
     "ssjf": "ssjf:starvation_s=2.0",
     "scorpio-guard": "scorpio-guard:slack_floor_s=0.2",
 }
-CASES = [SPECS.get(n, n) for n in DYNAMIC] + ["sagesched:max_wait_s=2.0"]  # a parameter can make one dynamic
+CASES = [SPECS.get(n, n) for n in DYNAMIC] + [  # a parameter can make one dynamic
+    "sagesched:max_wait_s=2.0",
+    "sagesched:fair_tenants=true",
+    "sagesched:fair_tenants=true,max_wait_s=2.0",
+]
 PREDS: list[LengthDistribution | None] = [
     None,
     LengthDistribution.point(10),

@@ -95,7 +95,7 @@ def test_published_defaults():
     t = parse_policy("trail")
     assert t.preempt_limit == 0.8 and t.max_preempt_share == 0.5  # type: ignore[attr-defined]
     v = parse_policy("vtc")
-    assert (v.input_weight, v.output_weight) == (1.0, 2.0)  # type: ignore[attr-defined]
+    assert (v.tenants.input_weight, v.tenants.output_weight) == (1.0, 2.0)  # type: ignore[attr-defined]
     k = parse_policy("kv-constrained")
     assert (k.kv_threshold, k.urgent_laxity_s, k.output_weight) == (0.82, 0.25, 0.25)  # type: ignore[attr-defined]
     g = parse_policy("scorpio-guard")
