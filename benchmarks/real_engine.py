@@ -3,8 +3,9 @@ traces through one real engine and through the simulator, side by side.
 
     .venv/bin/python -m benchmarks real_engine [--requests 100] [--loads 0.6,0.9] [--out results/real_engine.json]
 
-Needs ``make vllm``. One engine (vLLM's CPU build serving the tiny model of ``harness.vllm``), its
-threads bound to core 1, this client bound to core 0 (vLLM's API server process is not bound).
+Needs ``make vllm``. One engine (vLLM's CPU build serving the tiny model of ``harness.vllm``) alone on
+core 1; this client and vLLM's API server (HTTP, detokenisation, streaming) on core 0 (``--no-pin``:
+the API server left unbound, where the machine's scheduler puts it).
 
 1. **Two fits, on probes only.** ``lone``: prompts of 64 to 6,144 tokens asking one token (prefill),
    three asking 128 (decode at short and long context), one finding most of its prompt cached; each
@@ -21,7 +22,8 @@ threads bound to core 1, this client bound to core 0 (vLLM's API server process 
    at once: capacity is its completions per second), then at each load × that capacity, through the
    real engine (token-id prompts, ``ignore_eos``, ``max_tokens`` the trace's output) and through the
    simulator with the fitted terms and the engine's own limits (block size 128, its block count, batch
-   limits). The KV cache is small on purpose: memory pressure and preemption.
+   limits, vLLM 0.32's whole-prompt admission). The KV cache is small on purpose: memory pressure and
+   preemption.
 3. **Contention**: the probes again with a busy process on the client's core.
 
 Compared: TTFT and TTLT (mean, p50, p90), vLLM's preemption counter against the simulator's, vLLM's
@@ -75,6 +77,8 @@ START = {
     "frontend_s": 0.01,
 }
 BOUNDS = {"eta_c": (1e-4, 1.0), "eta_m": (1e-4, 1.0), "eta_a": (1e-5, 1.0), "eta_kv": (1e-4, 1.0)}
+FULL_ISL = True
+"""vLLM 0.32 admits a waiting request only when its whole prompt fits (``--scheduler-reserve-full-isl``)."""
 COUNTERS = ("vllm:num_preemptions", "vllm:prefix_cache_hits", "vllm:prefix_cache_queries")
 VOCAB_USED = 100_000  # below the tokenizer's special tokens
 UNIQUE = 1 << 40  # hash ids from here on are private to one request
@@ -243,7 +247,7 @@ def perf_for(model: ModelSpec, x: dict[str, float]) -> PerfModel:
 def simulated(perf: PerfModel, reqs: Sequence[TraceRequest]) -> tuple[list[RequestRecord], dict[str, float]]:
     cfg = EngineConfig(
         max_num_seqs=MAX_SEQS, max_num_batched_tokens=BATCH_TOKENS, block_size=BLOCK,
-        num_gpu_blocks_override=BLOCKS, enable_prefix_caching=True,
+        num_gpu_blocks_override=BLOCKS, enable_prefix_caching=True, scheduler_reserve_full_isl=FULL_ISL,
     )  # fmt: skip
     res = simulate(reqs, SimSetup(perf=perf, engine=cfg))
     client_view(res, perf.frontend_s)
@@ -329,9 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", default="mooncake,azure")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument(
-        "--pin",
-        action="store_true",
-        help="vLLM's API server on the client's core, its engine alone on its own",
+        "--no-pin",
+        dest="pin",
+        action="store_false",
+        help="leave vLLM's API server unbound (default: on the client's core, the engine alone on its own)",
     )
     args = ap.parse_args(argv)
     os.sched_setaffinity(0, {CLIENT_CORE})

@@ -27,6 +27,13 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     variant: str = "v1"
     chunk_size: int = 512
+    scheduler_reserve_full_isl: bool = False
+    """Admit a waiting request only when its whole sequence (prompt and output so far, less its
+    cached blocks) fits in the free blocks, not only its first chunk: vLLM 0.32's default
+    (``--scheduler-reserve-full-isl``), which keeps chunked prefill from over-admitting and then
+    preempting. Off here, as the vLLM the engine model was calibrated on (0.15) ran and as every
+    simulated figure in RESULTS.md was taken; ``benchmarks/real_engine.py`` turns it on to match the
+    real vLLM 0.32 it runs."""
     extra: dict[str, float] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:

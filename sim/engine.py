@@ -303,6 +303,7 @@ class Engine:
         the first that does not fit (vLLM does not skip ahead)."""
         pool = self.pool
         bs = pool.block_size
+        whole_sequence = whole_prompts or self.config.scheduler_reserve_full_isl  # must fit to start
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting.peek(now)
             assert req is not None
@@ -314,7 +315,7 @@ class Engine:
             # step: it needs a block for every token it computes, and a cached block it revives
             # costs one too, except a shared-content block that another request holds.
             floor = -(-total // bs) - keys.shared_blocks
-            if not whole_prompts:
+            if not whole_sequence:
                 floor = min(floor, -(-budget // bs))  # a chunk of ``budget`` tokens, after its hits
             if floor > pool.free_blocks:
                 break
@@ -328,7 +329,7 @@ class Engine:
                     break
             else:
                 n = min(n, budget)
-            if not pool.fits(revived, -(-(computed + n) // bs) - len(hits)):
+            if not pool.fits(revived, -(-(total if whole_sequence else computed + n) // bs) - len(hits)):
                 break
             self.waiting.pop(now)
             if req.state is PREEMPTED:

@@ -77,3 +77,65 @@ def test_a_higher_band_pauses_a_lower_bands_stream_that_holds_its_room(bands: bo
             == 409
         )  # operators' pauses stay off
         wait_until(lambda: settled(gw), what="every reservation released")
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("reserve", [0.3, 0.0], ids=["reserve", "no-reserve"])
+def test_room_kept_for_a_higher_band_serves_it_while_the_default_band_floods(reserve: float) -> None:
+    """Room for three default-band requests (about 306 tokens charged each) on a 1,000-token backend;
+    a flood of three keeps it full. With ``band_reserve`` 0.3 the third waits (the default band stops
+    at 700) and a higher band's request goes at once, ending before any of the flood; with none the
+    third takes the room and the higher band waits for a departure. Pausing is off."""
+    with (
+        sim_backend(time_scale=0.5) as be,
+        ServerThread(
+            create_app(
+                settings_for(
+                    [],
+                    backends=[{"url": be.url, "capacity_tokens": 1000}],
+                    policy="sagesched",
+                    admission={"rule": "sum", "target": 1.0, "unknown_output": 300, "band_reserve": reserve},
+                    pause={"bands": False},
+                )
+            )
+        ) as gw,
+    ):
+        wait_until(lambda: httpx.get(gw.url + "/ready").status_code == 200, what="gateway ready")
+        ended: list[str] = []
+        lock = threading.Lock()
+
+        def run_low(i: int) -> None:
+            stream = client(gw.url).completions.create(
+                model="sim", prompt="Tell me a long story.", max_tokens=300, stream=True
+            )
+            for _ in stream:
+                pass
+            with lock:
+                ended.append(f"low{i}")
+
+        flood = [threading.Thread(target=run_low, args=(i,)) for i in range(3)]
+        for t in flood:
+            t.start()
+        ledger = gw.app.state.gateway.director.ledger
+        in_flight = 2 if reserve else 3  # what the default band may fill
+        wait_until(
+            lambda: sum(lc.state == "streaming" for lc in ledger.values()) == in_flight,
+            what="the flood streaming",
+        )
+        high = httpx.post(
+            gw.url + "/v1/completions",
+            json={"model": "sim", "prompt": "urgent", "max_tokens": 20},
+            headers={"x-priority": "2"},
+            timeout=60,
+        )
+        assert high.status_code == 200
+        with lock:
+            ended.append("high")
+        for t in flood:
+            t.join(60)
+        assert not any(t.is_alive() for t in flood)
+        if reserve:
+            assert ended[0] == "high", ended  # it found the room kept for it
+        else:
+            assert ended[0].startswith("low"), ended  # it waited for one of the flood to end
+        wait_until(lambda: settled(gw), what="every reservation released")

@@ -67,14 +67,18 @@ requests_strategy = st.lists(
     caching=st.booleans(),
     seqs=st.integers(1, 16),
     budget=st.integers(64, 2048),
+    full_isl=st.booleans(),
 )
-def test_random_workloads_conserve_blocks_and_finish_exactly(reqs, blocks, variant, caching, seqs, budget):
+def test_random_workloads_conserve_blocks_and_finish_exactly(
+    reqs, blocks, variant, caching, seqs, budget, full_isl
+):
     cfg = EngineConfig(
         num_gpu_blocks_override=blocks,
         variant=variant,
         enable_prefix_caching=caching,
         max_num_seqs=seqs,
         max_num_batched_tokens=budget,
+        scheduler_reserve_full_isl=full_isl,
     )
     eng = Engine(PERF, cfg)
     cap = blocks * cfg.block_size
@@ -101,6 +105,30 @@ def test_memory_pressure_preempts_and_everyone_still_finishes():
     drive(eng, arrivals)
     assert eng.num_preemptions > 0
     assert all(r.state == FINISHED and r.generated == 300 for _, r in arrivals)
+
+
+@pytest.mark.parametrize("full_isl", [False, True])
+def test_whole_prompt_admission_waits_for_room_instead_of_preempting(full_isl: bool) -> None:
+    """40 blocks (640 tokens), a 512-token budget, two 400-token prompts at once. Admitting by the
+    first chunk (vLLM before 0.32) starts the second beside the first, and as both grow one is
+    preempted; admitting by the whole prompt (0.32's ``--scheduler-reserve-full-isl``) holds the
+    second until the first has left."""
+    cfg = EngineConfig(
+        num_gpu_blocks_override=40, max_num_batched_tokens=512, scheduler_reserve_full_isl=full_isl
+    )
+    eng = Engine(PERF, cfg)
+    a, b = mkreq(0, 400, 50), mkreq(1, 400, 50)
+    eng.add(a, 0.0)
+    eng.add(b, 0.0)
+    first = eng.schedule(0.0)
+    assert first.scheduled[a] == 400
+    assert first.scheduled.get(b) == (None if full_isl else 112)  # the budget's rest, as a chunk
+    eng.complete(first, first.duration)
+    drive(eng, [])
+    assert a.generated == b.generated == 50
+    assert (eng.num_preemptions == 0) == full_isl
+    if full_isl:
+        assert b.t_first_token is not None and a.t_finish is not None and b.t_first_token > a.t_finish
 
 
 def test_fcfs_victim_is_the_last_admitted():
