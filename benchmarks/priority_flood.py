@@ -140,7 +140,7 @@ def table(
 ) -> None:
     print(head)
     print(
-        "| set-up | alone: TTFT p50 / p90, mean TTLT (s) | TTFT p50 | TTFT p90 | mean TTLT | flood completed |"
+        "| set-up | alone: TTFT p50 / p90, mean TTLT (s) | TTFT p50 | TTFT p90 | mean TTLT | the flood: completed, mean TTLT (s) |"
     )
     print("|---|---:|---:|---:|---:|---:|")
     for name, rs in ratios.items():
