@@ -4,7 +4,7 @@ Run by ``make test-vllm`` (and CI); skipped where ``make vllm`` has not made vLL
 engine serves most tests (started with an API key and its KV events on): the gateway must take its
 key, read its metrics, relay its streams, pass its refusals on without blaming it, abort what a client
 abandons, and predict its prefix-cache hits from its own events as vLLM counts them. A second, small
-one (24 blocks) evicts; a third is killed mid-stream.
+one (24 blocks) evicts; a third is killed mid-stream; a fourth runs vLLM's priority scheduler.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import random
 import signal
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -300,3 +302,69 @@ def test_a_paused_stream_on_vllm_reports_the_prompt_as_vllm_counts_it(engine: En
     paused, whole = paused_and_whole(engine)
     assert paused.prompt_tokens == whole.prompt_tokens
     assert paused.total_tokens - paused.completion_tokens == whole.prompt_tokens
+
+
+@pytest.fixture(scope="module")
+def one_at_a_time() -> Iterator[Engine]:
+    """vLLM's priority scheduler running one sequence at a time, alone on core 1 (its API server on
+    core 0: a busy engine thread on a shared core delayed arrivals enough to reorder them)."""
+    with vllm_engine(scheduling_policy="priority", max_num_seqs=1, cpus="1") as e:
+        e.pin({0}, {1})
+        yield e
+
+
+def finish_order(url: str, bands: dict[str, str]) -> list[str]:
+    """A long stream runs; a ``low`` then a ``high`` request arrive while it does (their bands as
+    ``x-priority``); the names in the order their answers ended."""
+    ended: list[str] = []
+    lock = threading.Lock()
+    streaming = threading.Event()
+
+    def ask(name: str, max_tokens: int) -> None:
+        body = {"model": MODEL_NAME, "prompt": f"{name} story", "max_tokens": max_tokens, "ignore_eos": True}
+        headers = {"x-priority": bands[name]}
+        if name == "long":
+            with httpx.stream(
+                "POST", url + "/v1/completions", json={**body, "stream": True}, headers=headers, timeout=120
+            ) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        streaming.set()
+        else:
+            assert (
+                httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=120).status_code
+                == 200
+            )
+        with lock:
+            ended.append(name)
+
+    threads = [threading.Thread(target=ask, args=("long", 600))]
+    threads[0].start()
+    assert streaming.wait(60)
+    for name in ("low", "high"):
+        threads.append(threading.Thread(target=ask, args=(name, 20)))
+        threads[-1].start()
+        time.sleep(0.3)  # low reaches vLLM's queue first
+    for t in threads:
+        t.join(120)
+    return ended
+
+
+@pytest.mark.parametrize("forward", [True, False], ids=["forwarded", "not-forwarded"])
+def test_a_forwarded_priority_orders_vllms_own_queue(one_at_a_time: Engine, forward: bool) -> None:
+    """Behind one running request, vLLM's priority scheduler serves the later, higher band first when
+    the gateway forwards it (``upstream.forward_priority``); without it vLLM sees equal priorities and
+    serves them as they came."""
+    with ServerThread(
+        create_app(
+            settings_for(
+                [],
+                backends=[{"url": one_at_a_time.url}],
+                upstream={"forward_priority": forward},
+                health={"scrape_interval_s": 0.5},
+            )
+        )
+    ) as gw:
+        up(gw.url)
+        order = finish_order(gw.url, {"long": "1", "low": "1", "high": "3"})
+    assert order == (["long", "high", "low"] if forward else ["long", "low", "high"])
