@@ -36,6 +36,7 @@ def backend(
     enable_prefix_caching: ef.PrefixCaching = True,
     tensor_parallel_size: ef.TensorParallel = 1,
     variant: ef.Variant = "v1",
+    scheduler_reserve_full_isl: ef.ReserveFullIsl = False,
     kv_events_config: Annotated[
         str | None,
         typer.Option(

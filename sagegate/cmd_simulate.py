@@ -75,6 +75,7 @@ def simulate(
     enable_prefix_caching: ef.PrefixCaching = True,
     tensor_parallel_size: ef.TensorParallel = 1,
     variant: ef.Variant = "v1",
+    scheduler_reserve_full_isl: ef.ReserveFullIsl = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     out: Annotated[
         Path | None, typer.Option(help="Write one record per request here (.jsonl, or .parquet).")

@@ -26,11 +26,19 @@ PrefixCaching = Annotated[
 ]
 TensorParallel = Annotated[int, typer.Option("--tensor-parallel-size", help="GPUs per engine.")]
 Variant = Annotated[str, typer.Option(help="Engine scheduler: v1 (default), v0, sarathi.")]
+ReserveFullIsl = Annotated[
+    bool,
+    typer.Option(
+        "--scheduler-reserve-full-isl/--no-scheduler-reserve-full-isl",
+        help="vLLM 0.32's admission: start a waiting request only when its whole prompt fits (vLLM's "
+        "default there; off here, as the calibrated figures ran).",
+    ),
+]
 
 
 @dataclass(frozen=True)
 class EngineFlags:
-    """The ten engine flags, picked by name from a command's parameters so each command lists them
+    """The eleven engine flags, picked by name from a command's parameters so each command lists them
     only in its signature (typer needs them there)."""
 
     model: str
@@ -43,6 +51,7 @@ class EngineFlags:
     enable_prefix_caching: bool
     tensor_parallel_size: int
     variant: str
+    scheduler_reserve_full_isl: bool
 
     @classmethod
     def pick(cls, params: Mapping[str, Any]) -> EngineFlags:
