@@ -280,7 +280,9 @@ class SharedLedger:
             "pending": {name: "{}:{}".format(*self.pending_of(b)) for b, name in enumerate(self.backend_ids)},
         }
         if check:
-            payload["check"] = {self.backend_ids[b]: self._limit(b) for b in check}
+            payload["check"] = {
+                self.backend_ids[b]: [*self._limit(b), self.loads[b].resident.pinned_tokens] for b in check
+            }
         self._freed = False
         if sync and self.threshold:
             head = self.head_of()
@@ -365,13 +367,11 @@ class SharedLedger:
                     await pubsub.aclose()
 
     def _commit_args(self, c: _Commit) -> list[str | int | float]:
-        """``[backend, held, remaining, limit, rule]``."""
-        return [
-            self.backend_ids[c.backend],
-            c.charge.held,
-            c.charge.remaining,
-            *self._limit(c.backend, c.priority),
-        ]
+        """``[backend, held, remaining, limit, rule, pinned]``: ``pinned``, the prompt blocks this
+        replica's view charges to the backend itself (``policies.resident``), as its local rule does."""
+        limit, rule = self._limit(c.backend, c.priority)
+        pinned = self.loads[c.backend].resident.pinned_tokens
+        return [self.backend_ids[c.backend], c.charge.held, c.charge.remaining, limit, rule, pinned]
 
     def _limit(self, backend: int, priority: int = DEFAULT_PRIORITY + 1) -> tuple[float, str]:
         """The rule's limit on ``backend``'s true capacity for a request of ``priority`` (the

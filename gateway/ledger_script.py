@@ -11,10 +11,13 @@ same room. Keys (under ``prefix``):
   reply), with the lease as its TTL, so a dead replica's charges vanish from Redis too. A publish
   replaces it whole (progress, releases); an accepted commit appends to it.
 
-The rule is ``policies.admission.BackendLoad.admits`` over every live replica's charges: an idle
-backend admits anything; rule ``sum`` admits while the footprints stay within ``limit``; rule
-``peak`` while the most KV the charges will hold at once (``Holdings``: sorted by remaining, longest
-first, the peak is ``max_k S_k + k·r_k``) stays within it. The keys are computed in the script, so
+The rule is ``policies.admission.BackendLoad.admits`` over every live replica's charges and the
+committing replica's ``pinned`` tokens (prompt blocks whose payer left while others still use them,
+``policies.resident``: charged to the backend, not to a request): an idle backend admits anything;
+rule ``sum`` admits while the footprints and the pinned tokens stay within ``limit``; rule ``peak``
+while the most KV the charges will hold at once (``Holdings``: sorted by remaining, longest first, the
+peak is ``max_k S_k + k·r_k``) stays within ``limit`` less the pinned tokens
+(``tests/gateway/test_ledger_rule.py`` holds the two equal). The keys are computed in the script, so
 it suits one Redis server (or a cluster with every ledger key in one slot), not a sharded cluster.
 
 * ``{prefix}:p:{replica}:{backend}`` — ``"n:tokens"``: the requests that replica sent to that
@@ -26,9 +29,10 @@ it suits one Redis server (or a cluster with every ledger key in one slot), not 
   ``[key, held, remaining, prompt]``, with the lease as its TTL.
 
 ARGV[1] is JSON: ``{"replica", "lease_ms", "prefix", "backends": [names], "publish": {backend:
-packed}, "commit": [[backend, held, remaining, limit, rule]], "read": bool, "head": [...] | []
-(optional: publish this head, or none), "freed": bool (a release is among the published), "check":
-{backend: [limit, rule]} (optional: backends where this replica sent first, ``ledger.send_first_share``)}``.
+packed}, "commit": [[backend, held, remaining, limit, rule, pinned]], "read": bool, "head": [...] |
+[] (optional: publish this head, or none), "freed": bool (a release is among the published),
+"check": {backend: [limit, rule, pinned]} (optional: backends where this replica sent first,
+``ledger.send_first_share``)}``.
 Returns JSON: ``{"ok": [1 | 0 per commit], "others": {backend: packed}, "heads": [every other live
 replica's head], "over": [checked backends whose charges, every replica's, exceed the limit],
 "members": live replicas}``; ``others`` (every other live replica's charges, concatenated) is filled
@@ -76,9 +80,9 @@ local function book_of(backend)  -- every live replica's charges there, as they 
   return book
 end
 
-local function fits(book, h, r, limit, rule)
-  if book.total <= 0 then return true end
-  if book.total + h + r <= limit then return true end
+local function fits(book, h, r, limit, rule, pinned)
+  if book.total + pinned <= 0 then return true end
+  if book.total + pinned + h + r <= limit then return true end
   if rule == 'sum' then return false end
   local all = {}
   for i = 1, #book.list do all[i] = book.list[i] end
@@ -90,18 +94,18 @@ local function fits(book, h, r, limit, rule)
     local p = s + k * all[k][2]
     if p > peak then peak = p end
   end
-  return peak <= limit
+  return peak <= limit - pinned
 end
 
 local ok, books, denied = {}, {}, false
 for i, c in ipairs(a.commit) do
-  local backend, h, r, limit, rule = c[1], c[2], c[3], c[4], c[5]
+  local backend, h, r, limit, rule, pinned = c[1], c[2], c[3], c[4], c[5], c[6] or 0
   local book = books[backend]
   if book == nil then
     book = book_of(backend)
     books[backend] = book
   end
-  if fits(book, h, r, limit, rule) then
+  if fits(book, h, r, limit, rule, pinned) then
     redis.call('APPEND', key(a.replica, backend), h .. ':' .. r .. ',')
     book.list[#book.list + 1] = {h, r}
     book.total = book.total + h + r
@@ -152,7 +156,7 @@ local over = {}
 if a.check ~= nil then
   for backend, lr in pairs(a.check) do
     local book = book_of(backend)
-    if #book.list > 1 and not fits(book, 0, 0, lr[1], lr[2]) then
+    if #book.list > 1 and not fits(book, 0, 0, lr[1], lr[2], lr[3] or 0) then
       over[#over + 1] = backend
       denied = true
     end
