@@ -101,9 +101,9 @@ class AdmissionSettings(BaseModel):
     max_waiting_tokens: int = Field(default=LIVE_MAX_WAITING_TOKENS, ge=1)
     """Live, a request counts as waiting until its first byte, prefill included, so the gateway's
     estimate of a backend's waiting tokens runs above the engine's own; a deeper backlog than the
-    simulator's (2048) compensates. Measured at 2x overload (session 1, commit aabc5f9; the runs of
-    that time are in docs/journal/BENCHMARKS.md, *The gateway*): 2048 cost 9-11% of throughput against
-    vLLM alone, 8192 cost 2.6% with sagesched, and preemptions fell 56 -> 0."""
+    simulator's (2048) compensates. Measured at 2x overload (the runs are in docs/journal/BENCHMARKS.md,
+    *The gateway*): 2048 cost 9-11% of throughput against vLLM alone, 8192 cost 2.6% with sagesched, and
+    preemptions fell 56 -> 0."""
     prompt_share: bool = False
     """Charge a prompt at the share of its tokens the engines' KV gauges say prompts really hold
     (``policies.prompt_share``: prefix caching keeps one copy of a shared prefix). Off by default:
@@ -224,7 +224,7 @@ class LedgerSettings(BaseModel):
     release at once, the others one sync later): measured live, a replica whose own requests had all
     ended was locked out while the others refilled the room (3 replicas at 2x overload: 0.90x one
     gateway's throughput with ``none``, 1.005x with ``threshold``; docs/journal/BENCHMARKS.md,
-    *Session 7: what was wrong, what was fixed, what is left*)."""
+    *Several replicas, one admission ledger*)."""
 
     @model_validator(mode="after")
     def _sync_within_lease(self) -> LedgerSettings:

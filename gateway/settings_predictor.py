@@ -144,7 +144,7 @@ class SemanticSettings(_Options):
     embed_window: int = DEFAULT_WINDOW
     """Word pieces embedded (one of ``predictor.embedder.WINDOWS``); with ``embed_quantize`` it names
     the embedding version, and so the history replicas share. ``embed_window: 256, embed_quantize:
-    false`` is the first, slower configuration."""
+    false`` is a slower configuration with a history of its own."""
     embed_quantize: bool = DEFAULT_QUANTIZE
     """int8 linear layers (the fast default)."""
     embed_tuned: bool = DEFAULT_TUNED
