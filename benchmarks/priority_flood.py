@@ -66,6 +66,7 @@ def live(work: list[TraceRequest], opts: dict[str, Any]) -> list[Any]:
     from benchmarks.bench_value import Setup, run_live
 
     env = {f"SAGEGATE_ADMISSION__{k.upper()}": str(v) for k, v in (opts.get("admission") or {}).items()}
+    env["SAGEGATE_QUEUE__MAX_WAIT_S"] = str(MAX_WAIT_S)  # the simulated rows' queue bound and aging
     ns = argparse.Namespace(model=MODEL, gpu=GPU, time_scale=1.0, predictor="prefix")
     return list(run_live(work, Setup("gateway", "sagesched"), ns, env)["records"])
 
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draws", type=int, default=3)
     ap.add_argument("--high", type=float, default=0.4)
     ap.add_argument("--flood", type=float, default=1.2)
-    ap.add_argument("--reserves", default="0.2", help="band_reserve values to add rows for ('' for none)")
+    ap.add_argument("--reserves", default="", help="band_reserve values to add rows for ('' for none)")
     ap.add_argument("--live", action="store_true", help="also the gateway rows live, first draw")
     a = ap.parse_args(argv)
     rows = dict(ROWS)

@@ -78,7 +78,7 @@ START = {
 }
 BOUNDS = {"eta_c": (1e-4, 1.0), "eta_m": (1e-4, 1.0), "eta_a": (1e-5, 1.0), "eta_kv": (1e-4, 1.0)}
 FULL_ISL = True
-"""vLLM 0.32 admits a waiting request only when its whole prompt fits (``--scheduler-reserve-full-isl``)."""
+"""vLLM 0.32 admits a waiting request only when its whole sequence fits (``--scheduler-reserve-full-isl``)."""
 COUNTERS = ("vllm:num_preemptions", "vllm:prefix_cache_hits", "vllm:prefix_cache_queries")
 VOCAB_USED = 100_000  # below the tokenizer's special tokens
 UNIQUE = 1 << 40  # hash ids from here on are private to one request

@@ -374,7 +374,7 @@ class _GatewayDriver:
             return
         d._committing[id(req)] = req
         d.ledger.commit(
-            backend, charge, lambda ok: self.committed(req, backend, charge, ok, now), req.priority
+            backend, charge, lambda ok: self.committed(req, backend, charge, ok, now), priority=req.priority
         )
 
     def committed(self, req: GatewayRequest, backend: int, charge: Charge, ok: bool, decided: float) -> None:

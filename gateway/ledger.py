@@ -182,7 +182,7 @@ class SharedLedger:
             load.capacity_tokens = self._set_capacity[i] = want
 
     def commit(
-        self, backend: int, charge: Charge, verdict: Verdict, priority: int = DEFAULT_PRIORITY
+        self, backend: int, charge: Charge, verdict: Verdict, *, priority: int = DEFAULT_PRIORITY
     ) -> None:
         """Ask Redis to charge ``charge`` on ``backend`` (the local view already admitted it) under
         the rule for ``priority``'s band; ``verdict`` gets the answer. Alone (Redis down) the local
@@ -373,10 +373,11 @@ class SharedLedger:
         pinned = self.loads[c.backend].resident.pinned_tokens
         return [self.backend_ids[c.backend], c.charge.held, c.charge.remaining, limit, rule, pinned]
 
-    def _limit(self, backend: int, priority: int = DEFAULT_PRIORITY + 1) -> tuple[float, str]:
-        """The rule's limit on ``backend``'s true capacity for a request of ``priority`` (the
-        default: the whole rule, no band reserve), and the rule."""
-        cfg, cap = self.admission.for_band(priority), self._true_capacity[backend]
+    def _limit(self, backend: int, priority: int | None = None) -> tuple[float, str]:
+        """The rule's limit on ``backend``'s true capacity for a request of ``priority`` (None: the
+        whole rule, no band reserve), and the rule."""
+        cfg = self.admission if priority is None else self.admission.for_band(priority)
+        cap = self._true_capacity[backend]
         return (cfg.target * cap if cfg.rule == "sum" else cfg.peak_target * cap), cfg.rule
 
     def _packed(self, backend: int) -> str:

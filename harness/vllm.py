@@ -70,8 +70,11 @@ class Engine:
         """Bind every thread of the API server to the ``frontend`` cores and every thread of the
         processes it started (vLLM's engine core and its workers) to ``engine``: the HTTP front end,
         detokenisation and streaming then stay off the engine's cores (Linux ``/proc``)."""
+        children = _descendants(self.proc.pid)
+        if not children:
+            raise RuntimeError("vLLM's engine process was not found under its API server: nothing pinned")
         _bind(self.proc.pid, frontend)
-        for child in _descendants(self.proc.pid):
+        for child in children:
             _bind(child, engine)
 
 
@@ -82,9 +85,14 @@ def _threads(pid: int) -> list[int]:
 
 
 def _bind(pid: int, cores: set[int]) -> None:
-    for tid in _threads(pid):
-        with contextlib.suppress(OSError):  # a thread that just ended
+    threads = _threads(pid)
+    bound = 0
+    for tid in threads:
+        with contextlib.suppress(ProcessLookupError):  # a thread that just ended
             os.sched_setaffinity(tid, cores)
+            bound += 1
+    if threads and not bound:
+        raise RuntimeError(f"could not bind process {pid} to cores {sorted(cores)}")
 
 
 def _descendants(pid: int) -> list[int]:

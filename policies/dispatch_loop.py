@@ -165,8 +165,7 @@ class DispatchLoop(Generic[R]):
     ) -> None:
         self.policy = policy
         self.admission = admission
-        self.default_band = admission.for_band(DEFAULT_PRIORITY)
-        """The rule for the default band and below (``band_reserve`` kept back for higher bands)."""
+        self._default_band = admission.for_band(DEFAULT_PRIORITY)
         self.queue = queue
         self.driver = driver
         self.capacity_requests = capacity_requests
@@ -190,13 +189,18 @@ class DispatchLoop(Generic[R]):
         self.log: list[Decision[R]] | None = None
         """Set it to a list to record every decision in order (tests, debugging)."""
 
+    def rule_for(self, priority: int) -> AdmissionConfig:
+        """The admission rule a request of ``priority`` is placed under: the whole rule above the
+        default band, less ``band_reserve`` at or below it (``AdmissionConfig.for_band``, kept)."""
+        return self.admission if priority > DEFAULT_PRIORITY else self._default_band
+
     def decide(self, req: R, now: float) -> Decision[R]:
         """The decision for head ``req`` at ``now``; changes nothing but the counter (and whatever the
         policy's ``screen`` keeps)."""
         driver, loads = self.driver, self.driver.loads
         charge = driver.charge(req)
         self.decisions += 1
-        rule = self.admission if req.priority > DEFAULT_PRIORITY else self.default_band
+        rule = self.rule_for(req.priority)
         placement = choose_placement(
             charge, loads, rule, req.prompt_tokens, driver.allowed(req), driver.cached(req)
         )
@@ -262,7 +266,16 @@ class DispatchLoop(Generic[R]):
         running = [driver.running(i) for i in range(len(loads))]
         key = self.policy.key(req, now)
         choice = choose_pause(
-            self.policy, req, head.charge, key, loads, running, driver.allowed(req), self.admission, cfg, now
+            self.policy,
+            req,
+            head.charge,
+            key,
+            loads,
+            running,
+            driver.allowed(req),
+            self.rule_for(req.priority),
+            cfg,
+            now,
         )
         if choice is None:
             return False

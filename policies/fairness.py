@@ -23,11 +23,12 @@ _QUEUED, _IN_FLIGHT, _DONE = 0, 1, 2
 class TenantCounters:
     """Virtual token counters, one per tenant (VTC, Sheng et al., OSDI'24), for any policy to order by.
 
-    A tenant's counter grows by ``input_weight`` per prompt token when one of its requests is
-    dispatched and by ``output_weight`` per output token as they stream. A tenant that *returns* (it
-    had nothing queued or in flight) is lifted to the least counter among the tenants that are active,
-    so idle time is not banked as credit; with no active tenant its counter is kept. Requests are
-    told apart by ``rid`` (unique among those alive).
+    A tenant's counter grows by ``input_weight`` per prompt token when one of its requests is first
+    dispatched (a request sent again — refused by the shared ledger, retried after a failed backend,
+    resumed after a pause — is not charged its prompt twice) and by ``output_weight`` per output token
+    as they stream. A tenant that *returns* (it had nothing queued or in flight) is lifted to the least
+    counter among the tenants that are active, so idle time is not banked as credit; with no active
+    tenant its counter is kept. Requests are told apart by ``rid`` (unique among those alive).
     """
 
     def __init__(self, input_weight: float = 1.0, output_weight: float = 2.0) -> None:
@@ -36,6 +37,7 @@ class TenantCounters:
         self.counters: dict[str, float] = defaultdict(float)
         self.active: dict[str, int] = defaultdict(int)  # queued + in flight, per tenant
         self._alive: dict[Hashable, str] = {}  # rid → its tenant, from arrival to finish
+        self._charged: set[Hashable] = set()  # rids whose prompt has been counted
 
     def __getitem__(self, tenant: str) -> float:
         return self.counters[tenant]
@@ -52,13 +54,16 @@ class TenantCounters:
         self._alive[req.rid] = t
 
     def dispatched(self, req: SchedRequest) -> None:
-        self.counters[req.tenant] += self.input_weight * req.prompt_tokens
+        if req.rid not in self._charged:
+            self._charged.add(req.rid)
+            self.counters[req.tenant] += self.input_weight * req.prompt_tokens
 
     def progressed(self, req: SchedRequest, new_tokens: int) -> None:
         self.counters[req.tenant] += self.output_weight * new_tokens
 
     def finished(self, req: SchedRequest) -> None:
         t = self._alive.pop(req.rid, None)
+        self._charged.discard(req.rid)
         if t is not None:
             self.active[t] -= 1
 

@@ -30,7 +30,7 @@ ReserveFullIsl = Annotated[
     bool,
     typer.Option(
         "--scheduler-reserve-full-isl/--no-scheduler-reserve-full-isl",
-        help="vLLM 0.32's admission: start a waiting request only when its whole prompt fits (vLLM's "
+        help="vLLM 0.32's admission: start a waiting request only when its whole sequence fits (vLLM's "
         "default there; off here, as the calibrated figures ran).",
     ),
 ]

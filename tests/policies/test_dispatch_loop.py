@@ -266,6 +266,25 @@ def test_the_pause_property_pauses() -> None:
     assert log[2].request.pauses == 1 and log[2].request.generated == 40
 
 
+def test_a_pause_is_judged_under_the_rule_the_head_is_placed_under() -> None:
+    """Two band-0 requests fill the default band's 700 of 1,000 (``band_reserve`` 0.3); a band-1
+    request needs 400. Pausing either one leaves 750 with it: room under the whole rule, none under the
+    default band's. So nothing is paused (pausing both would be two pauses for one request)."""
+    point = LengthDistribution((250,), (1.0,))
+    script: list[tuple[Event, float]] = [
+        (Arrive(100, 300, point, None, 0, "a"), 0.1),
+        (Arrive(100, 300, point, None, 0, "a"), 0.1),
+        (Start(0), 0.1),
+        (Start(0), 0.1),
+        (Arrive(150, 300, point, None, 1, "a"), 0.1),
+    ]
+    cfg = AdmissionConfig(rule="sum", target=1.0, band_reserve=0.3, max_waiting=4, max_waiting_tokens=1500)
+    log = play("sagesched", cfg, [1000], script, PauseConfig(enabled=False, bands=True))
+    kinds = [(d.kind, d.request.rid) for d in log]
+    assert kinds[:2] == [(DecisionKind.DISPATCH, 0), (DecisionKind.DISPATCH, 1)]
+    assert DecisionKind.PAUSE not in [k for k, _ in kinds] and kinds[-1][0] is DecisionKind.NO_ROOM
+
+
 def play(
     policy_name: str,
     cfg: AdmissionConfig,

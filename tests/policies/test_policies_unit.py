@@ -373,6 +373,10 @@ def test_sagesched_fair_tenants_share_a_band_by_their_counters() -> None:
     p.on_arrival(late, 2.0)
     assert p.tenants is not None and p.tenants["b"] == 700  # above a's 500: kept, not lowered
     assert order(p, [*flood[1:], late], now=2.0) == [1, 2, 3, 12]
+    new = req(13, 2.1, pred=400, tenant="c")  # never served: lifted to a's 500, no banked credit
+    p.on_arrival(new, 2.1)
+    assert p.tenants["c"] == 500
+    assert order(p, [*flood[1:], new], now=2.1) == [1, 2, 3, 13]  # a ties c, and ranks better
 
 
 def test_mean_cost_orders_by_expected_cost():
@@ -443,6 +447,8 @@ def test_vtc_serves_the_least_counter_tenant_fifo_within_a_tenant():
     assert order(p, [a2, b1, b2], now=1.2) == [2, 3, 1]  # tenant b first, FIFO inside it
     p.on_dispatch(b1, 1.3)
     p.on_dispatch(b2, 1.3)
+    assert p.counter("b") == 200
+    p.on_dispatch(b2, 1.35)  # sent again (refused by the shared ledger, retried): its prompt counts once
     assert p.counter("b") == 200
     assert order(p, [a2], now=1.4) == [1]
 

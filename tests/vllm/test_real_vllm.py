@@ -13,7 +13,6 @@ import os
 import random
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -313,9 +312,10 @@ def one_at_a_time() -> Iterator[Engine]:
         yield e
 
 
-def finish_order(url: str, bands: dict[str, str]) -> list[str]:
-    """A long stream runs; a ``low`` then a ``high`` request arrive while it does (their bands as
-    ``x-priority``); the names in the order their answers ended."""
+def finish_order(url: str, engine: Engine, bands: dict[str, str]) -> list[str]:
+    """A long stream runs on ``engine``; a ``low`` then a ``high`` request arrive through ``url`` while
+    it does (their bands as ``x-priority``), each once the one before waits in vLLM's queue; the names
+    in the order their answers ended."""
     ended: list[str] = []
     lock = threading.Lock()
     streaming = threading.Event()
@@ -341,10 +341,14 @@ def finish_order(url: str, bands: dict[str, str]) -> list[str]:
     threads = [threading.Thread(target=ask, args=("long", 600))]
     threads[0].start()
     assert streaming.wait(60)
-    for name in ("low", "high"):
+    for n, name in enumerate(("low", "high"), start=1):
         threads.append(threading.Thread(target=ask, args=(name, 20)))
         threads[-1].start()
-        time.sleep(0.3)  # low reaches vLLM's queue first
+        wait_until(
+            lambda n=n: metric(engine.url, "vllm:num_requests_waiting") >= n,
+            timeout=30,
+            what=f"{name} waiting",
+        )
     for t in threads:
         t.join(120)
     return ended
@@ -366,5 +370,5 @@ def test_a_forwarded_priority_orders_vllms_own_queue(one_at_a_time: Engine, forw
         )
     ) as gw:
         up(gw.url)
-        order = finish_order(gw.url, {"long": "1", "low": "1", "high": "3"})
+        order = finish_order(gw.url, one_at_a_time, {"long": "1", "low": "1", "high": "3"})
     assert order == (["long", "high", "low"] if forward else ["long", "low", "high"])
