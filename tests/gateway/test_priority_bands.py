@@ -3,7 +3,9 @@ nowhere pauses a lower band's stream (which resumes and ends whole), pausing oth
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -13,6 +15,23 @@ from gateway.app import create_app
 from gateway.tenants import identify
 from tests.gateway.test_pause_resume import client, pauses, settled, sim_backend
 from tests.gateway_support import ServerThread, settings_for, wait_until
+
+
+@contextlib.contextmanager
+def one_backend(capacity: int, admission: dict[str, Any], pause: dict[str, Any]) -> Iterator[ServerThread]:
+    """A ready gateway (``sagesched``, the ``sum`` rule at 1.0 and ``admission``) before one simulated
+    backend it charges ``capacity`` tokens."""
+    with sim_backend(time_scale=0.5) as be:
+        settings = settings_for(
+            [],
+            backends=[{"url": be.url, "capacity_tokens": capacity}],
+            policy="sagesched",
+            admission={"rule": "sum", "target": 1.0, **admission},
+            pause=pause,
+        )
+        with ServerThread(create_app(settings)) as gw:
+            wait_until(lambda: httpx.get(gw.url + "/ready").status_code == 200, what="gateway ready")
+            yield gw
 
 
 def test_the_band_is_the_header_else_the_body_priority_as_vllm_reads_it() -> None:
@@ -31,21 +50,7 @@ def test_a_higher_band_pauses_a_lower_bands_stream_that_holds_its_room(bands: bo
     """One backend with room for one long request: a low-band stream holds it; a high-band request
     arrives and is served at once (the low one paused), then the low one resumes and ends whole.
     With ``pause.bands`` off the high band waits for the low one to end."""
-    with (
-        sim_backend(time_scale=0.5) as be,
-        ServerThread(
-            create_app(
-                settings_for(
-                    [],
-                    backends=[{"url": be.url, "capacity_tokens": 700}],
-                    policy="sagesched",
-                    admission={"rule": "sum", "target": 1.0, "unknown_output": 400},
-                    pause={"bands": bands},
-                )
-            )
-        ) as gw,
-    ):
-        wait_until(lambda: httpx.get(gw.url + "/ready").status_code == 200, what="gateway ready")
+    with one_backend(700, {"unknown_output": 400}, {"bands": bands}) as gw:
         low: dict[str, Any] = {}
 
         def run_low() -> None:
@@ -86,21 +91,7 @@ def test_room_kept_for_a_higher_band_serves_it_while_the_default_band_floods(res
     a flood of three keeps it full. With ``band_reserve`` 0.3 the third waits (the default band stops
     at 700) and a higher band's request goes at once, ending before any of the flood; with none the
     third takes the room and the higher band waits for a departure. Pausing is off."""
-    with (
-        sim_backend(time_scale=0.5) as be,
-        ServerThread(
-            create_app(
-                settings_for(
-                    [],
-                    backends=[{"url": be.url, "capacity_tokens": 1000}],
-                    policy="sagesched",
-                    admission={"rule": "sum", "target": 1.0, "unknown_output": 300, "band_reserve": reserve},
-                    pause={"bands": False},
-                )
-            )
-        ) as gw,
-    ):
-        wait_until(lambda: httpx.get(gw.url + "/ready").status_code == 200, what="gateway ready")
+    with one_backend(1000, {"unknown_output": 300, "band_reserve": reserve}, {"bands": False}) as gw:
         ended: list[str] = []
         lock = threading.Lock()
 
