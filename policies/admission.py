@@ -15,6 +15,7 @@ buys a queue to reorder, at the price of throughput; letting in more only buys p
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, get_args
@@ -83,8 +84,15 @@ class AdmissionConfig:
         at or below it, the targets less ``band_reserve``."""
         if priority > DEFAULT_PRIORITY or self.band_reserve == 0.0:
             return self
-        keep = 1.0 - self.band_reserve
-        return replace(self, target=self.target * keep, peak_target=self.peak_target * keep, band_reserve=0.0)
+        return _reserved(self)
+
+
+@functools.lru_cache(maxsize=16)
+def _reserved(cfg: AdmissionConfig) -> AdmissionConfig:
+    """``cfg`` with its targets less ``band_reserve`` (built once per config: every dispatch and
+    every shared-ledger commit asks)."""
+    keep = 1.0 - cfg.band_reserve
+    return replace(cfg, target=cfg.target * keep, peak_target=cfg.peak_target * keep, band_reserve=0.0)
 
 
 def predicted_total(pred: LengthDistribution | None, generated: int, quantile: float, unknown: int) -> int:

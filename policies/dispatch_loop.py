@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Generic, Protocol, TypeVar
 
-from core.request import DEFAULT_PRIORITY
 from policies.admission import AdmissionConfig, BackendLoad, Charge, usage_after
 from policies.base import ADMIT, Capability, LoadView, Policy, SchedRequest, Verdict
 from policies.pause import PauseConfig, choose_pause
@@ -165,7 +164,6 @@ class DispatchLoop(Generic[R]):
     ) -> None:
         self.policy = policy
         self.admission = admission
-        self._default_band = admission.for_band(DEFAULT_PRIORITY)
         self.queue = queue
         self.driver = driver
         self.capacity_requests = capacity_requests
@@ -189,18 +187,13 @@ class DispatchLoop(Generic[R]):
         self.log: list[Decision[R]] | None = None
         """Set it to a list to record every decision in order (tests, debugging)."""
 
-    def rule_for(self, priority: int) -> AdmissionConfig:
-        """The admission rule a request of ``priority`` is placed under: the whole rule above the
-        default band, less ``band_reserve`` at or below it (``AdmissionConfig.for_band``, kept)."""
-        return self.admission if priority > DEFAULT_PRIORITY else self._default_band
-
     def decide(self, req: R, now: float) -> Decision[R]:
         """The decision for head ``req`` at ``now``; changes nothing but the counter (and whatever the
         policy's ``screen`` keeps)."""
         driver, loads = self.driver, self.driver.loads
         charge = driver.charge(req)
         self.decisions += 1
-        rule = self.rule_for(req.priority)
+        rule = self.admission.for_band(req.priority)
         placement = choose_placement(
             charge, loads, rule, req.prompt_tokens, driver.allowed(req), driver.cached(req)
         )
@@ -273,7 +266,7 @@ class DispatchLoop(Generic[R]):
             loads,
             running,
             driver.allowed(req),
-            self.rule_for(req.priority),
+            self.admission.for_band(req.priority),
             cfg,
             now,
         )
