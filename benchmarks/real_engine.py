@@ -52,6 +52,7 @@ import numpy as np
 
 from core.record import RequestRecord
 from core.request import TraceRequest
+from harness.vllm import reset_prefix_cache
 from loadgen.data import data_file
 from loadgen.readers import read_trace
 from loadgen.scrape import scrape_counters
@@ -184,10 +185,6 @@ async def send(client: httpx.AsyncClient, url: str, req: TraceRequest, t0: float
     return rec
 
 
-def reset(url: str) -> None:
-    httpx.post(url + "/reset_prefix_cache", timeout=60, trust_env=False).raise_for_status()
-
-
 def replay(url: str, reqs: Sequence[TraceRequest]) -> tuple[list[RequestRecord], dict[str, float]]:
     """``reqs`` at their times through the engine, and its counters' growth."""
     before = scrape_counters([url + "/metrics"], COUNTERS)
@@ -211,7 +208,7 @@ def probe(url: str, reqs: Sequence[TraceRequest], rounds: int = 2) -> list[Reque
         groups.setdefault(int(r.arrival_s // GROUP_S), []).append(r)
     runs = []
     for _ in range(rounds):
-        reset(url)
+        reset_prefix_cache(url)
         runs.append(
             [rec for g, rs in groups.items() for rec in replay(url, [r.with_arrival(r.arrival_s - GROUP_S * g) for r in rs])[0]]
         )  # fmt: skip
@@ -376,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.workloads.split(","):
             base = WORKLOADS[name](args.requests)
             burst = at_rate(base, None)
-            reset(engine.url)
+            reset_prefix_cache(engine.url)
             real = replay(engine.url, burst)
             ends = [r.finish_s for r in real[0] if r.finish_s is not None]
             capacity = len(ends) / max(ends)
@@ -384,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row(f"{name} burst ({capacity:.2f}/s) {label}", real, simulated(perf, burst)))
             for load in (float(v) for v in args.loads.split(",")):
                 reqs = at_rate(base, load * capacity)
-                reset(engine.url)
+                reset_prefix_cache(engine.url)
                 real = replay(engine.url, reqs)
                 for label, perf in fits.items():
                     rows.append(row(f"{name} {load:.1f}x {label}", real, simulated(perf, reqs)))

@@ -206,7 +206,7 @@ def predicted_hit_rate(url: str) -> float:
 
 def reset(engines: Sequence[Any]) -> None:
     for e in engines:
-        httpx.post(e.url + "/reset_prefix_cache", timeout=30, trust_env=False).raise_for_status()
+        e.reset_prefix_cache()
 
 
 def measured(name: str, workload: str, engines: Sequence[Any], go: Any) -> Run:

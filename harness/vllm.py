@@ -66,6 +66,10 @@ class Engine:
     kv_events: dict[str, str] | None
     proc: subprocess.Popen[str]
 
+    def reset_prefix_cache(self) -> None:
+        """Empty the engine's prefix cache (vLLM's dev-mode route: the engine was started ``dev_mode``)."""
+        reset_prefix_cache(self.url)
+
     def pin(self, frontend: set[int], engine: set[int]) -> None:
         """Bind every thread of the API server to the ``frontend`` cores and every thread of the
         processes it started (vLLM's engine core and its workers) to ``engine``: the HTTP front end,
@@ -76,6 +80,13 @@ class Engine:
         _bind(self.proc.pid, frontend)
         for child in children:
             _bind(child, engine)
+
+
+def reset_prefix_cache(url: str) -> None:
+    """``POST /reset_prefix_cache`` to the vLLM at ``url`` (started with ``dev_mode``)."""
+    import httpx
+
+    httpx.post(url + "/reset_prefix_cache", timeout=60, trust_env=False).raise_for_status()
 
 
 def _threads(pid: int) -> list[int]:
