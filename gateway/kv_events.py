@@ -103,6 +103,8 @@ class KVEventFollower:
         """When a request was first sent there since the last message (None: none since)."""
         self.broken = False
         """The subscription broke and no message has come on the new one yet."""
+        self._ctx: Any = None
+        """The ZMQ context :meth:`run` opened (its subscription and replay sockets)."""
         self.counts = Counts()
         self._broke_log = RateLimitedLog(
             log,
@@ -227,20 +229,24 @@ class KVEventFollower:
         import zmq
         import zmq.asyncio
 
-        ctx = zmq.asyncio.Context.instance()
-        while True:
-            sock = self._subscribe(ctx)
-            monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-            try:
-                await self._follow(sock, monitor)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("backend %s: KV event subscriber failed; reconnecting", self.name)
-                await asyncio.sleep(1.0)
-            finally:
-                monitor.close(0)
-                sock.close(0)
+        self._ctx = ctx = zmq.asyncio.Context()  # its own: ended here, never by a collector at exit
+        try:
+            while True:
+                sock = self._subscribe(ctx)
+                monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+                try:
+                    await self._follow(sock, monitor)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("backend %s: KV event subscriber failed; reconnecting", self.name)
+                    await asyncio.sleep(1.0)
+                finally:
+                    sock.disable_monitor()
+                    monitor.close(0)
+                    sock.close(0)
+        finally:
+            ctx.destroy(linger=0)
 
     def _subscribe(self, ctx: Any) -> Any:
         import zmq
@@ -310,8 +316,8 @@ class KVEventFollower:
         import zmq
         import zmq.asyncio
 
-        assert self.source.replay_endpoint is not None
-        sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        assert self.source.replay_endpoint is not None and self._ctx is not None
+        sock = self._ctx.socket(zmq.DEALER)
         out: list[bytes] = []
         try:
             sock.setsockopt(zmq.LINGER, 0)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -195,6 +196,17 @@ async def following(f: KVEventFollower) -> AsyncIterator[None]:
         await asyncio.gather(task, return_exceptions=True)
 
 
+def deadline(what: str, timeout: float = 10.0) -> Callable[[], None]:
+    """For a loop that must do something until a condition holds: call it each turn; it fails the
+    test once ``timeout`` has passed instead of letting the loop hang."""
+    end = time.monotonic() + timeout
+
+    def check() -> None:
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+
+    return check
+
+
 async def until(cond: Any, what: str, timeout: float = 5.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -256,7 +268,9 @@ def test_a_message_over_the_limit_does_not_deafen_the_subscriber() -> None:
         try:
             async with following(f):
                 seq = 0
+                tick = deadline("the subscription")
                 while f.last_seq is None:  # valid batches until the subscription is up
+                    tick()
                     await pub.send(seq, batch(stored([11, 12], None, TOKENS[:32])))
                     seq += 1
                     await asyncio.sleep(0.05)
@@ -266,7 +280,9 @@ def test_a_message_over_the_limit_does_not_deafen_the_subscriber() -> None:
                 assert f.state == "disconnected"
                 stop = seq + 2
                 seq += 1
+                tick = deadline("the new subscription")
                 while f.last_seq is None or f.last_seq < stop:  # (sent until the new subscription is up)
+                    tick()
                     await pub.send(seq, batch(stored([20 + seq], None, TOKENS[:16])))
                     seq += 1
                     await asyncio.sleep(0.05)
@@ -290,7 +306,9 @@ def test_a_publisher_that_restarts_on_the_same_port_is_followed_afresh() -> None
         f = KVEventFollower("b", source, KVEventsSettings(resync_s=0.0), 64 * BS)
         async with following(f):
             seq = 0
+            tick = deadline("the subscription")
             while f.last_seq is None:  # empty batches until the subscription is up
+                tick()
                 await pub.send(seq, batch())
                 seq += 1
                 await asyncio.sleep(0.05)
@@ -310,7 +328,9 @@ def test_a_publisher_that_restarts_on_the_same_port_is_followed_afresh() -> None
             sock.bind(f"tcp://127.0.0.1:{port}")  # a new engine, its sequence from 0
             try:
                 seq = 0
+                tick = deadline("a subscription to the new engine")
                 while f.state == "disconnected":  # (its first batches may go before the subscription)
+                    tick()
                     await sock.send_multipart([b"kv", seq.to_bytes(8, "big"), batch()])
                     seq += 1
                     await asyncio.sleep(0.05)
