@@ -28,6 +28,7 @@ FRONTS = {
     "sg_placement": "sagegate with fcfs: cache-aware placement alone (the A/B)",
     "sg_rank": "sagegate with placement least_loaded: the rank alone, blind to the cache (the A/B)",
     "sg_blind": "sagegate with sagesched:shared_prefix=false: placement, and a rank blind to the cache",
+    "sg_waits": "sagegate with dispatch_first off: every request waits for its prediction (the A/B)",
 }
 """The fronts a run can put before the backends, by the name the scripts take."""
 GATEWAYS = {
@@ -35,6 +36,7 @@ GATEWAYS = {
     "sg_placement": ("fcfs", {}),
     "sg_rank": ("sagesched", {"SAGEGATE_PLACEMENT__MODE": "least_loaded"}),
     "sg_blind": ("sagesched:shared_prefix=false", {}),
+    "sg_waits": ("sagesched", {"SAGEGATE_DISPATCH_FIRST": "false"}),
 }
 """The gateway fronts: (policy, settings beside ``GATEWAY_ENV``)."""
 

@@ -116,5 +116,8 @@ class LateOutcome(StrEnum):
     """The request still waited in the gateway's queue: it was ranked again by the prediction."""
     DISPATCHED = "dispatched"
     """The request had left the queue (dispatched, or ended): it ran on the prior's rank."""
+    REBASED = "rebased"
+    """The request had been sent (nothing waited ahead of it, ``dispatch_first``) and still ran:
+    its admission charge was recomputed from the prediction."""
     FAILED = "failed"
     """The embedding failed: the prior's rank stood."""

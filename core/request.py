@@ -66,6 +66,9 @@ class PredictionQuery:
     tenant: str = "default"
     model: str | None = None
     max_tokens: int | None = None
+    wait_s: float | None = None
+    """The longest the caller waits for work done off its thread (an embedding): None, the
+    predictor's own budget; 0, answer from memory now and send the rest as ``Prediction.later``."""
 
     @classmethod
     def of(cls, req: TraceRequest) -> PredictionQuery:

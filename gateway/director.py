@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
@@ -103,6 +104,8 @@ class Director:
             session = self.session(request)
             self.resolve_model(client)
             query = await self.count_tokens(client, who)
+            if self.settings.dispatch_first and self.dispatcher.idle():
+                query = replace(query, wait_s=0.0)  # nothing to be ordered against: go on the prior
             if trace is not None:
                 trace.phase("predict")
             asked = Asked(query, await self.predict(query))
@@ -261,8 +264,9 @@ class Director:
         return lc
 
     def follow_late_prediction(self, lc: Lifecycle, prediction: Prediction) -> None:
-        """A prediction that missed its budget still comes; if the request is still queued then, it
-        is ranked by it (the budget bounds what a request waits for, not what the queue may learn)."""
+        """A prediction that missed its budget still comes: a request still queued then is ranked by it
+        (the budget bounds what a request waits for, not what the queue may learn), one running is
+        charged by it."""
         if prediction.later is None:
             return
         later = asyncio.ensure_future(prediction.later)
@@ -270,13 +274,17 @@ class Director:
         def arrived(fut: asyncio.Future[LengthDistribution | None]) -> None:
             if fut.cancelled() or fut.exception() is not None:
                 outcome = LateOutcome.FAILED
-            elif lc.state is not RequestState.QUEUED:
-                outcome = LateOutcome.DISPATCHED
             else:
                 req = lc.req
                 dist = self.capped(fut.result(), req.max_tokens)
-                moved = dist is not None and self.dispatcher.repredict(req, dist)
-                outcome = LateOutcome.RERANKED if moved else LateOutcome.DISPATCHED
+                if dist is None:
+                    outcome = LateOutcome.DISPATCHED
+                elif lc.state is RequestState.QUEUED:
+                    moved = self.dispatcher.repredict(req, dist)
+                    outcome = LateOutcome.RERANKED if moved else LateOutcome.DISPATCHED
+                else:
+                    rebased = self.dispatcher.rebase(req, dist)
+                    outcome = LateOutcome.REBASED if rebased else LateOutcome.DISPATCHED
             self.metrics.late_predictions.labels(outcome).inc()
 
         later.add_done_callback(arrived)

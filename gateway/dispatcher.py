@@ -185,6 +185,27 @@ class Dispatcher:
         self.kick()
         return True
 
+    def rebase(self, req: GatewayRequest, prediction: LengthDistribution) -> bool:
+        """A prediction that missed its budget came after ``req`` was sent (at once, nothing queued
+        ahead: ``dispatch_first``): charge it by that where it runs. False if it no longer runs there,
+        or the policy reads no prediction."""
+        idx, charge = req.backend, req.charge
+        if Capability.USES_PREDICTION not in self.policy.capabilities or idx is None or charge is None:
+            return False
+        req.prediction = prediction
+        req.prediction_path = f"{req.prediction_path}+rebased"
+        moved = self.pool.backends[idx].load.repredict(charge, prediction)
+        if moved and self.ledger is not None:
+            self.ledger.changed(charge, idx)
+        if moved < 0:
+            self.kick()  # room freed: the head may fit now
+        return True
+
+    def idle(self) -> bool:
+        """Nothing waits for a backend (queued, or awaiting the shared ledger's answer): a request
+        arriving now has no one to be ordered against."""
+        return not len(self.queue) and not self._committing
+
     def withdraw(self, req: GatewayRequest) -> bool:
         """Take a still-queued request out (client gone, waited too long). Returns if it was queued."""
         if not self.queue.remove(req) and self._committing.pop(id(req), None) is None:
@@ -300,7 +321,7 @@ class Dispatcher:
         b = self.pool.backends[req.backend]
         b.progressed(new)
         if b.load.progress(req.charge, generated) > 0 and self.ledger is not None:
-            self.ledger.grew(req.charge, req.backend)
+            self.ledger.changed(req.charge, req.backend)
         self.policy.on_progress(req, new, self.clock())
 
     def release(self, req: GatewayRequest, *, final: bool = True) -> None:

@@ -226,9 +226,9 @@ class SharedLedger:
                 self._freed = True  # publish soon, and announce it
                 self._call_soon(self.settings.publish_s)
 
-    def grew(self, charge: Charge, backend: int) -> None:
-        """One of this replica's charges on ``backend`` grew: publish it within ``publish_s``
-        (grown charges coalesce into one call)."""
+    def changed(self, charge: Charge, backend: int) -> None:
+        """One of this replica's charges on ``backend`` grew (or was charged by a late prediction):
+        publish it within ``publish_s`` (changed charges coalesce into one call)."""
         if charge not in self._own[backend] or self.mode is LedgerMode.LOCAL:
             return
         self._dirty.add(backend)

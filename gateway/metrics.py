@@ -127,7 +127,9 @@ class GatewayMetrics:
         )
         self.late_predictions = Counter(
             "sagegate_late_predictions",
-            "Predictions that missed their budget, by what became of them when they came.",
+            "Predictions that missed their budget (or were not waited for: dispatch_first), by what "
+            "became of them when they came: reranked (still queued), rebased (running: recharged), "
+            "dispatched (gone, or unused), failed.",
             ["outcome"],
             registry=r,
         )

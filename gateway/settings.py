@@ -315,6 +315,11 @@ class GatewaySettings(BaseSettings):
     """The options of the predictor ``predictor`` names, and only its
     (``SAGEGATE_PREDICTOR_OPTIONS='{"predict_budget_s": 0.1}'`` or
     ``SAGEGATE_PREDICTOR_OPTIONS__PREDICT_BUDGET_S=0.1``); unset ones keep its defaults."""
+    dispatch_first: bool = True
+    """When nothing waits in the queue, a request does not wait for its prediction (the embedding,
+    up to ``predict_budget_s``): it goes on the prompt-length prior, since no order is at stake, and the
+    prediction, when it comes, recharges it where it runs (``sagegate_late_predictions_total
+    {outcome="rebased"}``) or ranks it again if it had to queue. Off: every request waits for it."""
     cap_at_max_tokens: bool = True
     """Cap each predicted distribution at the request's ``max_tokens`` (its mass beyond moves onto the
     cap): a client that sets a tight cap gets the shorter rank it asked for. Off, the gateway ranks by

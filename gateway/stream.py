@@ -36,6 +36,9 @@ BACKEND_HEADER = "x-sagegate-backend"
 REQUEST_ID_HEADER = "x-sagegate-request-id"
 """The gateway's id of the request (what ``POST /admin/requests/{id}/pause`` takes)."""
 PREDICTED_HEADER = "x-sagegate-predicted-tokens"
+PREDICTION_PATH_HEADER = "x-sagegate-prediction-path"
+"""How the prediction in ``PREDICTED_HEADER`` was made when the answer began: the predictor's path
+(``late``: it was the prior, the predictor's own answer still to come)."""
 PREFIX_HIT_HEADER = "x-sagegate-prefix-hit"
 """The prompt tokens predicted cached on the backend the request went to (cache-aware placement)."""
 SHUTDOWN_MESSAGE = "the gateway is shutting down"
@@ -311,6 +314,7 @@ def answer_headers(req: GatewayRequest, b: Backend) -> dict[str, str]:
     out = {BACKEND_HEADER: b.name, REQUEST_ID_HEADER: str(req.rid), CLIENT_ID_HEADER: req.request_id}
     if req.prediction is not None:
         out[PREDICTED_HEADER] = str(round(req.prediction.mean))
+        out[PREDICTION_PATH_HEADER] = req.prediction_path
     if req.prefix_hits is not None:
         out[PREFIX_HIT_HEADER] = str(req.predicted_cached)
     return out

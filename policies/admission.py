@@ -232,6 +232,17 @@ class Charge:
         self.remaining = total - generated if total > generated else 0
         self.value = float(prompt + (total if total > generated else generated))
 
+    def repredict(self, pred: LengthDistribution | None) -> float:
+        """The charge by another prediction (one that came after the request was sent), at the
+        progress it has made; returns the change."""
+        old = self.value
+        self._pred = pred
+        if self._whole is not None:
+            self._whole._pred = pred
+            self._whole._recompute(self._whole._generated)
+        self._recompute(self._generated)
+        return self.value - old
+
     def update(self, generated: int) -> float:
         """New charge after ``generated`` tokens; returns the change."""
         old = self.value
@@ -294,6 +305,14 @@ class BackendLoad:
             charge.started = True
             if charge.blocks is not None:
                 self.resident.started(charge.blocks)
+        return moved
+
+    def repredict(self, charge: Charge, pred: LengthDistribution | None) -> float:
+        """One of its requests is charged by a prediction that came after it was sent; returns how
+        much its charge moved."""
+        moved = charge.repredict(pred)
+        self.charged_tokens += moved
+        self.holdings.changed()
         return moved
 
     def release(self, charge: Charge) -> None:

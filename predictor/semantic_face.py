@@ -62,7 +62,8 @@ class SemanticLengthPredictor:
         if self.budget_s is None:
             feats = self._inline_features(query.rid, query.prompt)
         else:
-            ready = await self._features_within_budget(query.prompt, self.budget_s)
+            budget = self.budget_s if query.wait_s is None else min(self.budget_s, query.wait_s)
+            ready = await self._features_within_budget(query.prompt, budget)
             if not isinstance(ready, PromptFeatures):
                 return self._without_features(query, model, ready)
             feats = ready

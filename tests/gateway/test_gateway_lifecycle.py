@@ -84,6 +84,7 @@ def test_serve_is_warm_when_ready_and_exits_promptly_on_sigterm() -> None:
             "HF_HUB_OFFLINE": "1",
             # a wide budget: only a cold model (seconds) could miss it, not a busy machine
             "SAGEGATE_PREDICTOR_OPTIONS": '{"predict_budget_s": 1.5}',
+            "SAGEGATE_DISPATCH_FIRST": "false",  # each request waits for its prediction: warm, never late
         }
         cmd = [sys.executable, "-m", "sagegate.cli", "serve", "--backend", be.url, "--port", str(port)]
         cmd += ["--predictor", "semantic"]  # the model this is about (the default predictor is prefix)

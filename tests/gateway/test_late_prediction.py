@@ -1,6 +1,7 @@
 """A prediction that missed its budget still comes: the request waited on the prior's rank, and if it
-still waits when the prediction comes it is ranked (and charged) by it; if it has left, it ran on the
-prior. The budget bounds what a request waits for, not what the queue may learn."""
+still waits when the prediction comes it is ranked (and charged) by it; if it runs, it is charged by
+it where it runs. The budget bounds what a request waits for, not what the queue may learn; with
+nothing queued (``dispatch_first``) a request does not wait for it at all."""
 
 from __future__ import annotations
 
@@ -90,6 +91,55 @@ def test_a_queued_request_is_ranked_again_by_its_late_prediction() -> None:
     asyncio.run(run())
 
 
+def test_a_running_request_is_charged_by_its_late_prediction_where_it_runs() -> None:
+    async def run() -> None:
+        s = GatewaySettings.model_validate({"backends": ["http://b0"]})
+        pool = BackendPool(s, httpx.AsyncClient())
+        load = pool.backends[0].load
+        load.capacity_tokens, load.healthy = 100_000, True
+        pol = parse_policy("sagesched")
+        d = Dispatcher(pol, pool, CFG, BoundedQueue(pol, 100, 10**9))
+        r = waiting(1.0, SHORT)
+        d.submit(r)
+        d.dispatch()
+        assert r.backend == 0 and r.charge is not None
+        d.progress(r, 30)
+        assert d.rebase(r, LONG)
+        fresh = Charge(100, LONG, CFG)
+        fresh.update(30)
+        assert r.charge.value == fresh.value and load.charged_tokens == fresh.value  # as if sent on it
+        assert r.prediction is LONG and r.prediction_path == "late+rebased"
+        d.release(r)
+        assert load.charged_tokens == 0 and not d.rebase(r, SHORT)  # gone: nothing to charge
+
+    asyncio.run(run())
+
+
+def test_a_charge_predicted_again_is_the_charge_it_would_have_had() -> None:
+    """Whatever the progress and the two predictions, a charge given a new prediction equals one made
+    with it from the start and brought to the same progress."""
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    dists = st.lists(st.integers(1, 5000), min_size=1, max_size=6, unique=True).map(
+        lambda xs: LengthDistribution(tuple(sorted(xs)), tuple(1.0 / len(xs) for _ in xs))
+    )
+
+    @given(dists, dists, st.integers(0, 6000), st.integers(1, 4000))
+    def check(a: LengthDistribution, b: LengthDistribution, generated: int, prompt: int) -> None:
+        c = Charge(prompt, a, CFG)
+        c.update(generated)
+        c.repredict(b)
+        fresh = Charge(prompt, b, CFG)
+        fresh.update(generated)
+        assert (c.value, c.held, c.remaining) == (fresh.value, fresh.held, fresh.remaining)
+        c.update(generated + 500)  # and it goes on as that one would
+        fresh.update(generated + 500)
+        assert c.value == fresh.value
+
+    check()
+
+
 def test_a_request_that_left_the_queue_keeps_its_rank() -> None:
     async def run() -> None:
         d = full_dispatcher()
@@ -138,15 +188,15 @@ def _late_outcomes(url: str) -> dict[str, float]:
 
 @pytest.mark.heavy
 def test_through_the_gateway_a_waiting_request_learns_its_late_prediction() -> None:
-    """Two late predictions over real HTTP: the first request goes at once (an idle backend) and
-    runs on the prior's rank; the second waits behind it, and its prediction, coming while it
-    waits, ranks it again."""
+    """Two late predictions over real HTTP: the first request goes at once (an idle backend) on the
+    prior, and its prediction, coming while it runs, charges it there; the second waits behind it,
+    and its prediction, coming while it waits, ranks it again."""
     from concurrent.futures import ThreadPoolExecutor
 
     from gateway.app import create_app
     from tests.gateway_support import FakeBackend, ServerThread, chat_body, settings_for, wait_until
 
-    fake = FakeBackend(tokens=4, delay_s=0.4, blocks=1)  # 16 KV tokens: one request (11) at a time
+    fake = FakeBackend(tokens=4, delay_s=1.0, blocks=1)  # 16 KV tokens: one request (11) at a time
     with ServerThread(fake.app) as be:
         predictor = slow_semantic(delay_s=0.3, budget_s=0.01)
         app = create_app(
@@ -159,4 +209,23 @@ def test_through_the_gateway_a_waiting_request_learns_its_late_prediction() -> N
             second = pool.submit(send)
             assert first.result().status_code == 200 and second.result().status_code == 200
             wait_until(lambda: sum(_late_outcomes(gw.url).values()) == 2, what="both late predictions")
-            assert _late_outcomes(gw.url) == {"dispatched": 1.0, "reranked": 1.0}
+            assert _late_outcomes(gw.url) == {"rebased": 1.0, "reranked": 1.0}
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("first", [True, False], ids=["dispatch_first", "waits"])
+def test_with_nothing_queued_a_request_does_not_wait_for_its_prediction(first: bool) -> None:
+    """An idle gateway sends a request on the prior (its answer says ``late``) instead of waiting for
+    the embedding; with ``dispatch_first`` off it waits for it (within its budget)."""
+    from gateway.app import create_app
+    from tests.gateway_support import FakeBackend, ServerThread, chat_body, settings_for
+
+    fake = FakeBackend(tokens=4)
+    with ServerThread(fake.app) as be:
+        predictor = slow_semantic(delay_s=0.2, budget_s=10.0)
+        settings = settings_for([be.url], policy="sagesched", predictor="semantic", dispatch_first=first)
+        with ServerThread(create_app(settings, predictor=predictor)) as gw:
+            r = httpx.post(gw.url + "/v1/chat/completions", json=chat_body("hi there"), timeout=30)
+            assert r.status_code == 200
+            path = r.headers["x-sagegate-prediction-path"]
+            assert (path == "late") is first, path

@@ -201,7 +201,7 @@ def test_a_grown_charge_is_checked_before_the_next_sync(redis_url: str, redis_pr
             assert ok and ok2
             for backend, charge in ((0, grown), (1, silent)):  # both run to 900: held 950, remaining 1
                 assert a.loads[backend].progress(charge, 900) > 0
-            a.grew(grown, 0)  # only backend 0's growth is announced, as the dispatcher does
+            a.changed(grown, 0)  # only backend 0's growth is announced, as the dispatcher does
             await asyncio.sleep(0.2)  # well past publish_s, well before the next sync
             assert not (await commit(b, backend=0))[1]  # 950 + 1 with 50 + 300: peak 1002 > 1000
             assert (await commit(b, backend=1))[1]  # Redis still holds the footprint of 350 there
