@@ -59,10 +59,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
+
 from benchmarks.bench_locality import builder
 from benchmarks.live_fronts import (
     BLOCK,
     FRONTS,
+    GATEWAYS,
     aiperf_profile,
     fronted,
     stop_on_sigterm,
@@ -285,6 +288,8 @@ def run_front(
             args.peers, url, trace, out, model=args.model, tokenizer=args.aiperf_tokenizer
         )
         after = backend_counters(bes)
+        if front in GATEWAYS:  # the gateway's own account (placements, holds, late predictions)
+            (out / "gateway_metrics.txt").write_text(httpx.get(url + "/metrics", timeout=10).text)
     deltas = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
     records = read_records(art, work, T)
     with (out / "records.jsonl").open("w") as f:
