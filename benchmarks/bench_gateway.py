@@ -117,15 +117,37 @@ def litellm_proxy(backends: Sequence[str]) -> Iterator[str]:
 
 
 # --- what sits in front of the backends -----------------------------------------------------------
-def _target_names(predictors: Sequence[str], with_litellm: bool) -> list[str]:
-    return [f"sagegate/{p}" for p in predictors] + (["litellm"] if with_litellm else [])
+ROUTER = "vllm-router"
+"""vllm-router ``round_robin`` (its Rust binary, installed beside this Python from PyPI): the compiled
+front a user could put there instead."""
+
+
+def _target_names(predictors: Sequence[str], with_litellm: bool, with_router: bool = False) -> list[str]:
+    return (
+        [f"sagegate/{p}" for p in predictors]
+        + ([ROUTER] if with_router else [])
+        + (["litellm"] if with_litellm else [])
+    )
 
 
 @contextlib.contextmanager
 def front(name: str, backends: Sequence[str], **gw_settings: Any) -> Iterator[str]:
-    """One proxy process in front of ``backends``: ``sagegate/<predictor>`` or ``litellm``."""
+    """One proxy process in front of ``backends``: ``sagegate/<predictor>``, ``vllm-router`` or
+    ``litellm``."""
     if name == "litellm":
         with litellm_proxy(backends) as url:
+            yield url
+    elif name == ROUTER:
+        from harness.live import vllm_router_binary, vllm_router_command
+        from harness.procs import free_port, running
+
+        binary = vllm_router_binary()
+        if binary is None:
+            raise RuntimeError("vllm-router is not installed beside this Python")
+        url = f"http://127.0.0.1:{free_port()}"
+        cmd = vllm_router_command(binary, int(url.rsplit(":", 1)[1]), backends, "round_robin")
+        with running(cmd, url, "/health", startup_timeout_s=60) as (proc, _log):
+            PIDS[url] = proc.pid
             yield url
     else:
         predictor = name.split("/", 1)[1]
@@ -231,7 +253,7 @@ class Capacity:
 
 def bench_capacity(
     duration: float, rates: Sequence[float], chunk_rates: Sequence[float], predictors: Sequence[str],
-    with_litellm: bool, route: str, refine: int,
+    with_litellm: bool, route: str, refine: int, with_router: bool = False,
 ) -> dict[str, Capacity]:  # fmt: skip
     """Highest request rate and SSE chunk rate each proxy sustains with added median TTFT ≤ 10 ms."""
     print(
@@ -253,7 +275,7 @@ def bench_capacity(
                 f"{'proxy':>22} {'req/s':>7} {'chunks/s':>9} {'direct ms':>10} {'proxied ms':>11} {'added ms':>9} "
                 f"{'CPU %':>6} {'us/req':>10} {'us/chunk':>11} {'errors':>7}"
             )
-            for name in _target_names(predictors, with_litellm):
+            for name in _target_names(predictors, with_litellm, with_router):
                 try:
                     with front(name, [b1, b2], **open_admission) as gw:
                         asyncio.run(open_loop([gw], 20, 1, 2, route))  # warm up: tokenizers, connections
@@ -469,6 +491,7 @@ def main() -> None:
         "--route", choices=["chat", "completions"], default="chat", help="overhead/capacity requests"
     )
     ap.add_argument("--no-litellm", action="store_true", help="overhead/capacity: leave LiteLLM's proxy out")
+    ap.add_argument("--router", action="store_true", help="capacity: vllm-router round_robin beside them")
     ap.add_argument("--queued", type=int, default=10_000)
     ap.add_argument("--backends", type=int, default=64)
     ap.add_argument("--cycles", type=int, default=5000)
@@ -491,7 +514,7 @@ def main() -> None:
     if args.what in ("capacity", "compare", "all"):
         cap = bench_capacity(
             args.duration, floats(args.rates), floats(args.chunk_rates), predictors, with_litellm, args.route,
-            args.refine,
+            args.refine, args.router,
         )  # fmt: skip
     if proxies:
         print_summary(added, cap)
