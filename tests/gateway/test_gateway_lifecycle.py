@@ -63,8 +63,9 @@ def test_first_request_after_start_is_not_late_for_a_cold_model() -> None:
     predictor = SemanticLengthPredictor(SemanticPredictor(embedder), budget_s=0.5)
     fake = FakeBackend(tokens=3)
     with ServerThread(fake.app) as be:
-        app = create_app(settings_for([be.url], predictor="semantic"), predictor=predictor)
-        with ServerThread(app) as gw:
+        # dispatch_first off: the request waits for its prediction (else an idle gateway never does)
+        settings = settings_for([be.url], predictor="semantic", dispatch_first=False)
+        with ServerThread(create_app(settings, predictor=predictor)) as gw:
             assert embedder.loaded  # start-up loaded it
             assert httpx.get(gw.url + "/ready").status_code == 200
             r = httpx.post(gw.url + "/v1/chat/completions", json=chat_body("first"), timeout=10)

@@ -42,7 +42,8 @@ def _replica(backend: str, redis_url: str, prefix: str) -> ServerThread:
     opts = SemanticOptions(
         embedder=BagOfWordsEmbedder(), redis_url=redis_url, redis_prefix=prefix, budget_s=DEFAULT_BUDGET_S
     )
-    settings = settings_for([backend], predictor="semantic", redis_url=redis_url)
+    # dispatch_first off: each request waits for its prediction, which is what this reads back
+    settings = settings_for([backend], predictor="semantic", redis_url=redis_url, dispatch_first=False)
     return ServerThread(create_app(settings, predictor=make_predictor("semantic", opts)))
 
 
