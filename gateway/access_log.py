@@ -83,6 +83,7 @@ def access_fields(
         "cached_tokens": req.predicted_cached if backend is not None else None,
         "output_tokens": output,
         "predicted_tokens": None if pred is None else round(pred.mean),
+        "prediction_path": req.prediction_path,
         "queue_s": None if req.t_dispatch is None else req.t_dispatch - req.arrival_s,
         "ttft_s": None if req.t_first is None else req.t_first - req.arrival_s,
         "ttlt_s": now - req.arrival_s,

@@ -214,18 +214,32 @@ def test_through_the_gateway_a_waiting_request_learns_its_late_prediction() -> N
 
 @pytest.mark.heavy
 @pytest.mark.parametrize("first", [True, False], ids=["dispatch_first", "waits"])
-def test_with_nothing_queued_a_request_does_not_wait_for_its_prediction(first: bool) -> None:
-    """An idle gateway sends a request on the prior (its answer says ``late``) instead of waiting for
-    the embedding; with ``dispatch_first`` off it waits for it (within its budget)."""
-    from gateway.app import create_app
-    from tests.gateway_support import FakeBackend, ServerThread, chat_body, settings_for
+def test_with_nothing_queued_a_request_does_not_wait_for_its_prediction(
+    first: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An idle gateway sends a request on the prior (its answer and its access line say ``late``)
+    instead of waiting for the embedding; with ``dispatch_first`` off it waits for it (within its
+    budget)."""
+    import json
+    import logging
 
+    from gateway.app import create_app
+    from tests.gateway_support import FakeBackend, ServerThread, chat_body, settings_for, wait_until
+
+    caplog.set_level(logging.INFO, logger="sagegate.access")
     fake = FakeBackend(tokens=4)
     with ServerThread(fake.app) as be:
         predictor = slow_semantic(delay_s=0.2, budget_s=10.0)
-        settings = settings_for([be.url], policy="sagesched", predictor="semantic", dispatch_first=first)
+        settings = settings_for(
+            [be.url], policy="sagesched", predictor="semantic", dispatch_first=first, access_log="json"
+        )
         with ServerThread(create_app(settings, predictor=predictor)) as gw:
             r = httpx.post(gw.url + "/v1/chat/completions", json=chat_body("hi there"), timeout=30)
             assert r.status_code == 200
             path = r.headers["x-sagegate-prediction-path"]
             assert (path == "late") is first, path
+            access = "sagegate.access"
+            lines = lambda: [json.loads(m.getMessage()) for m in caplog.records if m.name == access]  # noqa: E731
+            wait_until(lambda: bool(lines()), what="the access line")
+            logged = lines()[0]["prediction_path"]  # late, or late+rebased if it came before the end
+            assert logged.startswith("late") is first, logged
