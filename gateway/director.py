@@ -28,7 +28,7 @@ from gateway.access_log import access_fields, request_id
 from gateway.backends import BackendPool
 from gateway.blame import RetryBudget, Verdicts
 from gateway.disconnect import DisconnectGuard
-from gateway.dispatcher import Dispatcher, QueueFull
+from gateway.dispatcher import Dispatcher
 from gateway.intake import ClientRequest, Intake
 from gateway.lifecycle import Lifecycle, RequestState
 from gateway.locality import session_key
@@ -36,7 +36,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.openai_schema import Route
 from gateway.predict import cap, query_of
 from gateway.proxy import Failed, Proxy
-from gateway.queue import DispatchRefused, GatewayRequest
+from gateway.queue import DispatchRefused, GatewayRequest, QueueFull
 from gateway.rate_limits import RateLimiter
 from gateway.settings import GatewaySettings
 from gateway.stream import SHUTDOWN_MESSAGE

@@ -1,15 +1,15 @@
 """The dispatcher: best-ranked request first, to the backend the admission rule picks.
 
-The pass itself — peek the head, charge it, choose a backend, let the policy screen it, dispatch,
-refuse or stop — is ``policies.dispatch_loop.DispatchLoop``, the code the simulator's gateway level
-runs too, so the simulator's results describe this code. What is the gateway's own is its driver
+The pass itself — peek the head, charge it, choose a backend, let the policy screen it, dispatch, refuse
+or stop — is ``policies.dispatch_loop.DispatchLoop``, the code the simulator's gateway level runs too, so
+the simulator's results describe this code. What is the gateway's own is its driver
 (:class:`_GatewayDriver`): the charge counts the share of a prompt that the engines' KV gauges say
 prompts really cost (``policies.prompt_share``; 1 until measured, so where nothing is shared it is the
 simulator's charge), a retried request avoids the backends it failed on, and a decision resolves the
-waiting handler's future. It runs on
-the event loop, woken (coalesced, once per loop iteration) by whatever can make room: an arrival, a
-first byte, a completion, a scrape, a backend coming back or going down (when none is healthy, the
-queue is answered at once). Each decision is O(log n) in the queue (heap) plus O(backends).
+waiting handler's future. It runs on the event loop, woken (coalesced, once per loop iteration) by
+whatever can make room: an arrival, a first byte, a completion, a scrape, a backend coming back or going
+down (when none is healthy, the queue is answered at once). Each decision is O(log n) in the queue
+(heap) plus O(backends).
 
 With a shared ledger (``gateway.ledger``, several replicas in front of one fleet) a dispatch is
 tentative until Redis confirms the charge: the request leaves the queue and its charge weighs on the
@@ -40,7 +40,7 @@ from gateway.backends import BackendPool
 from gateway.ledger import QueueHead, SharedLedger
 from gateway.locality import Locality
 from gateway.metrics import GatewayMetrics
-from gateway.queue import BoundedQueue, DispatchRefused, GatewayRequest
+from gateway.queue import BoundedQueue, DispatchRefused, GatewayRequest, QueueFull
 from policies.admission import AdmissionConfig, Charge, resident_prefix
 from policies.base import Capability, Policy
 from policies.dispatch_loop import Decision, DispatchLoop
@@ -71,12 +71,6 @@ class Pausable(Protocol):
     def request(self) -> GatewayRequest: ...
 
     def pause(self) -> PauseVerdict: ...
-
-
-class QueueFull(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 class Dispatcher:
@@ -176,8 +170,7 @@ class Dispatcher:
         if Capability.USES_PREDICTION not in self.policy.capabilities or not self.queue.remove(req):
             return False
         now = self.clock()
-        req.prediction = prediction
-        req.prediction_path = f"{req.prediction_path}+reranked"
+        req.prediction, req.prediction_path = prediction, f"{req.prediction_path}+reranked"
         req.charge = None  # charged again from the new prediction
         self._charge(req)
         self.policy.on_repredict(req, now)
@@ -186,14 +179,12 @@ class Dispatcher:
         return True
 
     def rebase(self, req: GatewayRequest, prediction: LengthDistribution) -> bool:
-        """A prediction that missed its budget came after ``req`` was sent (at once, nothing queued
-        ahead: ``dispatch_first``): charge it by that where it runs. False if it no longer runs there,
-        or the policy reads no prediction."""
+        """A late prediction came after ``req`` was sent (``dispatch_first``): charge it by that where
+        it runs. False if it no longer runs, or the policy reads no prediction."""
         idx, charge = req.backend, req.charge
         if Capability.USES_PREDICTION not in self.policy.capabilities or idx is None or charge is None:
             return False
-        req.prediction = prediction
-        req.prediction_path = f"{req.prediction_path}+rebased"
+        req.prediction, req.prediction_path = prediction, f"{req.prediction_path}+rebased"
         moved = self.pool.backends[idx].load.repredict(charge, prediction)
         if moved and self.ledger is not None:
             self.ledger.changed(charge, idx)
@@ -202,8 +193,7 @@ class Dispatcher:
         return True
 
     def idle(self) -> bool:
-        """Nothing waits for a backend (queued, or awaiting the shared ledger's answer): a request
-        arriving now has no one to be ordered against."""
+        """Nothing waits (queued, or for the shared ledger's answer): no one to be ordered against."""
         return not len(self.queue) and not self._committing
 
     def withdraw(self, req: GatewayRequest) -> bool:

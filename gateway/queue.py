@@ -30,6 +30,14 @@ class DispatchRefused(Exception):
         self.reason = reason
 
 
+class QueueFull(Exception):
+    """The queue's bounds refuse a new request: ``reason`` says which (a 429)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class GatewayRequest(SchedRequest):
     """A live request: what the policy reads, plus the HTTP side of it (``body`` is forwarded as
     sent; what the gateway acts on is read once, from the validated request, into typed fields)."""

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from core.distribution import LengthDistribution
 from gateway.backends import Backend, BackendPool, CircuitBreaker
-from gateway.dispatcher import Dispatcher, QueueFull
+from gateway.dispatcher import Dispatcher
 from gateway.errors import GatewayError
 from gateway.predict import cap
-from gateway.queue import BoundedQueue, GatewayRequest
+from gateway.queue import BoundedQueue, GatewayRequest, QueueFull
 from gateway.scrape import EngineMetrics, parse_metrics
 from gateway.settings import BackendSettings, GatewaySettings, HealthSettings, load_settings
 from gateway.sse import SseScanner
