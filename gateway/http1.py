@@ -1,8 +1,8 @@
 """A lean HTTP/1.1 transport under httpx for plain-HTTP backends: an asyncio protocol per connection
 and httptools' C parser, in place of httpcore's anyio streams, h11 and socket polling.
 
-Why: with ``--predictor none`` httpcore was about half of the gateway's own CPU per request (py-spy,
-issue 39). httpx stays above it (requests, responses, errors, timeouts are httpx's), so nothing that
+Why: with ``--predictor none`` httpcore was about half of the gateway's own CPU per request (py-spy).
+httpx stays above it (requests, responses, errors, timeouts are httpx's), so nothing that
 sends through the client changes.
 
 Invariants:

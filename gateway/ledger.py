@@ -1,4 +1,4 @@
-"""The admission ledger several gateway replicas share in Redis (issue 18, ``ledger.enabled``).
+"""The admission ledger several gateway replicas share in Redis (``ledger.enabled``).
 
 Each replica decides on its own event loop, without a round trip, on a *local view*: its own charges
 (live) plus every other replica's (as of the last read, at most ``sync_interval_s`` old), so the

@@ -22,10 +22,10 @@ is kept as a fixed-size digest of its id (:func:`session_key`), so memory is bou
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from core.lru import Lru
 from core.prefix import CHARS_PER_TOKEN, text_block_keys
 from core.tokens import flatten_messages
 from gateway.backends import Backend
@@ -72,11 +72,10 @@ class Locality:
         self.block_tokens = settings.block_tokens
         self.backends = backends
         self.metrics = metrics
-        self.max_sessions = settings.max_sessions
         self.kv_events = settings.kv_events
         self.client = client
         """For ``kv_events.tokenizer: backend`` (a backend's ``/tokenize``)."""
-        self.sessions: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self.sessions: Lru[str, tuple[int, int]] = Lru(settings.max_sessions)
         """Session (:func:`session_key`) → (the backend its last turn went to, that turn's prompt
         tokens), oldest first."""
         self.on_touch: Callable[[int, Sequence[int], str | None, int], None] | None = None
@@ -123,7 +122,7 @@ class Locality:
                     hits[i] = min((exact.tokens - 1) // bs, kv.index.match(exact.keys[bs])) * bs
                     known.add(i)
         if req.session is not None:
-            last = self.sessions.get(req.session)
+            last = self.sessions.peek(req.session)
             if last is not None and last[0] < len(hits) and last[0] not in known:
                 hits[last[0]] = max(hits[last[0]], min(int(most * per), last[1]))
         req.prefix_hits = hits
@@ -160,10 +159,7 @@ class Locality:
         if self.on_touch is not None:
             self.on_touch(backend, req.prefix_keys, req.session, req.prompt_tokens)
         if req.session is not None:
-            self.sessions[req.session] = (backend, req.prompt_tokens)
-            self.sessions.move_to_end(req.session)
-            if len(self.sessions) > self.max_sessions:
-                self.sessions.popitem(last=False)
+            self.sessions.put(req.session, (backend, req.prompt_tokens))
 
     def left(self, req: GatewayRequest, backend: int) -> None:
         """``req`` left ``backend``: the engine freed its blocks, which join its eviction order last;

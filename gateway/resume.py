@@ -1,4 +1,4 @@
-"""Pause and transparent resume of a streamed request (issue 17, part 2): the mechanism.
+"""Pause and transparent resume of a streamed request: the mechanism.
 
 :meth:`Resumer.pause` takes a running request off its backend: the reader of its upstream stream is
 cancelled (the connection closes, the backend frees its KV), its reservation is released (by its

@@ -281,10 +281,7 @@ class SharedPrefixes:
                 i = local[at]
                 if i is None:
                     continue
-                loc.sessions[sid] = (i, tokens)
-                loc.sessions.move_to_end(sid)
-                if len(loc.sessions) > loc.max_sessions:
-                    loc.sessions.popitem(last=False)
+                loc.sessions.put(sid, (i, tokens))
                 sessions += 1
         st.messages.labels("applied").inc()
         st.blocks.labels("applied").inc(applied)

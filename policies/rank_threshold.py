@@ -1,4 +1,4 @@
-"""The shared rank threshold between gateway replicas (issue 18 part 2, ``ledger.order: threshold``).
+"""The shared rank threshold between gateway replicas (``ledger.order: threshold``).
 
 Each replica keeps its own queue; every ledger sync it publishes its queue head (rank key, charge,
 prompt) and reads the others'. A replica holds back a head ranked worse than a published foreign

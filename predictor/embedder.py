@@ -45,7 +45,7 @@ class Window:
 # ``window=256, quantize=False``). 64 pieces with int8 linear layers is the default: on the ShareGPT
 # replay it lost 0.003 of Kendall tau-b (0.398 against 0.401) and embedded a ~170-piece prompt in a
 # fifth of the CPU time (16 against 74 ms, with the direct call below; docs/journal/BENCHMARKS.md,
-# *The semantic predictor (issue 4)*, has the table).
+# *The semantic predictor*, has the table).
 WINDOWS = {
     256: Window(256, 128, 122),
     128: Window(128, 64, 59),

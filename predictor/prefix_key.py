@@ -18,11 +18,12 @@ out, ``max_keys`` at most (~1 KB each).
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict, deque
+from collections import deque
 
 import numpy as np
 
 from core.distribution import DEFAULT_PRIOR, LengthDistribution
+from core.lru import Lru
 from core.predictor import InlinePredictor
 from core.request import PredictionQuery
 from predictor.baselines import GlobalPredictor
@@ -73,7 +74,7 @@ class PrefixKeyPredictor(InlinePredictor):
         self.fallback = GlobalPredictor(
             window, max_points, prior or DEFAULT_PRIOR, refresh_every=refresh_every
         )
-        self._keys: OrderedDict[bytes, _Task] = OrderedDict()
+        self._keys: Lru[bytes, _Task] = Lru(max_keys)
 
     def __len__(self) -> int:
         """Keys held."""
@@ -82,7 +83,7 @@ class PrefixKeyPredictor(InlinePredictor):
     def predict_inline(self, req: PredictionQuery) -> LengthDistribution:
         base = self.fallback.predict_inline(req)
         key = prefix_key(req.prompt, self.key_chars)
-        task = self._keys.get(key) if key is not None else None
+        task = self._keys.peek(key) if key is not None else None
         if task is None:
             return base
         if task.mixed is None or task.base is not base:  # rebuilt only when either side changed
@@ -115,10 +116,7 @@ class PrefixKeyPredictor(InlinePredictor):
             return
         task = self._keys.get(key)
         if task is None:
-            task = self._keys[key] = _Task(self.per_key)
-            if len(self._keys) > self.max_keys:
-                self._keys.popitem(last=False)
-        else:
-            self._keys.move_to_end(key)
+            task = _Task(self.per_key)
+            self._keys.put(key, task)
         task.seen.append(max(1, int(output_tokens)))
         task.mixed = None

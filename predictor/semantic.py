@@ -95,8 +95,8 @@ class SemanticConfig:
 KNN_ONLY = SemanticConfig(
     head_weight=0.0, head_prior_weight=0.0, shipped_prior=False, calibrate=False, repeat_weight=0.0
 )
-"""The predictor before issue 19 (neighbours and the ridge probe; no ranking head, no shipped prior,
-no spread correction): what the benchmarks compare the default against."""
+"""The predictor from neighbours and the ridge probe alone (no ranking head, no shipped prior, no
+spread correction): what the benchmarks compare the default against."""
 
 NAMED_CONFIGS: dict[str, SemanticConfig] = {"default": SemanticConfig(), "knn-only": KNN_ONLY}
 """The configurations a command line can name (``sagegate study --semantic-config``)."""

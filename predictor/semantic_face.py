@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import Future
 
 import numpy as np
 
 from core.distribution import LengthDistribution
+from core.lru import Lru
 from core.outcomes import PredictionPath
 from core.predictor import Prediction
 from core.request import PredictionQuery, TraceRequest
@@ -48,7 +48,7 @@ class SemanticLengthPredictor:
         self.budget_s = budget_s
         """None: features on the calling thread (never waits); else the longest wait for the worker's."""
         self._primed: dict[int, PromptFeatures] = {}
-        self._recent: OrderedDict[bytes, PromptFeatures] = OrderedDict()
+        self._recent: Lru[bytes, PromptFeatures] = Lru(RECENT_PROMPTS)
         """Recent prompts' features by a digest of their text (a chat's history may be long)."""
         self.repeats = 0
         """Predictions answered from :attr:`_recent` (an exact repeat: no embedding)."""
@@ -142,7 +142,6 @@ class SemanticLengthPredictor:
         key = _digest(text)
         known = self._recent.get(key)
         if known is not None:
-            self._recent.move_to_end(key)
             self.repeats += 1
             return known
         task, vec = self._submit(text, budget_s, key)
@@ -181,10 +180,7 @@ class SemanticLengthPredictor:
         return Prediction(prior.distribution, PredictionPath.LATE, asyncio.ensure_future(later()), pending)
 
     def _remember(self, key: bytes, feats: PromptFeatures) -> None:
-        self._recent[key] = feats
-        self._recent.move_to_end(key)
-        while len(self._recent) > RECENT_PROMPTS:
-            self._recent.popitem(last=False)
+        self._recent.put(key, feats)
 
     async def _recorded_features(self, text: str, memo: object) -> PromptFeatures:
         """The features the prediction used (awaited if they were late), else embedded now."""

@@ -156,7 +156,7 @@ class StepTerms:
     all-reduce (two a layer); ``overlap_p``: the exponent of the smooth max of the compute and
     weight-read bounds (2: their quadratic mean; larger: closer to the larger of the two).
     ``step_time_scale`` multiplies every step's GPU time (not the front end): 1.0 is the model as
-    fitted; 0.85 / 1.15 are the ±15%-capacity error bars of issue 15 (benchmarks/error_bars.py).
+    fitted; 0.85 / 1.15 are the ±15%-capacity error bars (benchmarks/error_bars.py).
     """
 
     eta_m: float = 0.75

@@ -1,4 +1,4 @@
-"""Several gateway replicas in front of one fleet, in the simulator (issue 18, part 2: one order).
+"""Several gateway replicas in front of one fleet, in the simulator (one order).
 
 A balancer splits one trace over ``replicas`` gateways (round robin or at random, as an L4 balancer
 does). Each replica is the simulator's own gateway level (``sim.gateway_level.SimGateway`` and the

@@ -30,7 +30,7 @@ REGIONS: tuple[tuple[str, float], ...] = (
 class RegionAnchor(StrEnum):
     """What a region's number multiplies: ``violation``, each window's knee ``λ_ref`` (LSSP's regions,
     for comparison with the paper); ``utilisation``, the reference engine's saturated rate on the
-    window's own mix (so one region name is the same load on every source; issue 15, part 4)."""
+    window's own mix (so one region name is the same load on every source)."""
 
     VIOLATION = "violation"
     UTILISATION = "utilisation"
@@ -233,7 +233,7 @@ class StudyConfig:
     """Also run the ``semantic`` predictor on sources whose requests carry prompt text."""
     semantic_config: str = "default"
     """Which semantic predictor (``predictor.semantic.NAMED_CONFIGS``): ``default``, or ``knn-only``
-    (before issue 19's ranking head, shipped prior and spread correction) to measure what they buy."""
+    (without the ranking head, shipped prior and spread correction) to measure what they buy."""
     semantic_history: int = 3000
     """Completed requests that warm the semantic predictor before any window is predicted: a paired
     source's held-out pairs, else the source's rows outside every window (``study.semantic``)."""

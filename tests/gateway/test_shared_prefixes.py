@@ -93,12 +93,12 @@ def test_a_failed_publish_puts_its_batch_back_before_newer_touches() -> None:
 
 def test_another_replicas_message_touches_the_same_backend_by_url() -> None:
     sp = replica(list(reversed(URLS)))  # this replica lists the fleet the other way round
-    sp.locality.max_sessions = 1
+    sp.locality.sessions.maxsize = 1
     data = encode(OTHER, 64, [("http://x:8000", [7, 8]), ("http://z:9", [1, 2, 3])], [("s", 0, 4000)])
     sp.apply(data)
     x, y = sp.backends[1], sp.backends[0]
     assert x.prefix.match([7, 8]) == 2 and len(y.prefix) == 0
-    assert sp.locality.sessions == {"s": (1, 4000)}
+    assert list(sp.locality.sessions) == ["s"] and sp.locality.sessions.peek("s") == (1, 4000)
     assert sample(sp, "sagegate_prefix_share_dropped_blocks_total", reason="unknown_backend") == 3
     sp.apply(encode(OTHER, 64, [("http://y:8000", [5])], [("t", 0, 10)]))
     assert list(sp.locality.sessions) == ["t"]  # bounded by placement.max_sessions
