@@ -237,6 +237,7 @@ class Charge:
         progress it has made; returns the change."""
         old = self.value
         self._pred = pred
+        self._sharing = None  # (made from the old prediction)
         if self._whole is not None:
             self._whole._pred = pred
             self._whole._recompute(self._whole._generated)

@@ -211,11 +211,12 @@ def test_a_client_that_leaves_mid_stream_aborts_the_request_in_vllm(engine: Engi
             lines = r.iter_lines()
             for _ in range(10):
                 next(lines)
-        # 4,000 tokens take vLLM ~30 s here: it stops long before that
+        # 4,000 tokens take vLLM ~30 s here: aborted, it stops before its end (how soon is timing, and
+        # on a loaded machine it has come as late as 3,200 tokens: not asserted here)
         wait_until(
             lambda: metric(engine.url, "vllm:num_requests_running") == 0, timeout=60, what="vLLM aborts"
         )
-        assert metric(engine.url, "vllm:generation_tokens_total") - generated < 2_000
+        assert metric(engine.url, "vllm:generation_tokens_total") - generated < 4_000
         wait_until(
             lambda: metric(gw.url, 'sagegate_cancellations_total{stage="streaming"}') == 1, what="counted"
         )
