@@ -138,15 +138,12 @@ def front(name: str, backends: Sequence[str], **gw_settings: Any) -> Iterator[st
         with litellm_proxy(backends) as url:
             yield url
     elif name == ROUTER:
-        from harness.live import vllm_router_binary, vllm_router_command
-        from harness.procs import free_port, running
+        from harness.live import vllm_router_binary, vllm_router_process
 
         binary = vllm_router_binary()
         if binary is None:
             raise RuntimeError("vllm-router is not installed beside this Python")
-        url = f"http://127.0.0.1:{free_port()}"
-        cmd = vllm_router_command(binary, int(url.rsplit(":", 1)[1]), backends, "round_robin")
-        with running(cmd, url, "/health", startup_timeout_s=60) as (proc, _log):
+        with vllm_router_process(binary, backends, "round_robin") as (url, proc):
             PIDS[url] = proc.pid
             yield url
     else:

@@ -20,6 +20,8 @@ from core.request import DEFAULT_CLIENT_MAX_TOKENS, TraceRequest
 from loadgen.records import with_client_cap
 
 if TYPE_CHECKING:
+    import subprocess
+
     from core.record import RequestRecord
     from loadgen.client import ReplayConfig
 
@@ -289,12 +291,22 @@ def vllm_router_command(binary: str, port: int, workers: Sequence[str], policy: 
 def vllm_router(binary: str, workers: Sequence[str], policy: str = "cache_aware") -> Iterator[str]:
     """vllm-router (the vLLM project's Rust router) over ``workers`` with ``policy`` and its defaults
     otherwise; stopped on exit."""
+    with vllm_router_process(binary, workers, policy) as (url, _proc):
+        yield url
+
+
+@contextlib.contextmanager
+def vllm_router_process(
+    binary: str, workers: Sequence[str], policy: str = "cache_aware"
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """:func:`vllm_router`, with its process (for a benchmark that reads its CPU)."""
     from harness.procs import free_port, running
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with running(vllm_router_command(binary, port, workers, policy), url, "/health", startup_timeout_s=60):
-        yield url
+    cmd = vllm_router_command(binary, port, workers, policy)
+    with running(cmd, url, "/health", startup_timeout_s=60) as (proc, _log):
+        yield url, proc
 
 
 COUNTERS = {
