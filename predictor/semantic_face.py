@@ -144,6 +144,8 @@ class SemanticLengthPredictor:
         if known is not None:
             self.repeats += 1
             return known
+        if budget_s <= 0:  # not waited for (``PredictionQuery.wait_s``): no deadline, no wait
+            return self._submit(text, None, key)[0]
         task, vec = self._submit(text, budget_s, key)
         try:
             return await asyncio.wait_for(asyncio.shield(task), budget_s)
