@@ -117,17 +117,27 @@ def stress_runs() -> Iterator[tuple[str, SimResult]]:
                         if level not in policy.levels:
                             continue
                         cfg = EngineConfig(num_gpu_blocks_override=blocks)
-                        setup = SimSetup(
-                            perf,
-                            cfg,
-                            engines=engines,
-                            level=level,
-                            policy=policy,
-                            predictor=make_predictor(
-                                "noisy-oracle", relative_error=0.5, seed=4, truth=answer_key(work)
-                            ),
+                        # Two engines at the gateway: also cache-aware placement (its plugin profile).
+                        places = (
+                            ("least_loaded", "cache_aware") if level == "gateway" and engines > 1 else ("",)
                         )
-                        yield f"stress/{wname}/b{blocks}/e{engines}/{pol}@{level}", simulate(work, setup)
+                        for place in places:
+                            setup = SimSetup(
+                                perf,
+                                cfg,
+                                engines=engines,
+                                level=level,
+                                policy=parse_policy(pol),
+                                predictor=make_predictor(
+                                    "noisy-oracle", relative_error=0.5, seed=4, truth=answer_key(work)
+                                ),
+                                placement=place or "least_loaded",
+                            )
+                            name = f"stress/{wname}/b{blocks}/e{engines}/{pol}@{level}"
+                            yield (
+                                name + (f"/{place}" if place == "cache_aware" else ""),
+                                simulate(work, setup),
+                            )
 
 
 def study_runs(windows: int) -> Iterator[tuple[str, Any]]:

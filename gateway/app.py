@@ -105,6 +105,7 @@ class Gateway:
                 if settings.placement.mode == CACHE_AWARE
                 else None
             ),
+            placement=settings.placement.profile.build(),
         )
         self.kv_events: KVEventHub | None = None
         """Followers of the backends' KV-cache events (precise placement; cache-aware mode only)."""

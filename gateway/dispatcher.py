@@ -20,11 +20,9 @@ dispatch within this replica's send-first budget goes at once and its charge is 
 
 Pausing (``policies.pause``, off by default: the ``pause`` setting) lets the pass pause a running
 request whose rank fell behind a head that fits nowhere; the pass decides, :meth:`Dispatcher.pause`
-acts (cancel upstream, release the charge, queue the continuation).
-
-With ``ledger.order: threshold`` a head ranked worse than another replica's published head is held
-while dispatching it would leave that head no room (``policies.rank_threshold``; this replica's own
-head is published with every sync).
+acts (cancel upstream, release the charge, queue the continuation). With ``ledger.order: threshold`` a
+head ranked worse than another replica's published head is held while dispatching it would leave that
+head no room (``policies.rank_threshold``; this replica's own head is published with every sync).
 """
 
 from __future__ import annotations
@@ -45,7 +43,7 @@ from policies.admission import AdmissionConfig, Charge, resident_prefix
 from policies.base import Capability, Policy
 from policies.dispatch_loop import Decision, DispatchLoop
 from policies.pause import PauseConfig
-from policies.placement import CacheView
+from policies.placement import DEFAULT_PROFILE, CacheView, PlacementProfile
 from policies.prompt_share import charged_prompt
 from policies.rank_threshold import threshold_mask
 from policies.resident import PromptBlocks
@@ -88,6 +86,7 @@ class Dispatcher:
         ledger: SharedLedger | None = None,
         pause: PauseConfig | None = None,
         locality: Locality | None = None,
+        placement: PlacementProfile = DEFAULT_PROFILE,
     ) -> None:
         self.policy = policy
         self.locality = locality
@@ -113,6 +112,7 @@ class Dispatcher:
             _GatewayDriver(self),
             capacity_requests=self.capacity_requests,
             pause=pause,
+            placement=placement,
         )
         """The admission rule's dispatch pass (``policies.dispatch_loop``, the simulator's own)."""
         self.pause_enabled = False

@@ -29,6 +29,7 @@ from gateway.settings_predictor import (
     check_options,
     tag_options,
 )
+from gateway.settings_profile import ProfileSettings
 from gateway.settings_rate_limits import RateLimitSettings
 from gateway.settings_share import ShareSettings
 from gateway.settings_tracing import TracingSettings
@@ -262,8 +263,7 @@ class PlacementSettings(BaseModel):
     """Tokens per block of the gateway's prefix index (about 4 characters a token). Larger blocks cost
     less CPU per request and predict hits up to one block short."""
     session_header: str = "x-session-id"
-    """A client's session id: a session's next turn is credited, on the backend of its last turn,
-    with that turn's prompt."""
+    """A client's session id: its next turn is credited, on its last turn's backend, with that prompt."""
     max_sessions: int = Field(default=100_000, ge=1)
     """Sessions remembered at most (least recently seen dropped first); each is kept as a 16-byte
     digest of its id, about 200 bytes with its entry, whatever the id's length."""
@@ -273,6 +273,8 @@ class PlacementSettings(BaseModel):
     """Following the KV-cache events of the backends that publish them (precise placement)."""
     share: ShareSettings = Field(default_factory=ShareSettings)
     """Replicas (``redis_url``) share the index through Redis (``gateway.shared_prefixes``)."""
+    profile: ProfileSettings = Field(default_factory=ProfileSettings)
+    """The placement plugins: scorers with weights and a picker (``gateway.settings_profile``)."""
 
 
 class HealthSettings(BaseModel):

@@ -1,8 +1,8 @@
 """One dispatch pass of the admission rule, the same code for the live gateway and the simulated one.
 
 A pass takes the queue's best-ranked request, charges it, picks the backend that admits it
-(``policies.placement.choose_placement``: the admission rule's choice, moved to where its prefix is
-cached when that pays), lets the policy screen it, and then dispatches it and goes
+(the placement profile's plugins, ``policies.placement``: by default the admission rule's choice, moved
+to where its prefix is cached when that pays), lets the policy screen it, and then dispatches it and goes
 on, refuses it and goes on, or stops (the head waits: the policy holds it or no backend has room).
 Written once so that what the simulator measures is what the gateway runs. What the two drivers do
 differently lies outside the rule and is theirs, behind :class:`AdmissionDriver`: where a charge comes
@@ -28,7 +28,7 @@ from typing import Generic, Protocol, TypeVar
 from policies.admission import AdmissionConfig, BackendLoad, Charge, usage_after
 from policies.base import ADMIT, Capability, LoadView, Policy, SchedRequest, Verdict
 from policies.pause import PauseConfig, choose_pause
-from policies.placement import CacheView, Placement, choose_placement
+from policies.placement import DEFAULT_PROFILE, CacheView, Placement, PlacementProfile
 
 R = TypeVar("R", bound=SchedRequest)
 
@@ -161,8 +161,11 @@ class DispatchLoop(Generic[R]):
         *,
         capacity_requests: int,
         pause: PauseConfig | None = None,
+        placement: PlacementProfile = DEFAULT_PROFILE,
     ) -> None:
         self.policy = policy
+        self.placement = placement
+        """The placement plugins (``policies.placement``): where an admitted head goes."""
         self.admission = admission
         self.queue = queue
         self.driver = driver
@@ -194,8 +197,8 @@ class DispatchLoop(Generic[R]):
         charge = driver.charge(req)
         self.decisions += 1
         rule = self.admission.for_band(req.priority)
-        placement = choose_placement(
-            charge, loads, rule, req.prompt_tokens, driver.allowed(req), driver.cached(req)
+        placement = self.placement.place(
+            charge, loads, rule, req.prompt_tokens, driver.allowed(req), driver.cached(req), req
         )
         idx = placement.backend
         if placement.charge is not None:  # cheaper there: a request in flight holds its leading blocks

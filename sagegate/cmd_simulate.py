@@ -61,6 +61,17 @@ def simulate(
         str,
         typer.Option(help="Gateway level: cache_aware (weigh each engine's cached prefix) or least_loaded."),
     ] = "cache_aware",
+    scorer: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--scorer",
+            help="Gateway level: a placement scorer and its weight, name=weight (repeatable; "
+            "docs/placement.md). None given: the cache-aware rule's.",
+        ),
+    ] = None,
+    picker: Annotated[
+        str, typer.Option(help="Gateway level: the placement picker (incumbent, max_score).")
+    ] = "incumbent",
     slo_ttft_ms: Annotated[float | None, typer.Option(help="Goodput SLO on TTFT, ms.")] = None,
     slo_tpot_ms: Annotated[float | None, typer.Option(help="Goodput SLO on TPOT, ms.")] = None,
     slo_ttlt_ms: Annotated[float | None, typer.Option(help="Goodput SLO on TTLT, ms.")] = None,
@@ -86,6 +97,7 @@ def simulate(
     from core.summary import Slo, mark_warmup, summarize
     from loadgen.results import write_results
     from policies.admission import AdmissionConfig
+    from policies.placement import build_profile
     from sagegate.workload_flags import WorkloadFlags
     from sim.des import QueueLimits, SimSetup, client_view
     from sim.des import simulate as run
@@ -104,6 +116,7 @@ def simulate(
             admission=AdmissionConfig(rule=admission_rule),  # type: ignore[arg-type]  # checked inside
             queue_limits=QueueLimits(max_wait_s=max_wait_s) if queue_limits else None,
             placement=placement,
+            profile=build_profile(_weights(scorer) if scorer else None, picker),
         )
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -167,3 +180,17 @@ def print_summary(summary: dict[str, float], title: str) -> None:
             key, f"{value:,.4f}" if isinstance(value, float) and not value.is_integer() else f"{value:,.0f}"
         )
     Console().print(table)
+
+
+def _weights(pairs: list[str]) -> dict[str, float]:
+    """``name=weight`` pairs (``--scorer``) as a mapping; a ValueError names a malformed one."""
+    out: dict[str, float] = {}
+    for pair in pairs:
+        name, sep, weight = pair.rpartition("=")
+        try:
+            out[name] = float(weight)
+        except ValueError:
+            sep = ""
+        if not sep or not name:
+            raise ValueError(f"--scorer {pair!r}: expected name=weight, e.g. prefix_hit=2")
+    return out

@@ -28,7 +28,7 @@ from policies.base import ENGINE, GATEWAY, Capability, Policy
 from policies.engine_priority import PriorityPolicy, engine_priority
 from policies.fifo import FCFS
 from policies.pause import PauseConfig
-from policies.placement import LEAST_LOADED
+from policies.placement import DEFAULT_PROFILE, LEAST_LOADED, PlacementProfile
 from policies.queue import PolicyQueue
 from sim.config import EngineConfig
 from sim.engine import Engine, EngineRequest, SchedulerOutput
@@ -74,6 +74,8 @@ class SimSetup:
     """Gateway level: ``cache_aware`` weighs each engine's predicted cached prefix (``policies.placement``,
     the live gateway's default); ``least_loaded`` (the default here, so the study's runs stay as they
     were) is the most-room rule alone."""
+    profile: PlacementProfile = DEFAULT_PROFILE
+    """Gateway level: the placement plugins (``policies.placement``; the live ``placement.profile``)."""
 
     def __post_init__(self) -> None:
         if self.level not in (ENGINE, GATEWAY):
@@ -131,6 +133,7 @@ class Simulation:
                 pause=setup.pause,
                 evict=self._evict,
                 placement=setup.placement,
+                profile=setup.profile,
                 block_size=setup.engine.block_size,
             )
         self.queue: PolicyQueue[EngineRequest] = self.gw.queue if self.gw is not None else PolicyQueue(FCFS())

@@ -21,7 +21,7 @@ from policies.admission import AdmissionConfig, BackendLoad, Charge, resident_pr
 from policies.base import Policy
 from policies.dispatch_loop import DispatchLoop, PassResult
 from policies.pause import PauseConfig
-from policies.placement import CACHE_AWARE, LEAST_LOADED, CacheView
+from policies.placement import CACHE_AWARE, DEFAULT_PROFILE, LEAST_LOADED, CacheView, PlacementProfile
 from policies.prefix_index import PrefixIndex
 from policies.queue import PolicyQueue
 from policies.resident import PromptBlocks
@@ -94,6 +94,7 @@ class SimGateway:
         pause: PauseConfig | None = None,
         evict: Evict | None = None,
         placement: str = LEAST_LOADED,
+        profile: PlacementProfile = DEFAULT_PROFILE,
         block_size: int = 16,
     ) -> None:
         self.policy = policy
@@ -121,7 +122,13 @@ class SimGateway:
         self.queued_tokens = 0
         self.evict = evict
         self.dispatch_loop = DispatchLoop(
-            policy, admission, self.queue, self, capacity_requests=capacity_requests, pause=pause
+            policy,
+            admission,
+            self.queue,
+            self,
+            capacity_requests=capacity_requests,
+            pause=pause,
+            placement=profile,
         )
 
     # --- what the simulation tells it ---------------------------------------------------------

@@ -156,6 +156,22 @@ def test_cli_admission_rule_is_chosen_and_checked():
     assert out.returncode == 2 and "sum, peak" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.heavy
+def test_cli_placement_scorers_are_chosen_and_checked():
+    """``--scorer`` and ``--picker`` reach the simulated gateway's placement; a bad one is refused."""
+    base = ("simulate", "--level", "gateway", "--engines", "2", "--requests", "200", "--rate", "30", "--json")
+    rule = json.loads(_cli(*base).stdout)
+    mine = json.loads(_cli(*base, "--picker", "max_score", "--scorer", "fewest_running=1").stdout)
+    assert rule["completed"] == mine["completed"] == 200
+    assert mine["ttlt_mean_s"] != rule["ttlt_mean_s"]  # another profile, other places
+    for bad, says in (
+        ("prefix_hit:2", "expected name=weight"),
+        ("prefix_hits=2", "unknown placement scorer"),
+    ):
+        out = _cli(*base, "--scorer", bad)
+        assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr
+
+
 def test_the_simulated_gateway_applies_the_live_queue_limits():
     """The live gateway's bounds, modelled: a request queued past ``max_wait_s`` is rejected with
     ``queue_timeout``, arrivals beyond ``max_requests`` with ``queue_full_requests``; nothing is lost."""

@@ -1,0 +1,1 @@
+"""Placement scorers, one a module (``policies.placement.plugins.Scorer``); ``registry`` names them."""
