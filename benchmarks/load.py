@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from benchmarks.servers import PIDS, tree_cpu_seconds
+from loadgen.sse import EventSplitter
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 6  # ~60 tokens
 _sent = itertools.count()
@@ -45,12 +46,13 @@ async def ttft_ttlt(
     t0 = time.perf_counter()
     first = None
     events = 0
+    splitter = EventSplitter()
     async with client.stream("POST", url + path, json=body) as r:
         r.raise_for_status()
         async for chunk in r.aiter_raw():
             if first is None:
                 first = time.perf_counter() - t0
-            events += chunk.count(b"data:")
+            events += len(splitter.feed(chunk))
     assert first is not None
     return first, time.perf_counter() - t0, events
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from core import sse
 from gateway.openai_schema import Route
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -69,16 +70,14 @@ def pausable(route: str, body: dict[str, Any]) -> bool:
     return unresumable(route, body) is None
 
 
-def _events(data: bytes) -> list[bytes]:
-    return [e for e in data.split(b"\n\n") if e.strip()]
+def _events(block: bytes) -> list[bytes]:
+    return sse.events(sse.normalize(block))
 
 
 def _payload(event: bytes) -> Any:
-    at = event.find(b"data:")
-    if at < 0:
-        return None
-    raw = event[at + 5 :].strip()
-    if raw == b"[DONE]":
+    """An event's data as JSON; None without data, at ``[DONE]``, or when it does not parse."""
+    raw = sse.data(event)
+    if raw is None or raw == sse.DONE:
         return None
     try:
         return json.loads(raw)
@@ -87,7 +86,7 @@ def _payload(event: bytes) -> Any:
 
 
 def _sse(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+    return sse.frame(json.dumps(obj, separators=(",", ":")).encode())
 
 
 class Transcript:

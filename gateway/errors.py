@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 from starlette.responses import Response
 
+from core import sse
 from core.outcomes import Reason
 
 REASON_HEADER = "x-sagegate-reason"
@@ -111,4 +112,4 @@ def upstream_failed(message: str, reason: str = Reason.UPSTREAM_FAILED) -> Gatew
 def sse_error_event(message: str, code: str = Reason.UPSTREAM_FAILED, type: str = "upstream_error") -> bytes:
     """The event sent when a stream breaks after it started: an OpenAI error object as SSE data."""
     body = {"error": {"message": message, "type": type, "param": None, "code": code}}
-    return b"data: " + json.dumps(body).encode() + b"\n\n"
+    return sse.frame(json.dumps(body).encode())

@@ -4,8 +4,9 @@ The count of token events (one per generated token from vLLM, bar the chat role 
 KV charge as a stream goes; the final usage event, which the gateway asks for even when the client did
 not, gives the exact output length and is dropped again for a client that did not ask for it.
 
-Each chunk is scanned once: an unfinished event waits as a list of pieces, so a backend that sends one
-endless event costs linear time, and past ``max_event_bytes`` the stream is given up
+Events are framed and read by line (``core.sse``): text a model generates (``data:``, ``[DONE]``,
+``"usage":{``) is inside a JSON string and never counts as a field. Each chunk is scanned once; an
+unfinished event waits (``core.sse.Framer``), and past ``max_event_bytes`` the stream is given up
 (:class:`EventTooLarge`) instead of buffered without bound.
 """
 
@@ -13,17 +14,17 @@ from __future__ import annotations
 
 import json
 
+from core.sse import DONE, EventTooLarge, Framer, data, events
+
+__all__ = ["USAGE_CAP", "EventTooLarge", "SseScanner", "plausible_usage"]
+
 USAGE_CAP = 1 << 20
 """Largest ``completion_tokens`` believed of a request without ``max_tokens`` (no served context is
 longer); a backend's usage past it, or negative, is not recorded."""
 
 
-class EventTooLarge(Exception):
-    """The backend sent more than ``max_event_bytes`` without ending an event."""
-
-
-def _has_usage(data: bytes) -> bool:
-    return b'"usage":{' in data or b'"usage": {' in data
+def _has_usage(data_: bytes) -> bool:
+    return b'"usage":{' in data_ or b'"usage": {' in data_
 
 
 def plausible_usage(value: object, cap: int) -> int | None:
@@ -34,14 +35,11 @@ def plausible_usage(value: object, cap: int) -> int | None:
 
 
 class SseScanner:
-    __slots__ = ("carry", "carry_len", "done", "events", "max_event_bytes", "strip_usage", "usage")
+    __slots__ = ("done", "events", "framer", "strip_usage", "usage")
 
     def __init__(self, strip_usage: bool, max_event_bytes: int = 1 << 20) -> None:
         self.strip_usage = strip_usage
-        self.max_event_bytes = max_event_bytes
-        self.carry: list[bytes] = []
-        """The unfinished event, in the pieces it came in (joined once, when it ends)."""
-        self.carry_len = 0
+        self.framer = Framer(max_event_bytes)
         self.events = 0
         """Data events that carried choices (≈ tokens generated)."""
         self.usage: int | None = None
@@ -52,59 +50,47 @@ class SseScanner:
 
     def feed(self, chunk: bytes) -> bytes:
         """The whole events completed by ``chunk``, ready to forward (possibly empty)."""
-        cut = chunk.rfind(b"\n\n")
-        if cut >= 0:
-            cut += 2
-        elif self.carry and chunk[:1] == b"\n" and self.carry[-1][-1:] == b"\n":
-            cut = 1  # the blank line straddles the two chunks
-        else:
-            if chunk:
-                self.carry.append(chunk)
-                self.carry_len += len(chunk)
-                if self.carry_len > self.max_event_bytes:
-                    raise EventTooLarge(f"an SSE event exceeds {self.max_event_bytes} bytes")
-            return b""
-        if self.carry:
-            self.carry.append(chunk[:cut])
-            out = b"".join(self.carry)
-        else:
-            out = chunk[:cut] if cut < len(chunk) else chunk
-        rest = chunk[cut:]
-        self.carry = [rest] if rest else []
-        self.carry_len = len(rest)  # checked at the next chunk: the events before it go out first
-        n = out.count(b"data:")
-        if b"[DONE]" in out:
-            n -= out.count(b"data: [DONE]")
-            self.done = True
-        if _has_usage(out):
-            out, n = self._lift_usage(out, n)
+        out = self.framer.feed(chunk)
+        if not out:
+            return out
+        one_line = out[:7] == b"data: {" and out.find(b"\n") == len(out) - 2
+        if one_line and not _has_usage(out):  # the usual read: one token event, counted without a split
+            self.events += 1
+            return out
+        kept: list[bytes] | None = None  # the events to forward, once one is dropped (None: all)
+        n = 0
+        for i, event in enumerate(evs := events(out)):
+            payload = data(event)
+            drop = False
+            if payload == DONE:
+                self.done = True
+            elif payload is not None:
+                n += 1
+                if _has_usage(payload) and not self._counts(payload):
+                    n -= 1  # a usage-only event is not a token
+                    drop = self.strip_usage
+            if drop and kept is None:
+                kept = evs[:i]
+            elif not drop and kept is not None:
+                kept.append(event)
         self.events += n
-        return out
+        if kept is None:
+            return out
+        return b"".join(e + b"\n\n" for e in kept)
 
     def flush(self) -> bytes:
         """Whatever is left at the end of the stream (an unterminated last event)."""
-        rest = b"".join(self.carry)
-        self.carry, self.carry_len = [], 0
-        return rest
+        return self.framer.flush()
 
-    def _lift_usage(self, out: bytes, n: int) -> tuple[bytes, int]:
-        kept: list[bytes] = []
-        for event in out.split(b"\n\n"):
-            if not event:
-                continue
-            if _has_usage(event):
-                at = event.find(b"data:")
-                try:
-                    obj = json.loads(event[at + 5 :]) if at >= 0 else None
-                except ValueError:
-                    obj = None
-                if isinstance(obj, dict):
-                    usage = obj.get("usage")
-                    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-                        self.usage = usage["completion_tokens"]
-                    if not obj.get("choices"):
-                        n -= 1
-                        if self.strip_usage:
-                            continue
-            kept.append(event)
-        return b"".join(e + b"\n\n" for e in kept), n
+    def _counts(self, payload: bytes) -> bool:
+        """Read the usage off an event that names one; whether the event also carries a token."""
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            return True
+        if not isinstance(obj, dict):
+            return True
+        usage = obj.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            self.usage = usage["completion_tokens"]
+        return bool(obj.get("choices"))

@@ -10,32 +10,24 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from core.sse import Framer, data, events
+
 TOKEN, USAGE, DONE, ERROR, OTHER = "token", "usage", "done", "error", "other"
 
 
 class EventSplitter:
-    """Splits a byte stream into the data payloads of complete events (``data: ...`` then a blank line)."""
+    """Splits a byte stream into the data of its complete events, read by line (``core.sse``)."""
 
-    __slots__ = ("_carry",)
+    __slots__ = ("_framer",)
 
-    def __init__(self) -> None:
-        self._carry = b""
+    def __init__(self, max_event_bytes: int = 1 << 26) -> None:
+        self._framer = Framer(max_event_bytes)
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        data = self._carry + chunk if self._carry else chunk
-        if b"\r\n" in data:
-            data = data.replace(b"\r\n", b"\n")
-        cut = data.rfind(b"\n\n")
-        if cut < 0:
-            self._carry = data
+        block = self._framer.feed(chunk)
+        if not block:
             return []
-        self._carry = data[cut + 2 :]
-        out = []
-        for event in data[:cut].split(b"\n\n"):
-            lines = [ln[5:].lstrip(b" ") for ln in event.split(b"\n") if ln.startswith(b"data:")]
-            if lines:
-                out.append(b"\n".join(lines))
-        return out
+        return [d for e in events(block) if (d := data(e)) is not None]
 
 
 @dataclass(frozen=True, slots=True)

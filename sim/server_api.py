@@ -12,6 +12,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from core import sse
+
 FILLER = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed", "do")
 
 
@@ -133,7 +135,7 @@ def written_before(text: str) -> int:
 
 def sse_event(obj: dict[str, Any]) -> bytes:
     """One server-sent event carrying ``obj`` as compact JSON."""
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+    return sse.frame(json.dumps(obj, separators=(",", ":")).encode())
 
 
 class ResponseShape:

@@ -70,10 +70,7 @@ class _Bound:
 
     def kept(self, i: int, cached: int | None) -> bool:
         q = self.query
-        for f in self._filters:
-            if not f.keep(q, i, cached):
-                return False
-        return True
+        return all(f.keep(q, i, cached) for f in self._filters)
 
     def score(self, i: int) -> float:
         q, s = self.query, 0.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,29 @@ def test_sse_scanner_keeps_usage_on_a_token_chunk() -> None:
     ev = b'data: {"choices":[{"delta":{"content":"a"}}],"usage":{"completion_tokens":1}}\n\n'
     sc = SseScanner(strip_usage=True)
     assert sc.feed(ev) == ev and sc.events == 1 and sc.usage == 1
+
+
+def test_sse_scanner_reads_fields_by_line_not_inside_generated_text() -> None:
+    """A model that writes about SSE: its text holds ``data:``, ``data: [DONE]`` and ``"usage":{``,
+    inside JSON strings. They are one token each, the stream is not done, and nothing is stripped."""
+    texts = ["data: x", "data: [DONE]", 'say "usage":{"completion_tokens":9}', "\n\ndata: y"]
+    chunks = [
+        b"data: " + json.dumps({"choices": [{"delta": {"content": t}}]}).encode() + b"\n\n" for t in texts
+    ]
+    sc = SseScanner(strip_usage=True)
+    out = b"".join(sc.feed(c) for c in chunks)
+    assert out == b"".join(chunks) and sc.events == 4 and not sc.done and sc.usage is None
+    assert sc.feed(b"data: [DONE]\n\n") == b"data: [DONE]\n\n" and sc.done and sc.events == 4
+
+
+def test_sse_scanner_takes_crlf_line_ends_even_split_between_reads() -> None:
+    token = b'data: {"choices":[{"delta":{"content":"a"}}]}'
+    sc = SseScanner(strip_usage=False)
+    assert sc.feed(token + b"\r\n\r") == token + b"\n\n"  # a lone \r ends a line too
+    # the \n that completes the last read's \r\n is that line end, not another blank line
+    assert sc.feed(b"\n" + token + b"\r\n\r") == token + b"\n\n"
+    assert sc.feed(b"\ndata: [DONE]\r\n\r\n") == b"data: [DONE]\n\n"
+    assert sc.events == 2 and sc.done
 
 
 # --- vLLM metrics ---------------------------------------------------------------------------------
