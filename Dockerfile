@@ -12,15 +12,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 COPY pyproject.toml README.md ./
-COPY core ./core
 COPY sagegate ./sagegate
-COPY harness ./harness
-COPY gateway ./gateway
-COPY predictor ./predictor
-COPY policies ./policies
-COPY loadgen ./loadgen
-COPY sim ./sim
-COPY study ./study
 COPY deploy/gateway.yaml /etc/sagegate/gateway.yaml
 RUN pip install ".[${EXTRAS}]" uvloop httptools \
     && useradd --system --uid 10001 sagegate

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     if name not in known:
         print(f"no experiment {name!r} (python -m benchmarks list names them)", file=sys.stderr)
         return 2
-    from harness.procs import exit_on_sigterm
+    from sagegate.harness.procs import exit_on_sigterm
 
     exit_on_sigterm()  # a killed experiment stops the servers it started
     module = importlib.import_module(f"benchmarks.{name}")

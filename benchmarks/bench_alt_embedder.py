@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from predictor.embedder import MiniLMEmbedder, flatten_prompt, model_dir
-from predictor.evaluate import EvalItem, embed_cached, load_items, replay_semantic, score
-from predictor.semantic import KNN_ONLY, SemanticConfig
+from sagegate.predictor.embedder import MiniLMEmbedder, flatten_prompt, model_dir
+from sagegate.predictor.evaluate import EvalItem, embed_cached, load_items, replay_semantic, score
+from sagegate.predictor.semantic import KNN_ONLY, SemanticConfig
 
 REPO = Path(__file__).resolve().parents[1]
 

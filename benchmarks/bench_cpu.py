@@ -48,9 +48,9 @@ from pathlib import Path
 import httpx
 
 from benchmarks.servers import backend as served_backend
-from core.request import FORCED_OUTPUT_FIELD
-from harness.procs import free_port, running
-from loadgen.data import SHAREGPT, find_data
+from sagegate.core.request import FORCED_OUTPUT_FIELD
+from sagegate.harness.procs import free_port, running
+from sagegate.loadgen.data import SHAREGPT, find_data
 
 MODEL = "llama-3.1-8b"
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -164,7 +164,7 @@ def front(f: Front, backend: str, profile: Path | None) -> Iterator[tuple[str, i
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     if f.predictor is None:
-        from harness.live import vllm_router_binary, vllm_router_command
+        from sagegate.harness.live import vllm_router_binary, vllm_router_command
 
         binary = vllm_router_binary()
         if binary is None:

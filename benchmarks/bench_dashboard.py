@@ -67,9 +67,9 @@ def _per_call_us(fn: object, n: int) -> float:
 
 def accounting(rate: float, pages: int) -> None:
     """The dashboard's own work, timed in this process: what it adds per request and per second."""
-    from core.distribution import LengthDistribution
-    from gateway.app import Gateway
-    from gateway.settings import GatewaySettings
+    from sagegate.core.distribution import LengthDistribution
+    from sagegate.gateway.app import Gateway
+    from sagegate.gateway.settings import GatewaySettings
 
     gw = Gateway(GatewaySettings(backends=["http://127.0.0.1:1", "http://127.0.0.1:2"], admin_key=KEY))
     tel = gw.metrics.telemetry

@@ -36,11 +36,11 @@ import numpy as np
 import yaml
 
 from benchmarks.servers import backend, stop_server
-from harness.procs import free_port
-from loadgen.data import SHAREGPT, find_data
-from predictor.embedder import MiniLMEmbedder, TextEmbedder
-from predictor.evaluate import load_items
-from predictor.factory import EmbedderOptions, make_embedder
+from sagegate.harness.procs import free_port
+from sagegate.loadgen.data import SHAREGPT, find_data
+from sagegate.predictor.embedder import MiniLMEmbedder, TextEmbedder
+from sagegate.predictor.evaluate import load_items
+from sagegate.predictor.factory import EmbedderOptions, make_embedder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -136,7 +136,7 @@ def embedders(static_table: Path | None, mpnet: bool) -> dict[str, TextEmbedder]
     if mpnet:
         out["onnx int8, mpnet"] = make_embedder(EmbedderOptions(model="mpnet"))
     if static_table is not None:
-        from predictor.embedder_static import StaticEmbedder
+        from sagegate.predictor.embedder_static import StaticEmbedder
 
         out["static (distilled)"] = StaticEmbedder(static_table)
     return out

@@ -49,7 +49,7 @@ from benchmarks.load import (
     warm_embedder,
 )
 from benchmarks.servers import PIDS, backend, gateway, stop_server, wait_ready
-from harness.procs import free_port
+from sagegate.harness.procs import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -138,7 +138,7 @@ def front(name: str, backends: Sequence[str], **gw_settings: Any) -> Iterator[st
         with litellm_proxy(backends) as url:
             yield url
     elif name == ROUTER:
-        from harness.live import vllm_router_binary, vllm_router_process
+        from sagegate.harness.live import vllm_router_binary, vllm_router_process
 
         binary = vllm_router_binary()
         if binary is None:
@@ -319,13 +319,13 @@ def print_summary(added: dict[str, float], cap: dict[str, Capacity]) -> None:
 
 # --- dispatch cost --------------------------------------------------------------------------------
 def bench_dispatch(queued: int, n_backends: int, policy_name: str, cycles: int, rule: str = "peak") -> None:
-    from core.distribution import LengthDistribution
-    from gateway.backends import BackendPool
-    from gateway.dispatcher import Dispatcher
-    from gateway.queue import BoundedQueue, GatewayRequest
-    from gateway.settings import GatewaySettings
-    from policies.admission import AdmissionConfig
-    from policies.registry import parse_policy
+    from sagegate.core.distribution import LengthDistribution
+    from sagegate.gateway.backends import BackendPool
+    from sagegate.gateway.dispatcher import Dispatcher
+    from sagegate.gateway.queue import BoundedQueue, GatewayRequest
+    from sagegate.gateway.settings import GatewaySettings
+    from sagegate.policies.admission import AdmissionConfig
+    from sagegate.policies.registry import parse_policy
 
     rng = random.Random(0)
     dists = [
@@ -419,11 +419,11 @@ def bench_dispatch_all(queued: int, n_backends: int, cycles: int) -> None:
 
 
 def bench_admission(n: int, overload: float, time_scale: float, blocks: int, rules: Sequence[str]) -> None:
-    from core.request import DEFAULT_CLIENT_MAX_TOKENS
-    from core.summary import summarize
-    from loadgen.prompts import filler_text
-    from loadgen.records import with_client_cap
-    from loadgen.synthetic import synthetic_workload
+    from sagegate.core.request import DEFAULT_CLIENT_MAX_TOKENS
+    from sagegate.core.summary import summarize
+    from sagegate.loadgen.prompts import filler_text
+    from sagegate.loadgen.records import with_client_cap
+    from sagegate.loadgen.synthetic import synthetic_workload
 
     engine = {"num_gpu_blocks_override": blocks}
     fits = blocks * 16 // 2

@@ -24,11 +24,11 @@ import statistics
 import time
 import uuid
 
-from gateway.ledger import SharedLedger
-from gateway.settings import LedgerSettings
-from harness.procs import free_port
-from harness.redis import RedisServer, redis_server_binary
-from policies.admission import AdmissionConfig, BackendLoad, Charge, choose_backend
+from sagegate.gateway.ledger import SharedLedger
+from sagegate.gateway.settings import LedgerSettings
+from sagegate.harness.procs import free_port
+from sagegate.harness.redis import RedisServer, redis_server_binary
+from sagegate.policies.admission import AdmissionConfig, BackendLoad, Charge, choose_backend
 
 CFG = AdmissionConfig(unknown_output=256)
 BACKENDS = ["http://gpu-1:8000", "http://gpu-2:8000"]
@@ -121,7 +121,7 @@ def view_cost(led: SharedLedger, n: int = 2000) -> tuple[float, float]:
 def threshold_cost(led: SharedLedger, n: int = 2000) -> float:
     """µs per ``ledger.order: threshold`` hold check on the merged view, worst case: a better foreign
     head that fits on one backend only (one hypothetical charge there, a projected peak rebuilt)."""
-    from policies.rank_threshold import ForeignHead, threshold_mask
+    from sagegate.policies.rank_threshold import ForeignHead, threshold_mask
 
     cfg = AdmissionConfig(unknown_output=256)
     loads = led.loads

@@ -1,7 +1,7 @@
 """The load generator's own ceiling on this machine: how many requests/s (and streamed chunks/s) it can
 send and time without falling behind its schedule.
 
-A near-free streaming server (loadgen/fakeserver.py) runs in its own process; the replay client is
+A near-free streaming server (benchmarks/fakeserver.py) runs in its own process; the replay client is
 driven at increasing Poisson rates. A rate "keeps up" when the median send lateness stays under 5 ms,
 the 99th percentile under 25 ms, and every request completes. The ceiling is the highest such rate.
 
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from core.summary import errors_by_kind
-from loadgen.client import ReplayConfig, replay
-from loadgen.schedule import prepare_workload
+from sagegate.core.summary import errors_by_kind
+from sagegate.loadgen.client import ReplayConfig, replay
+from sagegate.loadgen.schedule import prepare_workload
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,7 +29,7 @@ P50_MS, P99_MS = 5.0, 25.0
 
 
 def start_server(interval_ms: float) -> tuple[subprocess.Popen[str], str]:
-    cmd = [sys.executable, "-m", "loadgen.fakeserver", "--port", "0", "--interval-ms", str(interval_ms)]
+    cmd = [sys.executable, "-m", "benchmarks.fakeserver", "--port", "0", "--interval-ms", str(interval_ms)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     port = int(proc.stdout.readline())

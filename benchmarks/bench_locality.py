@@ -30,8 +30,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from core.request import TraceRequest
-from core.summary import summarize
+from sagegate.core.request import TraceRequest
+from sagegate.core.summary import summarize
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,7 +60,7 @@ METRICS = (
 def builder(args: argparse.Namespace) -> Callable[[float], list[TraceRequest]]:
     """``build(rate)``: the workload at ``rate`` requests a second (sessions: sessions scaled alike)."""
     if args.workload == "shared-prefix":
-        from loadgen.synthetic import shared_prefix_workload
+        from sagegate.loadgen.synthetic import shared_prefix_workload
 
         def shared(rate: float) -> list[TraceRequest]:
             return shared_prefix_workload(
@@ -74,8 +74,8 @@ def builder(args: argparse.Namespace) -> Callable[[float], list[TraceRequest]]:
             )
 
         return shared
-    from loadgen.readers import read_trace
-    from predictor.learned import learned_prompts
+    from sagegate.loadgen.readers import read_trace
+    from sagegate.predictor.learned import learned_prompts
 
     path = Path(args.data) / "sharegpt" / "sharegpt_v3_multiturn.jsonl.gz"
     exclude = learned_prompts()
@@ -112,7 +112,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="write the figures here as JSON")
     args = ap.parse_args()
 
-    from harness.simtwin import bulk_rate, capacity, scale_at, simulate_run
+    from sagegate.harness.simtwin import bulk_rate, capacity, scale_at, simulate_run
 
     build = builder(args)
     mix = build(1.0)

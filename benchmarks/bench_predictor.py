@@ -27,15 +27,15 @@ from collections.abc import Callable
 
 import numpy as np
 
-from core.request import PredictionQuery
-from predictor.embed_queue import BatchingEmbedder
-from predictor.embedder import DEFAULT_QUANTIZE, DEFAULT_WINDOW, MiniLMEmbedder
-from predictor.history import Completion, WindowBounds
-from predictor.index import IndexConfig
-from predictor.lexical import extract_terms
-from predictor.memory_store import MemoryStore
-from predictor.semantic import SemanticConfig, SemanticPredictor
-from predictor.semantic_face import SemanticLengthPredictor
+from sagegate.core.request import PredictionQuery
+from sagegate.predictor.embed_queue import BatchingEmbedder
+from sagegate.predictor.embedder import DEFAULT_QUANTIZE, DEFAULT_WINDOW, MiniLMEmbedder
+from sagegate.predictor.history import Completion, WindowBounds
+from sagegate.predictor.index import IndexConfig
+from sagegate.predictor.lexical import extract_terms
+from sagegate.predictor.memory_store import MemoryStore
+from sagegate.predictor.semantic import SemanticConfig, SemanticPredictor
+from sagegate.predictor.semantic_face import SemanticLengthPredictor
 
 PROMPT = (
     "I am preparing a short training session for new support engineers at a company that sells "
@@ -308,7 +308,7 @@ def compare(pred: SemanticPredictor, embedders: list[MiniLMEmbedder], runs: int,
 
 
 def propagation(url: str, emb: MiniLMEmbedder) -> None:
-    from predictor.redis_store import RedisStore
+    from sagegate.predictor.redis_store import RedisStore
 
     prefix = f"sagegate-bench:{uuid.uuid4().hex}"
     cfg = SemanticConfig(index=IndexConfig(background=False))

@@ -27,12 +27,12 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from predictor.embedder import flatten_prompt
-from predictor.evaluate import QUANTILES, EvalItem, _NoEmbedder, load_items, replay_semantic
-from predictor.evaluate import score as score_replay
-from predictor.history import WindowBounds
-from predictor.memory_store import MemoryStore
-from predictor.semantic import KNN_ONLY, SemanticConfig, SemanticPredictor
+from sagegate.predictor.embedder import flatten_prompt
+from sagegate.predictor.evaluate import QUANTILES, EvalItem, _NoEmbedder, load_items, replay_semantic
+from sagegate.predictor.evaluate import score as score_replay
+from sagegate.predictor.history import WindowBounds
+from sagegate.predictor.memory_store import MemoryStore
+from sagegate.predictor.semantic import KNN_ONLY, SemanticConfig, SemanticPredictor
 from tools.vectors import ENCODERS, encoder_vectors
 
 REPO = Path(__file__).resolve().parents[1]

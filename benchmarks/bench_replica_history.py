@@ -20,8 +20,8 @@ from typing import Any
 
 from benchmarks.bench_replicas import workload
 from benchmarks.load import capacity_rps
-from core.predictor import LengthPredictor, Prediction
-from core.request import PredictionQuery
+from sagegate.core.predictor import LengthPredictor, Prediction
+from sagegate.core.request import PredictionQuery
 
 
 class RoundRobinHistories:
@@ -53,13 +53,13 @@ class RoundRobinHistories:
 
 
 def main() -> None:
-    from policies.registry import parse_policy
-    from predictor.factory import make_predictor
-    from sim.config import EngineConfig
-    from sim.des import QueueLimits, SimSetup
-    from sim.hardware import get_gpu, get_model
-    from sim.perf import PerfModel
-    from sim.replicas import ReplicaSetup, simulate_replicas
+    from sagegate.policies.registry import parse_policy
+    from sagegate.predictor.factory import make_predictor
+    from sagegate.sim.config import EngineConfig
+    from sagegate.sim.des import QueueLimits, SimSetup
+    from sagegate.sim.hardware import get_gpu, get_model
+    from sagegate.sim.perf import PerfModel
+    from sagegate.sim.replicas import ReplicaSetup, simulate_replicas
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=8)

@@ -27,18 +27,18 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from core.request import TraceRequest
-from loadgen.data import data_root
-from loadgen.records import rebase, scale_rate
+from sagegate.core.request import TraceRequest
+from sagegate.loadgen.data import data_root
+from sagegate.loadgen.records import rebase, scale_rate
 
 if TYPE_CHECKING:
-    from sim.des import SimSetup
+    from sagegate.sim.des import SimSetup
 
 MODEL, GPU = "qwen3-32b", "h100"
 
 
 def workload(n: int) -> list[TraceRequest]:
-    from loadgen.readers import read_trace
+    from sagegate.loadgen.readers import read_trace
 
     root = data_root()
     conv = rebase(read_trace(root / "azure2023" / "AzureLLMInferenceTrace_conv.csv")[2000 : 2000 + n])
@@ -56,13 +56,13 @@ def sim_setup(
     predictor: str = "length-bucket",
     work: list[TraceRequest] | None = None,
 ) -> SimSetup:
-    from core.request import answer_key
-    from policies.registry import parse_policy
-    from predictor.factory import make_predictor
-    from sim.config import EngineConfig
-    from sim.des import QueueLimits, SimSetup
-    from sim.hardware import get_gpu, get_model
-    from sim.perf import PerfModel
+    from sagegate.core.request import answer_key
+    from sagegate.policies.registry import parse_policy
+    from sagegate.predictor.factory import make_predictor
+    from sagegate.sim.config import EngineConfig
+    from sagegate.sim.des import QueueLimits, SimSetup
+    from sagegate.sim.hardware import get_gpu, get_model
+    from sagegate.sim.perf import PerfModel
 
     perf = PerfModel(get_model(MODEL), get_gpu(GPU))
     pred = None
@@ -84,14 +84,14 @@ def sim_setup(
 
 def capacity(work: list[TraceRequest]) -> float:
     """Requests/s vLLM alone (engine level, round robin) sustains on ``work``: all in one burst."""
-    from sim.des import simulate
+    from sagegate.sim.des import simulate
 
     s = simulate([replace(r, arrival_s=0.0) for r in work], sim_setup("fcfs", "engine")).summary
     return s["completed"] / s["makespan_s"]
 
 
 def main() -> None:
-    from sim.replicas import ReplicaSetup, simulate_replicas
+    from sagegate.sim.replicas import ReplicaSetup, simulate_replicas
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=1500)

@@ -56,17 +56,17 @@ from typing import Any
 
 from benchmarks.load import backend_preemptions, capacity_rps, replay_split
 from benchmarks.servers import PIDS, backend, cpu_seconds, gateway
-from harness.live import BackendSampler
-from harness.procs import free_port
-from harness.redis import RedisServer, redis_server_binary
+from sagegate.harness.live import BackendSampler
+from sagegate.harness.procs import free_port
+from sagegate.harness.redis import RedisServer, redis_server_binary
 
 
 def workload(n: int, rate: float, blocks: int) -> list[Any]:
     """bench_gateway's admission workload: distinct prompts, a client's cap as max_tokens."""
-    from core.request import DEFAULT_CLIENT_MAX_TOKENS
-    from loadgen.prompts import filler_text
-    from loadgen.records import with_client_cap
-    from loadgen.synthetic import synthetic_workload
+    from sagegate.core.request import DEFAULT_CLIENT_MAX_TOKENS
+    from sagegate.loadgen.prompts import filler_text
+    from sagegate.loadgen.records import with_client_cap
+    from sagegate.loadgen.synthetic import synthetic_workload
 
     fits = blocks * 16 // 2
     reqs = synthetic_workload(n, rate=rate, prompt_mean=1024, output_mean=512, sigma=1.0, seed=3)
@@ -256,7 +256,7 @@ def run_setup(
     dump: str | None = None,
 ) -> tuple[float, float, float]:
     """One setup on fresh backends: prints its row, returns (preemptions, req/s, loaded tok/s)."""
-    from core.summary import summarize
+    from sagegate.core.summary import summarize
 
     prefix = f"bench:{uuid.uuid4().hex[:6]}"  # every setup run learns from an empty history
     if "ledger" in settings:

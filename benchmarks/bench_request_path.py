@@ -44,12 +44,14 @@ import httpx
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from benchmarks.load import warm_embedder
 from benchmarks.servers import PIDS, backend, cpu_seconds, stop_server, wait_ready
-from core.tokens import count_tokens
-from harness.procs import free_port
+from sagegate.core.tokens import count_tokens
+from sagegate.harness.procs import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
-SHAREGPT = REPO / "loadgen" / "shipped" / "sharegpt" / "sharegpt_v3_first_turn_pairs_4000.jsonl.gz"
+SHAREGPT = (
+    REPO / "sagegate" / "loadgen" / "shipped" / "sharegpt" / "sharegpt_v3_first_turn_pairs_4000.jsonl.gz"
+)
 
 
 def sharegpt_rows() -> list[dict[str, object]]:
@@ -88,7 +90,7 @@ def pct_ms(xs: Sequence[float], q: float) -> float:
 
 # --- in-process ----------------------------------------------------------------------------------
 def time_counting(src: PromptSource, lengths: Sequence[int], reps: int) -> dict[int, float]:
-    from gateway.tokens import count_prompt
+    from sagegate.gateway.tokens import count_prompt
 
     count_prompt([{"role": "user", "content": "warm up"}])
     out = {}
@@ -104,9 +106,9 @@ def time_counting(src: PromptSource, lengths: Sequence[int], reps: int) -> dict[
 
 
 def time_prediction(src: PromptSource, lengths: Sequence[int], reps: int) -> dict[int, tuple[float, float]]:
-    from gateway.predict import query_of
-    from predictor.factory import semantic_core
-    from predictor.semantic_face import SemanticLengthPredictor
+    from sagegate.gateway.predict import query_of
+    from sagegate.predictor.factory import semantic_core
+    from sagegate.predictor.semantic_face import SemanticLengthPredictor
 
     core = semantic_core()
     face = SemanticLengthPredictor(core, budget_s=10.0)  # the gateway's path, never late here
@@ -201,7 +203,7 @@ async def added_ttft(
 
 def _late_outcomes(url: str) -> dict[str, float]:
     """``sagegate_late_predictions_total`` by outcome (reranked, dispatched, failed)."""
-    from loadgen.scrape import counter_by_label
+    from sagegate.loadgen.scrape import counter_by_label
 
     text = httpx.get(url + "/metrics", timeout=10).text
     return counter_by_label(text, "sagegate_late_predictions", "outcome")
@@ -209,7 +211,7 @@ def _late_outcomes(url: str) -> dict[str, float]:
 
 def _late(url: str) -> tuple[float, float]:
     """Predictions that took the ``late`` path, and all predictions."""
-    from loadgen.scrape import counter_by_label
+    from sagegate.loadgen.scrape import counter_by_label
 
     paths = counter_by_label(httpx.get(url + "/metrics", timeout=10).text, "sagegate_predictor_path", "path")
     return paths.get("late", 0.0), sum(paths.values())

@@ -72,10 +72,10 @@ from benchmarks.live_fronts import (
     warm,
     write_jsonl,
 )
-from core.request import TraceRequest
-from core.summary import loaded_throughput
-from harness.live import backend_counters
-from harness.simtwin import bulk_rate
+from sagegate.core.request import TraceRequest
+from sagegate.core.summary import loaded_throughput
+from sagegate.harness.live import backend_counters
+from sagegate.harness.simtwin import bulk_rate
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -116,7 +116,7 @@ def workload_mix(name: str, args: argparse.Namespace) -> list[TraceRequest]:
     not hold the population's mix (its first minute has more first turns, so shorter prompts): the mix is
     the window at utilisation 1.0 of the whole population's capacity; it is nearly the same at any rate
     (which turns a window holds depends on the time since the start, not on the rate)."""
-    from harness.simtwin import capacity, scale_at
+    from sagegate.harness.simtwin import capacity, scale_at
 
     if name == "shared-prefix":
         groups = max(args.groups, math.ceil(CAPACITY_MIN / args.per_group))
@@ -365,7 +365,7 @@ def prepare_cell(
 ) -> tuple[Path, Path, list[dict[str, Any]], dict[str, Any], list[TraceRequest]]:  # fmt: skip
     """The workload at ``load`` x round robin's capacity: its cell folder, its aiperf trace (wall ms),
     its rows, what it is, and its requests."""
-    from harness.simtwin import capacity, scale_at
+    from sagegate.harness.simtwin import capacity, scale_at
 
     scale = scale_at(lambda x: bulk_rate(build(x)), load * cap_req_s, highest=1000.0)
     reqs = build(scale)
@@ -401,8 +401,8 @@ SIMULATED = {"rr": (None, None), "sg_placement": ("fcfs", "cache_aware"), "sageg
 
 def simulated(reqs: Sequence[TraceRequest], args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """The cell in the simulator with the live fronts' settings (semantic predictor, no queue timeout)."""
-    from core.summary import summarize
-    from harness.simtwin import simulate_run
+    from sagegate.core.summary import summarize
+    from sagegate.harness.simtwin import simulate_run
 
     out = {}
     for front, (policy, placement) in SIMULATED.items():
@@ -472,7 +472,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             file=sys.stderr,
         )
 
-    from harness.simtwin import capacity
+    from sagegate.harness.simtwin import capacity
 
     summary: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "workloads": {}}
     md: list[str] = []

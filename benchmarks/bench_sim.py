@@ -13,13 +13,13 @@ import statistics
 import time
 from pathlib import Path
 
-from core.request import answer_key
-from loadgen.readers import read_trace
-from loadgen.records import rebase, scale_rate
-from sim.config import EngineConfig
-from sim.des import SimSetup, simulate
-from sim.hardware import get_gpu, get_model
-from sim.perf import PerfModel
+from sagegate.core.request import answer_key
+from sagegate.loadgen.readers import read_trace
+from sagegate.loadgen.records import rebase, scale_rate
+from sagegate.sim.config import EngineConfig
+from sagegate.sim.des import SimSetup, simulate
+from sagegate.sim.hardware import get_gpu, get_model
+from sagegate.sim.perf import PerfModel
 
 CONV = Path(__file__).resolve().parents[1].parent / "shared/data/azure2023/AzureLLMInferenceTrace_conv.csv"
 
@@ -31,8 +31,8 @@ def main() -> None:
     ap.add_argument("--policy", default="fcfs")
     ap.add_argument("--level", default="engine")
     args = ap.parse_args()
-    from policies.registry import parse_policy
-    from predictor.factory import make_predictor
+    from sagegate.policies.registry import parse_policy
+    from sagegate.predictor.factory import make_predictor
 
     perf = PerfModel(get_model("llama-3.1-8b"), get_gpu("h100"))
     t0 = time.perf_counter()

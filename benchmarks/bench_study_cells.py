@@ -17,11 +17,11 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 
-from study.calibrate import Calibration, calibrate_window
-from study.config import StudyConfig
-from study.simrun import Entry, run_window
-from study.sweep import panel
-from study.windows import Window, load_rows, make_windows, max_tokens_for
+from sagegate.study.calibrate import Calibration, calibrate_window
+from sagegate.study.config import StudyConfig
+from sagegate.study.simrun import Entry, run_window
+from sagegate.study.sweep import panel
+from sagegate.study.windows import Window, load_rows, make_windows, max_tokens_for
 
 ENTRIES = (
     "vllm-v1@engine",

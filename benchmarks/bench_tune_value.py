@@ -20,11 +20,11 @@ import statistics
 
 import numpy as np
 
-from core.summary import summarize
-from gateway.settings_predictor import SemanticSettings
-from harness.live import azure_workload
-from harness.simtwin import scale_for, simulate_run
-from loadgen.plots import prediction_accuracy
+from sagegate.core.summary import summarize
+from sagegate.gateway.settings_predictor import SemanticSettings
+from sagegate.harness.live import azure_workload
+from sagegate.harness.simtwin import scale_for, simulate_run
+from sagegate.loadgen.plots import prediction_accuracy
 
 MODEL, GPU = "qwen3-32b", "h100"
 ENCODERS = {"stock": False, "tuned": True}

@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from core.record import RequestRecord
-from core.request import TraceRequest
-from core.summary import summarize
-from loadgen.results import write_results
+from sagegate.core.record import RequestRecord
+from sagegate.core.request import TraceRequest
+from sagegate.core.summary import summarize
+from sagegate.loadgen.results import write_results
 
 ALONE = "vLLM alone"
 
@@ -99,7 +99,7 @@ def pause_options(args: argparse.Namespace) -> dict[str, float]:
 def simulate_setup(work: Sequence[TraceRequest], setup: Setup, args: argparse.Namespace) -> Any:
     """``setup`` in the simulator (``harness.simtwin``: the live gateway's settings, no queue timeout
     as ``GATEWAY_ENV`` sets live), with the front end's cost added as a client sees it."""
-    from harness.simtwin import simulate_run
+    from sagegate.harness.simtwin import simulate_run
 
     return simulate_run(
         work,
@@ -114,7 +114,7 @@ def simulate_setup(work: Sequence[TraceRequest], setup: Setup, args: argparse.Na
 
 
 def capacity(work: Sequence[TraceRequest], args: argparse.Namespace) -> dict[str, float]:
-    from harness.simtwin import capacity as cap
+    from sagegate.harness.simtwin import capacity as cap
 
     return cap(work, model=args.model, gpu=args.gpu)
 
@@ -122,7 +122,7 @@ def capacity(work: Sequence[TraceRequest], args: argparse.Namespace) -> dict[str
 # --- live runs --------------------------------------------------------------------------------------
 def scrape_backends(urls: Sequence[str]) -> dict[str, float | None]:
     """Counters summed over the backends: preemptions and generated tokens (None: a backend did not say)."""
-    from loadgen.scrape import PREEMPTIONS, scrape_counters
+    from sagegate.loadgen.scrape import PREEMPTIONS, scrape_counters
 
     counters = scrape_counters([u + "/metrics" for u in urls], [PREEMPTIONS, "vllm:generation_tokens"])
     return {"preemptions": counters[PREEMPTIONS], "generation_tokens": counters["vllm:generation_tokens"]}
@@ -150,8 +150,8 @@ def run_live(
 ) -> dict[str, Any]:
     """One run on fresh backends: the records, the backends' counters, the gateway's queue depth.
     ``env``: more of the gateway's settings (``SAGEGATE_...`` variables)."""
-    from harness.live import backends, gateway, replay_config, round_robin
-    from loadgen.client import replay
+    from sagegate.harness.live import backends, gateway, replay_config, round_robin
+    from sagegate.loadgen.client import replay
 
     # Per-request wall timeout and connection limit well above what an overloaded run needs.
     timeout_s, conns = 4 * 3600.0, 15000
@@ -267,8 +267,8 @@ def print_agreement(title: str, live: dict[str, dict[str, float]], sim: dict[str
 # --- the run ----------------------------------------------------------------------------------------
 def run_load(label: str, target: float, args: argparse.Namespace) -> dict[str, Any]:
     """One load, given as the utilisation of vLLM alone's capacity on the mix (``harness.simtwin``)."""
-    from harness.live import azure_workload
-    from harness.simtwin import offered_rate, scale_for
+    from sagegate.harness.live import azure_workload
+    from sagegate.harness.simtwin import offered_rate, scale_for
 
     scale, cap = scale_for(
         lambda x: azure_workload(args.minutes, x, args.seed, quiet=True).requests,

@@ -39,8 +39,8 @@ import yaml
 
 from benchmarks.load import capacity_sweep, open_loop
 from benchmarks.servers import PIDS, backend, stop_server, wait_ready
-from harness.procs import free_port
-from harness.redis import RedisServer, redis_server_binary
+from sagegate.harness.procs import free_port
+from sagegate.harness.redis import RedisServer, redis_server_binary
 
 REPO = Path(__file__).resolve().parents[1]
 OPEN_ADMISSION = {"max_waiting": 1_000_000, "target": 1000.0}

@@ -24,17 +24,17 @@ from typing import Any
 import numpy as np
 
 from benchmarks.bench_study_cells import load_windows
-from core.request import TraceRequest, answer_key
-from policies.registry import parse_policy
-from predictor.factory import make_predictor
-from sim.config import EngineConfig
-from sim.des import SimResult, SimSetup, simulate
-from sim.hardware import get_gpu, get_model
-from sim.perf import PerfModel
-from study.calibrate import calibrate_window
-from study.config import StudyConfig
-from study.simrun import run_window
-from study.sweep import panel
+from sagegate.core.request import TraceRequest, answer_key
+from sagegate.policies.registry import parse_policy
+from sagegate.predictor.factory import make_predictor
+from sagegate.sim.config import EngineConfig
+from sagegate.sim.des import SimResult, SimSetup, simulate
+from sagegate.sim.hardware import get_gpu, get_model
+from sagegate.sim.perf import PerfModel
+from sagegate.study.calibrate import calibrate_window
+from sagegate.study.config import StudyConfig
+from sagegate.study.simrun import run_window
+from sagegate.study.sweep import panel
 
 FIELDS = (
     "status",

@@ -22,10 +22,10 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=0.5)
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import harness.simtwin as twin
-    from core.summary import summarize
-    from harness.live import azure_workload
-    from predictor.semantic import KNN_ONLY
+    import sagegate.harness.simtwin as twin
+    from sagegate.core.summary import summarize
+    from sagegate.harness.live import azure_workload
+    from sagegate.predictor.semantic import KNN_ONLY
 
     model, gpu = "qwen3-32b", "h100"
     mix = azure_workload(max(args.minutes, 2.0), 4.0, 0, quiet=True).requests

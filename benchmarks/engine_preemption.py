@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-from core.request import TraceRequest, answer_key
-from loadgen.data import data_root
-from loadgen.records import rebase, scale_rate
+from sagegate.core.request import TraceRequest, answer_key
+from sagegate.loadgen.data import data_root
+from sagegate.loadgen.records import rebase, scale_rate
 
 LOADS = (0.5, 0.9, 1.1)
 BEFORE = "sagesched:preempt_pays=false"
@@ -54,7 +54,7 @@ SETUPS_BY_NAME = {**SETUPS, "sharegpt": Setup("llama-3.1-8b", "h100", 1)}
 def load_workload(name: str, n: int) -> list[TraceRequest]:
     """``mooncake`` (the synthetic trace's first ``n``), ``azure-conv`` (the conversation trace's
     requests 2000.., as ``policy_experiments.py``) or ``sharegpt`` (ShareGPT pairs on those arrivals)."""
-    from loadgen.readers import read_trace
+    from sagegate.loadgen.readers import read_trace
 
     data = data_root()
     if name == "mooncake":
@@ -73,11 +73,11 @@ def load_workload(name: str, n: int) -> list[TraceRequest]:
 def run_one(
     work: list[TraceRequest], setup: Setup, policy: str, step_time_scale: float | None = None
 ) -> dict[str, float]:
-    from harness.simtwin import perf_and_engine
-    from policies.capabilities import Capability
-    from policies.registry import parse_policy
-    from predictor.factory import make_predictor
-    from sim.des import SimSetup, client_view, simulate
+    from sagegate.harness.simtwin import perf_and_engine
+    from sagegate.policies.capabilities import Capability
+    from sagegate.policies.registry import parse_policy
+    from sagegate.predictor.factory import make_predictor
+    from sagegate.sim.des import SimSetup, client_view, simulate
 
     perf, engine = perf_and_engine(setup.model, setup.gpu, step_time_scale)
     pol = parse_policy(policy)
@@ -108,7 +108,7 @@ def at_loads(
     """Each workload of ``names`` (``n`` requests) compressed to each of ``loads`` × vLLM alone's
     measured capacity on it (``harness.simtwin.capacity``, on the engine ``step_time_scale``
     stretches), and those capacities (req/s)."""
-    from harness.simtwin import capacity
+    from sagegate.harness.simtwin import capacity
 
     out: list[tuple[str, float, list[TraceRequest]]] = []
     caps: dict[str, float] = {}

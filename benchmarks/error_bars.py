@@ -34,9 +34,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from core.request import TraceRequest
-from core.summary import summarize
-from loadgen.records import scale_rate
+from sagegate.core.request import TraceRequest
+from sagegate.core.summary import summarize
+from sagegate.loadgen.records import scale_rate
 
 SCALES = (0.85, 1.0, 1.15)
 CAPACITY = "capacity-anchored"
@@ -69,8 +69,8 @@ def _ratios(sage: dict[str, float], alone: dict[str, float]) -> tuple[float, flo
 
 # --- the value twin ---------------------------------------------------------------------------------
 def value_rows(args: argparse.Namespace) -> list[Row]:
-    from harness.live import azure_workload
-    from harness.simtwin import capacity, offered_rate, scale_for, simulate_run
+    from sagegate.harness.live import azure_workload
+    from sagegate.harness.simtwin import capacity, offered_rate, scale_for, simulate_run
 
     def build(x: float) -> list[TraceRequest]:
         return list(azure_workload(args.minutes, x, args.seed, quiet=True).requests)

@@ -48,9 +48,9 @@ from typing import Any
 import httpx
 import yaml
 
-from harness.live import backend_args
-from harness.procs import Child, child, free_port
-from harness.redis import RedisServer
+from sagegate.harness.live import backend_args
+from sagegate.harness.procs import Child, child, free_port
+from sagegate.harness.redis import RedisServer
 
 MODEL = "llama-3.1-8b"
 POISON = "POISON-INPUT"

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.fidelity_data import DEFAULT_SOURCE, Run, load_runs
-from core.request import TraceRequest
-from sim.config import EngineConfig
-from sim.des import SimSetup, client_view, simulate
-from sim.hardware import GPUSpec, get_gpu, get_model
-from sim.perf import PerfModel
+from sagegate.core.request import TraceRequest
+from sagegate.sim.config import EngineConfig
+from sagegate.sim.des import SimSetup, client_view, simulate
+from sagegate.sim.hardware import GPUSpec, get_gpu, get_model
+from sagegate.sim.perf import PerfModel
 
 # Held out from the fit: one workload of every model, and one whole model's runs are not needed
 # for this split since each model keeps three workloads in training (see docs/fidelity.md).

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from benchmarks.fidelity import HELD_OUT, OVERLOAD_FAILURES, compare, simulate_run
 from benchmarks.fidelity_data import DEFAULT_SOURCE, Run, load_runs
-from sim.hardware import DEFAULT_TERMS, GPUSpec, get_gpu, get_model
-from sim.perf import PerfModel
+from sagegate.sim.hardware import DEFAULT_TERMS, GPUSpec, get_gpu, get_model
+from sagegate.sim.perf import PerfModel
 
 FREE = (
     "eta_c",

@@ -26,7 +26,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from benchmarks.engine_preemption import SETUPS_BY_NAME, Setup, at_loads, ratio
-from core.request import TraceRequest, answer_key
+from sagegate.core.request import TraceRequest, answer_key
 
 LOADS = (0.5, 0.9, 1.1)
 UNPRICED = {"hysteresis": 0.0, "prefill_tokens_per_step": 1e6}
@@ -45,11 +45,11 @@ SETUPS = {name: SETUPS_BY_NAME[name] for name in ("sharegpt", "azure-conv", "moo
 
 
 def run_one(work: list[TraceRequest], setup: Setup, run: str) -> dict[str, float]:
-    from harness.simtwin import perf_and_engine
-    from policies.pause import PauseConfig
-    from policies.registry import parse_policy
-    from predictor.factory import make_predictor
-    from sim.des import SimSetup, client_view, simulate
+    from sagegate.harness.simtwin import perf_and_engine
+    from sagegate.policies.pause import PauseConfig
+    from sagegate.policies.registry import parse_policy
+    from sagegate.predictor.factory import make_predictor
+    from sagegate.sim.des import SimSetup, client_view, simulate
 
     perf, engine = perf_and_engine(setup.model, setup.gpu)
     if run == "vllm":

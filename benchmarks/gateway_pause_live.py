@@ -21,9 +21,9 @@ import time
 from benchmarks import bench_value as bv
 from benchmarks.engine_preemption import load_workload
 from benchmarks.gateway_pause import UNPRICED
-from core.summary import summarize
-from loadgen.prompts import attach_prompts
-from loadgen.records import scale_rate
+from sagegate.core.summary import summarize
+from sagegate.loadgen.prompts import attach_prompts
+from sagegate.loadgen.records import scale_rate
 
 RUNS: tuple[tuple[str, bv.Setup, dict[str, float]], ...] = (
     ("vLLM alone", bv.ALONE_SETUP, {}),
@@ -42,7 +42,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from harness.simtwin import capacity, offered_rate, simulate_run
+    from sagegate.harness.simtwin import capacity, offered_rate, simulate_run
 
     model, gpu = "qwen3-32b", "h100"
     base = attach_prompts(load_workload("azure-conv", args.requests), "filler", seed=args.seed)

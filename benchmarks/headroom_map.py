@@ -43,8 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from core.request import TraceRequest, answer_key
-from core.summary import Slo, summarize
+from sagegate.core.request import TraceRequest, answer_key
+from sagegate.core.summary import Slo, summarize
 
 MODEL, GPU = "qwen3-32b", "h100"
 MINUTES = 0.75
@@ -73,15 +73,15 @@ METRICS = ("ttlt_mean", "ttlt_p50", "ttlt_p99", "ttft_p50")
 
 # --- the workloads ----------------------------------------------------------------------------------
 def draw_chat(draw: int, target: float) -> tuple[list[TraceRequest], float]:
-    from harness.live import demo_draw
+    from sagegate.harness.live import demo_draw
 
     work, info = demo_draw(draw, MINUTES, target, MODEL, GPU)
     return work, float(info["utilisation"])  # type: ignore[arg-type]
 
 
 def draw_single(draw: int, target: float) -> tuple[list[TraceRequest], float]:
-    from harness.live import azure_workload
-    from harness.simtwin import scale_for, utilisation
+    from sagegate.harness.live import azure_workload
+    from sagegate.harness.simtwin import scale_for, utilisation
 
     def build(scale: float) -> list[TraceRequest]:
         return azure_workload(MINUTES, scale, draw, quiet=True).requests
@@ -94,7 +94,7 @@ def draw_single(draw: int, target: float) -> tuple[list[TraceRequest], float]:
 
 def shared_prefix(rate: float, seed: int, requests: int) -> list[TraceRequest]:
     """Shared system prompts whose output length depends on the task (see the module docstring)."""
-    from loadgen.synthetic import shared_prefix_workload
+    from sagegate.loadgen.synthetic import shared_prefix_workload
 
     groups = 40
     per = max(1, -(-requests // groups))
@@ -112,7 +112,7 @@ def shared_prefix(rate: float, seed: int, requests: int) -> list[TraceRequest]:
 
 
 def draw_shared(draw: int, target: float) -> tuple[list[TraceRequest], float]:
-    from harness.simtwin import capacity, utilisation
+    from sagegate.harness.simtwin import capacity, utilisation
 
     cap = capacity(shared_prefix(50.0, draw + 1000, 2000), model=MODEL, gpu=GPU)
     rate = target * cap["req_s"]
@@ -130,7 +130,7 @@ DRAWS: dict[str, Callable[[int, float], tuple[list[TraceRequest], float]]] = {
 # --- one cell ----------------------------------------------------------------------------------------
 def predictor_for(name: str, work: Sequence[TraceRequest], draw: int) -> tuple[str, Any]:
     """The gateway's predictor name and, for the oracles, the predictor built with the answer key."""
-    from predictor.factory import make_predictor
+    from sagegate.predictor.factory import make_predictor
 
     if name == "oracle":
         return "none", make_predictor("oracle", truth=answer_key(work))
@@ -156,7 +156,7 @@ def figures(records: Sequence[Any]) -> dict[str, float]:
 def run_cell(
     workload: str, load: float, draws: int, predictors: Sequence[str], levers: Sequence[str]
 ) -> dict[str, Any]:
-    from harness.simtwin import simulate_run
+    from sagegate.harness.simtwin import simulate_run
 
     cell: dict[str, Any] = {"workload": workload, "load": load, "draws": [], "rows": {}}
     for draw in range(draws):

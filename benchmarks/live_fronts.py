@@ -53,7 +53,7 @@ def write_jsonl(rows: Sequence[dict[str, Any]], path: Path, time_div: float = 1.
 @contextlib.contextmanager
 def router(peers: Path, workers: Sequence[str], policy: str = "round_robin") -> Iterator[str]:
     """vllm-router from the peers' venv over ``workers`` with ``policy`` and its defaults otherwise."""
-    from harness.live import vllm_router
+    from sagegate.harness.live import vllm_router
 
     with vllm_router(str(peers / "venv_vllm_router/bin/vllm-router"), workers, policy) as url:
         yield url
@@ -72,7 +72,7 @@ def fronted(
 ) -> Iterator[tuple[str, list[str]]]:
     """Two fresh backends (empty KV and prefix caches) and ``front`` (a name of :data:`FRONTS`) before
     them: (front URL, backend URLs). Everything is stopped on exit."""
-    from harness.live import backends, gateway
+    from sagegate.harness.live import backends, gateway
 
     if front not in FRONTS:
         raise ValueError(f"unknown front {front!r}: one of {', '.join(FRONTS)}")
@@ -94,7 +94,7 @@ def warm(front: str, bes: Sequence[str]) -> None:
     directly, then the front twice (round robin reaches both backends)."""
     import httpx
 
-    from loadgen.prompts import filler_text
+    from sagegate.loadgen.prompts import filler_text
 
     for i, url in enumerate([*bes, front, front]):
         body = {

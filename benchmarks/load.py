@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from benchmarks.servers import PIDS, tree_cpu_seconds
-from loadgen.sse import EventSplitter
+from sagegate.loadgen.sse import EventSplitter
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 6  # ~60 tokens
 _sent = itertools.count()
@@ -190,10 +190,10 @@ def warm_embedder(url: str, timeout: float = 240) -> None:
 def capacity_rps(engine: dict[str, Any], engines: int, requests: list[Any]) -> float:
     """Saturated throughput (req/s) of ``engines`` vLLM-like engines, from the simulator: the same
     requests arriving far faster than they can be served."""
-    from sim.config import EngineConfig
-    from sim.des import SimSetup, simulate
-    from sim.hardware import get_gpu, get_model
-    from sim.perf import PerfModel
+    from sagegate.sim.config import EngineConfig
+    from sagegate.sim.des import SimSetup, simulate
+    from sagegate.sim.hardware import get_gpu, get_model
+    from sagegate.sim.perf import PerfModel
 
     cfg = EngineConfig(**engine)
     perf = PerfModel(get_model(cfg.model), get_gpu(cfg.gpu))
@@ -203,14 +203,14 @@ def capacity_rps(engine: dict[str, Any], engines: int, requests: list[Any]) -> f
 
 def backend_preemptions(urls: Sequence[str]) -> str:
     """The backends' preemptions, as the table prints them ("?" when a backend does not say)."""
-    from loadgen.scrape import scrape_preemptions
+    from sagegate.loadgen.scrape import scrape_preemptions
 
     count = scrape_preemptions([u + "/metrics" for u in urls])
     return "?" if count is None else str(int(count))
 
 
 async def replay_split(requests: list[Any], urls: Sequence[str], time_scale: float) -> list[Any]:
-    from loadgen.client import ReplayConfig, replay_async
+    from sagegate.loadgen.client import ReplayConfig, replay_async
 
     parts = [requests[i :: len(urls)] for i in range(len(urls))]
     cfgs = [

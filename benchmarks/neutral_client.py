@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.live_fronts import BLOCK, aiperf_profile, fronted, warm, write_jsonl
-from harness.live import backend_counters
+from sagegate.harness.live import backend_counters
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,8 +72,8 @@ def fix_hash_ids(rows: list[dict[str, Any]]) -> int:
 
 def load_figures(engine_slice: Path, model: str, gpu: str) -> dict[str, float]:
     """vLLM alone's capacity on this mix (engine model of the simulated backends) and the utilisation."""
-    from harness.simtwin import capacity, utilisation
-    from loadgen.schedule import prepare_workload
+    from sagegate.harness.simtwin import capacity, utilisation
+    from sagegate.loadgen.schedule import prepare_workload
 
     work = prepare_workload(engine_slice, prompts="none").requests
     cap = capacity(work, model=model, gpu=gpu)

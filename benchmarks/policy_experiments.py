@@ -22,9 +22,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from core.request import TraceRequest, answer_key
-from loadgen.data import data_root
-from loadgen.records import rebase, scale_rate
+from sagegate.core.request import TraceRequest, answer_key
+from sagegate.loadgen.data import data_root
+from sagegate.loadgen.records import rebase, scale_rate
 
 DATA = data_root()
 LOADS = (0.5, 0.8, 0.95, 1.1)
@@ -47,7 +47,7 @@ class Cell:
 
 
 def load_workloads(n: int) -> dict[str, list[TraceRequest]]:
-    from loadgen.readers import read_trace
+    from sagegate.loadgen.readers import read_trace
 
     out: dict[str, list[TraceRequest]] = {}
     conv = read_trace(DATA / "azure2023" / "AzureLLMInferenceTrace_conv.csv")
@@ -66,8 +66,8 @@ def load_workloads(n: int) -> dict[str, list[TraceRequest]]:
 
 
 def _perf(setup: str, step_time_scale: float | None = None):  # type: ignore[no-untyped-def]
-    from sim.hardware import get_gpu, get_model
-    from sim.perf import PerfModel
+    from sagegate.sim.hardware import get_gpu, get_model
+    from sagegate.sim.perf import PerfModel
 
     model, gpu = SETUPS[setup]
     return PerfModel(get_model(model), get_gpu(gpu), step_time_scale=step_time_scale)
@@ -83,10 +83,10 @@ def run_one(
     step_time_scale: float | None = None,
 ) -> dict[str, float]:
     """One cell; ``step_time_scale`` (None: the profile's) is for ``benchmarks/error_bars.py``."""
-    from policies.registry import parse_policy
-    from predictor.factory import make_predictor
-    from sim.config import EngineConfig
-    from sim.des import SimSetup, client_view, simulate
+    from sagegate.policies.registry import parse_policy
+    from sagegate.predictor.factory import make_predictor
+    from sagegate.sim.config import EngineConfig
+    from sagegate.sim.des import SimSetup, client_view, simulate
 
     perf = _perf(setup, step_time_scale)
     model, gpu = SETUPS[setup]
@@ -118,8 +118,8 @@ def saturated_rate(work: list[TraceRequest], setup: str, step_time_scale: float 
 
 def panel(quick: bool) -> list[tuple[str, str, str | float | None]]:
     """(policy, level, predictor) for every registered policy at each level it supports."""
-    from policies.capabilities import Capability
-    from policies.registry import registry
+    from sagegate.policies.capabilities import Capability
+    from sagegate.policies.registry import registry
 
     rows: list[tuple[str, str, str | float | None]] = []
     for name, info in sorted(registry().items()):

@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from core.tokens import count_tokens
+from sagegate.core.tokens import count_tokens
 
 
 def convert(src: Path, out: Path) -> int:

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks.headroom_map import GPU, MAX_WAIT_S, MODEL, SLO, draw_single
-from core.request import TraceRequest
-from core.summary import summarize
+from sagegate.core.request import TraceRequest
+from sagegate.core.summary import summarize
 
 ROWS: dict[str, dict[str, Any] | None] = {
     "round robin (vLLM alone)": None,
@@ -72,7 +72,7 @@ def live(work: list[TraceRequest], opts: dict[str, Any]) -> list[Any]:
 
 
 def run(work: list[TraceRequest], opts: dict[str, Any] | None) -> list[Any]:
-    from harness.simtwin import simulate_run
+    from sagegate.harness.simtwin import simulate_run
 
     if opts is None:
         return simulate_run(work, None, model=MODEL, gpu=GPU).records

@@ -50,17 +50,17 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from core.record import RequestRecord
-from core.request import TraceRequest
-from harness.vllm import reset_prefix_cache
-from loadgen.data import data_file
-from loadgen.readers import read_trace
-from loadgen.scrape import scrape_counters
-from sim.config import EngineConfig
-from sim.des import SimSetup, client_view, simulate
-from sim.hardware import DEFAULT_TERMS, GiB, GPUSpec, ModelSpec
-from sim.perf import PerfModel
-from sim.prefix import MOONCAKE_BLOCK
+from sagegate.core.record import RequestRecord
+from sagegate.core.request import TraceRequest
+from sagegate.harness.vllm import reset_prefix_cache
+from sagegate.loadgen.data import data_file
+from sagegate.loadgen.readers import read_trace
+from sagegate.loadgen.scrape import scrape_counters
+from sagegate.sim.config import EngineConfig
+from sagegate.sim.des import SimSetup, client_view, simulate
+from sagegate.sim.hardware import DEFAULT_TERMS, GiB, GPUSpec, ModelSpec
+from sagegate.sim.perf import PerfModel
+from sagegate.sim.prefix import MOONCAKE_BLOCK
 
 ENGINE_CORE, CLIENT_CORE = "1", 0
 BLOCKS, MAX_LEN, MAX_SEQS, BATCH_TOKENS, BLOCK = 96, 8192, 32, 2048, 128
@@ -322,7 +322,7 @@ def row(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from harness.vllm import tiny_model, vllm_engine
+    from sagegate.harness.vllm import tiny_model, vllm_engine
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=100)

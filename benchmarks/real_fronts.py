@@ -176,7 +176,7 @@ async def conversations(
 # --- the set-up --------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def front(name: str, engines: Sequence[Any]) -> Iterator[str]:
-    from harness.live import gateway, vllm_router, vllm_router_binary
+    from sagegate.harness.live import gateway, vllm_router, vllm_router_binary
 
     urls = [e.url for e in engines]
     if name in ("round_robin", "cache_aware"):
@@ -197,7 +197,7 @@ def front(name: str, engines: Sequence[Any]) -> Iterator[str]:
 
 
 def predicted_hit_rate(url: str) -> float:
-    from loadgen.scrape import counter_by_label
+    from sagegate.loadgen.scrape import counter_by_label
 
     text = httpx.get(url + "/metrics", timeout=30, trust_env=False).text
     tokens = counter_by_label(text, "sagegate_prefix_tokens", "what")
@@ -210,7 +210,7 @@ def reset(engines: Sequence[Any]) -> None:
 
 
 def measured(name: str, workload: str, engines: Sequence[Any], go: Any) -> Run:
-    from harness.live import backend_counters, counter_deltas
+    from sagegate.harness.live import backend_counters, counter_deltas
 
     urls = [e.url for e in engines]
     reset(engines)
@@ -253,8 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
 
-    from harness.procs import exit_on_sigterm
-    from harness.vllm import vllm_engine
+    from sagegate.harness.procs import exit_on_sigterm
+    from sagegate.harness.vllm import vllm_engine
 
     exit_on_sigterm()
     fronts = a.fronts.split(",")

@@ -30,10 +30,10 @@ import numpy as np
 from scipy import stats
 
 from benchmarks.bench_ranker import SHAREGPT
-from predictor.evaluate import EvalItem, load_items, replay_semantic
-from predictor.evaluate import score as score_replay
-from predictor.semantic import SemanticConfig
-from study.stats import bootstrap_indices
+from sagegate.predictor.evaluate import EvalItem, load_items, replay_semantic
+from sagegate.predictor.evaluate import score as score_replay
+from sagegate.predictor.semantic import SemanticConfig
+from sagegate.study.stats import bootstrap_indices
 from tools.vectors import encoder_vectors
 
 GRID: dict[str, tuple[Any, ...]] = {

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import yaml
 
-from harness.procs import free_port
+from sagegate.harness.procs import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,7 +59,7 @@ def wait_ready(url: str, path: str, proc: subprocess.Popen[bytes], timeout: floa
 
 def stop_server(proc: subprocess.Popen[bytes], grace: float = 30) -> None:
     """``harness.procs.stop``, saying so when the process had to be killed."""
-    from harness.procs import stop
+    from sagegate.harness.procs import stop
 
     if stop(proc, grace):
         print(f"(note: pid {proc.pid} ignored SIGTERM for {grace:g} s: killed)", file=sys.stderr)

@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 
 from benchmarks import policy_experiments as pe
-from core.request import answer_key
-from harness.simtwin import perf_and_engine
-from loadgen.records import scale_rate
-from policies.admission import AdmissionConfig
-from policies.registry import parse_policy
-from predictor.factory import make_predictor
-from sim.des import SimSetup, simulate
+from sagegate.core.request import answer_key
+from sagegate.harness.simtwin import perf_and_engine
+from sagegate.loadgen.records import scale_rate
+from sagegate.policies.admission import AdmissionConfig
+from sagegate.policies.registry import parse_policy
+from sagegate.predictor.factory import make_predictor
+from sagegate.sim.des import SimSetup, simulate
 
 CANDIDATES = {
     "sum 1.5": AdmissionConfig(rule="sum", quantile=0.5, target=1.5),

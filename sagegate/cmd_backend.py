@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from harness.procs import free_port, spawned
 from sagegate import engine_flags as ef
+from sagegate.harness.procs import free_port, spawned
 
 __all__ = ["backend", "free_port", "spawned_backend"]
 
@@ -62,8 +62,8 @@ def backend(
     params = dict(locals())  # the options by name, before any local of the body
     import uvicorn
 
-    from sim.kv_events import KVEventsConfig
-    from sim.server import BackendSettings, create_app
+    from sagegate.sim.kv_events import KVEventsConfig
+    from sagegate.sim.server import BackendSettings, create_app
 
     try:
         cfg, _ = ef.EngineFlags.pick(params).build()

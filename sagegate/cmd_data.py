@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress
 
-    from loadgen.fetch import RemoteFile
+    from sagegate.loadgen.fetch import RemoteFile
 
 data_app = typer.Typer(no_args_is_help=True, add_completion=False)
 
@@ -37,7 +37,7 @@ def list_cmd(
     from rich.console import Console
     from rich.table import Table
 
-    from loadgen.data import (
+    from sagegate.loadgen.data import (
         AZURE_CODE,
         AZURE_CONV,
         SHAREGPT,
@@ -47,7 +47,7 @@ def list_cmd(
         fetch_root,
         find_data,
     )
-    from loadgen.fetch import load_catalog
+    from sagegate.loadgen.fetch import load_catalog
 
     shared, fetched = data_root(), fetch_root()
     table = Table("set", "files", "shared", "fetched", "licence", "what", box=None)
@@ -79,8 +79,8 @@ def fetch_cmd(
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-    from loadgen.data import fetch_root
-    from loadgen.fetch import OfflineError, load_catalog
+    from sagegate.loadgen.data import fetch_root
+    from sagegate.loadgen.fetch import OfflineError, load_catalog
 
     sets = load_catalog(catalog)
     unknown = [n for n in names if n not in sets]
@@ -111,7 +111,7 @@ def fetch_cmd(
 
 def _fetch_one(f: RemoteFile, root: Path, bar: Progress, console: Console) -> int:
     """Fetch one file with a progress task; 1 when it failed (the reason printed), else 0."""
-    from loadgen.fetch import FetchError, OfflineError, fetch_file
+    from sagegate.loadgen.fetch import FetchError, OfflineError, fetch_file
 
     task = bar.add_task(f.path, total=f.size)
 

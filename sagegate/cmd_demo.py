@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
-    from core.summary import Slo
+    from sagegate.core.summary import Slo
     from sagegate.demo_setups import SetupRun
 
 
@@ -63,11 +63,11 @@ def demo(
 ) -> None:
     """Replay multi-turn conversations through vLLM behind round robin, behind a cache-aware router,
     and behind the gateway, draw by draw, and print the headline table."""
-    from core.summary import Slo
-    from harness.live import data_sources, demo_draw
-    from harness.procs import exit_on_sigterm
-    from loadgen.headline import render_headline, run_figures
+    from sagegate.core.summary import Slo
     from sagegate.demo_setups import GATEWAY, ROUND_ROBIN, ROUTER, DemoSetup, router_check, setup_names
+    from sagegate.harness.live import data_sources, demo_draw
+    from sagegate.harness.procs import exit_on_sigterm
+    from sagegate.loadgen.headline import render_headline, run_figures
 
     exit_on_sigterm()
     if embed_model not in ("minilm", "mpnet"):
@@ -131,9 +131,9 @@ def _run_setup(name: str, work: Any, setup: Any) -> SetupRun:
 
 def _simulated(work: Any, setup: Any, draw: int, embed_model: str) -> dict[str, list[Any]]:
     """Round robin and the gateway in the simulator, with the live gateway's settings."""
-    from gateway.settings_predictor import predictor_options
-    from harness.simtwin import simulate_run
     from sagegate.demo_setups import GATEWAY, ROUND_ROBIN
+    from sagegate.gateway.settings_predictor import predictor_options
+    from sagegate.harness.simtwin import simulate_run
 
     options = (
         predictor_options("semantic", embed_model=embed_model) if setup.predictor == "semantic" else None
@@ -164,8 +164,8 @@ def _twin_lines(live: dict[str, list[dict[str, float]]], sim: dict[str, list[dic
 def _prediction_lines(gw: SetupRun | None, rr: SetupRun | None) -> list[str]:
     """How well the predictor ranked outputs it never saw, and what the requests it under-predicted
     most cost against round robin (first draw)."""
-    from loadgen.headline import under_predicted
-    from loadgen.plots import prediction_accuracy
+    from sagegate.loadgen.headline import under_predicted
+    from sagegate.loadgen.plots import prediction_accuracy
 
     if gw is None:
         return []
@@ -190,7 +190,7 @@ def _prediction_lines(gw: SetupRun | None, rr: SetupRun | None) -> list[str]:
 
 
 def _write_records(run: SetupRun, path: Path) -> None:
-    from loadgen.results import write_results
+    from sagegate.loadgen.results import write_results
 
     write_results(run.records, path)
 
@@ -206,8 +206,8 @@ def _write_summary(
 ) -> None:
     from dataclasses import asdict
 
-    from loadgen.headline import Spread, headline
     from sagegate.demo_setups import GATEWAY
+    from sagegate.loadgen.headline import Spread, headline
 
     head = headline(live or sim, GATEWAY, baselines)  # the table shown: the twin's when nothing ran live
 
@@ -232,7 +232,7 @@ def _write_summary(
 def _plots(first: dict[str, SetupRun], out: Path) -> list[Path]:
     """The first draw's pictures: latency CDFs, timelines, predictions, each set-up's backends, and the
     engines' hit rate over time."""
-    from loadgen.plots import plot_backends, plot_hit_rate, plot_runs
+    from sagegate.loadgen.plots import plot_backends, plot_hit_rate, plot_runs
 
     runs = {name: run.records for name, run in first.items()}
     queues = {name: run.queue for name, run in first.items() if run.queue}

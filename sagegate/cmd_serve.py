@@ -46,7 +46,7 @@ def serve(
     """Run the OpenAI-compatible scheduling gateway in front of vLLM-compatible backends."""
     from pydantic import ValidationError
 
-    from gateway.settings import load_settings
+    from sagegate.gateway.settings import load_settings
 
     overrides: dict[str, Any] = {
         "backends": backend or None,
@@ -85,9 +85,9 @@ def run(settings: Any, *, reuse_port: bool = False) -> None:
 
     import uvicorn
 
-    from gateway.app import create_app
-    from gateway.client_guard import BodyDeadline, uvicorn_options
-    from policies.registry import PolicySpecError
+    from sagegate.gateway.app import create_app
+    from sagegate.gateway.client_guard import BodyDeadline, uvicorn_options
+    from sagegate.policies.registry import PolicySpecError
 
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from core.request import DEFAULT_CLIENT_MAX_TOKENS, TraceRequest
 from sagegate import engine_flags as ef
+from sagegate.core.request import DEFAULT_CLIENT_MAX_TOKENS, TraceRequest
 from sagegate.workload_flags import ClientCap
 
 if TYPE_CHECKING:
-    from core.predictor import LengthPredictor
-    from policies.base import Policy
+    from sagegate.core.predictor import LengthPredictor
+    from sagegate.policies.base import Policy
 
 
 def simulate(
@@ -94,13 +94,13 @@ def simulate(
 ) -> None:
     """Replay a workload through the gateway queue and N simulated engines; print the summary."""
     params = dict(locals())  # the options by name, before any local of the body
-    from core.summary import Slo, mark_warmup, summarize
-    from loadgen.results import write_results
-    from policies.admission import AdmissionConfig
-    from policies.placement import build_profile
+    from sagegate.core.summary import Slo, mark_warmup, summarize
+    from sagegate.loadgen.results import write_results
+    from sagegate.policies.admission import AdmissionConfig
+    from sagegate.policies.placement import build_profile
+    from sagegate.sim.des import QueueLimits, SimSetup, client_view
+    from sagegate.sim.des import simulate as run
     from sagegate.workload_flags import WorkloadFlags
-    from sim.des import QueueLimits, SimSetup, client_view
-    from sim.des import simulate as run
 
     try:
         cfg, perf = ef.EngineFlags.pick(params).build()
@@ -143,7 +143,7 @@ def simulate(
 
 
 def make_policy(spec: str, seed: int) -> Policy:
-    from policies.registry import parse_policy
+    from sagegate.policies.registry import parse_policy
 
     return parse_policy(spec)
 
@@ -153,11 +153,11 @@ def make_predictor(
 ) -> LengthPredictor | None:
     """The named predictor; by default noisy-oracle when the policy or the gateway's admission needs one.
     An oracle is handed the workload's answer key (the simulator knows every outcome)."""
-    from core.request import answer_key
-    from policies.capabilities import Capability
-    from policies.registry import parse_policy
-    from predictor.factory import ORACLES
-    from predictor.factory import make_predictor as build
+    from sagegate.core.request import answer_key
+    from sagegate.policies.capabilities import Capability
+    from sagegate.policies.registry import parse_policy
+    from sagegate.predictor.factory import ORACLES
+    from sagegate.predictor.factory import make_predictor as build
 
     if name is None:
         needs = level == "gateway" or Capability.USES_PREDICTION in parse_policy(policy).capabilities

@@ -85,7 +85,7 @@ def study(
     """Run the portability study: do scheduler rankings survive a change of workload, load and metric?"""
     import json
 
-    from study.config import (
+    from sagegate.study.config import (
         RegionAnchor,
         StudyConfig,
         parse_source,
@@ -94,7 +94,7 @@ def study(
         with_overrides,
         with_utilisation_regions,
     )
-    from study.config import (
+    from sagegate.study.config import (
         default_sources as defaults,
     )
 
@@ -119,7 +119,7 @@ def study(
         if not cfg.sources:
             raise ValueError("no sources: pass --source or keep the default sources")
         if semantic_config is not None:
-            from predictor.semantic import NAMED_CONFIGS
+            from sagegate.predictor.semantic import NAMED_CONFIGS
 
             if semantic_config not in NAMED_CONFIGS:
                 raise ValueError(f"--semantic-config must be one of {', '.join(NAMED_CONFIGS)}")
@@ -149,8 +149,8 @@ def study(
         _report_only(out)
         return
 
-    from study.executors import make_executor
-    from study.runner import ConfigMismatch, run_study
+    from sagegate.study.executors import make_executor
+    from sagegate.study.runner import ConfigMismatch, run_study
 
     try:
         ex = make_executor(executor, workers, ray_address)
@@ -161,7 +161,7 @@ def study(
         import shlex
         import sys
 
-        from study.sensitivity import run_sensitivity
+        from sagegate.study.sensitivity import run_sensitivity
 
         argv = sys.argv[sys.argv.index("study") + 1 :] if "study" in sys.argv else []
         command = "sagegate study " + " ".join(shlex.quote(a) for a in argv) if argv else ""
@@ -192,10 +192,10 @@ def _report_only(out: Path) -> None:
     """Rebuild the report from OUT's logs and its own config.json."""
     import json
 
-    from study.calibrate import Calibration
-    from study.config import StudyConfig
-    from study.report import write_report
-    from study.sweep import ResultStore
+    from sagegate.study.calibrate import Calibration
+    from sagegate.study.config import StudyConfig
+    from sagegate.study.report import write_report
+    from sagegate.study.sweep import ResultStore
 
     cfg_path = out / "config.json"
     if not cfg_path.exists():
@@ -211,7 +211,7 @@ def _report_only(out: Path) -> None:
     infos_path = out / "sources.json"
     infos = []
     if infos_path.exists():
-        from study.runner import SourceInfo
+        from sagegate.study.runner import SourceInfo
 
         infos = [SourceInfo(**x) for x in json.loads(infos_path.read_text())]
     path = write_report(out, cfg, ResultStore(out / "cells.jsonl").rows(), cals, infos, timing)

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from core.record import RequestRecord
-    from core.request import TraceRequest
-    from harness.live import BackendSample
+    from sagegate.core.record import RequestRecord
+    from sagegate.core.request import TraceRequest
+    from sagegate.harness.live import BackendSample
 
 ROUND_ROBIN, ROUTER, GATEWAY = "round robin", "cache-aware router", "gateway"
 
@@ -61,8 +61,14 @@ def setup_names(setup: DemoSetup) -> list[str]:
 
 def run_setup(name: str, work: Sequence[TraceRequest], setup: DemoSetup, say: Any) -> SetupRun:
     """``name`` (one of :func:`setup_names`) on ``work``, on two fresh backends."""
-    from harness.live import BackendSampler, backend_counters, backends, counter_deltas, replay_config
-    from loadgen.client import replay_async
+    from sagegate.harness.live import (
+        BackendSampler,
+        backend_counters,
+        backends,
+        counter_deltas,
+        replay_config,
+    )
+    from sagegate.loadgen.client import replay_async
 
     with backends(2, setup.model, setup.gpu, setup.time_scale) as urls, _front(name, urls, setup) as front:
         url, admin_key = front
@@ -87,7 +93,7 @@ def run_setup(name: str, work: Sequence[TraceRequest], setup: DemoSetup, say: An
 @contextlib.contextmanager
 def _front(name: str, urls: list[str], setup: DemoSetup) -> Iterator[tuple[str, str | None]]:
     """The front's URL (and the gateway's admin key, for its dashboard)."""
-    from harness.live import gateway, vllm_router
+    from sagegate.harness.live import gateway, vllm_router
 
     if name == ROUND_ROBIN:
         yield urls[0], None
@@ -107,7 +113,7 @@ def predictor_paths(url: str) -> dict[str, float]:
     ``bucket``/``global``/``cold`` priors), from its ``/metrics``."""
     import httpx
 
-    from loadgen.scrape import counter_by_label
+    from sagegate.loadgen.scrape import counter_by_label
 
     try:
         text = httpx.get(url + "/metrics", timeout=10.0, trust_env=False).text
@@ -120,7 +126,7 @@ def router_check() -> tuple[str | None, str]:
     """vllm-router's executable if it starts here, and what to tell the user either way."""
     import subprocess
 
-    from harness.live import vllm_router_binary
+    from sagegate.harness.live import vllm_router_binary
 
     binary = vllm_router_binary()
     if binary is None:

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
-    from sim.config import EngineConfig
-    from sim.perf import PerfModel
+    from sagegate.sim.config import EngineConfig
+    from sagegate.sim.perf import PerfModel
 
 Model = Annotated[str, typer.Option(help="Model name from the catalogue, or a path to a HF config.json.")]
 Gpu = Annotated[str, typer.Option(help="GPU: a100-80gb, a100-40gb, h100, h200.")]
@@ -60,9 +60,9 @@ class EngineFlags:
 
     def build(self) -> tuple[EngineConfig, PerfModel]:
         """The engine's config and performance model (raises ValueError for a bad value)."""
-        from sim.config import EngineConfig
-        from sim.hardware import get_gpu, get_model
-        from sim.perf import PerfModel
+        from sagegate.sim.config import EngineConfig
+        from sagegate.sim.hardware import get_gpu, get_model
+        from sagegate.sim.perf import PerfModel
 
         cfg = EngineConfig(**asdict(self))
         perf = PerfModel(get_model(self.model), get_gpu(self.gpu), tp=self.tensor_parallel_size)

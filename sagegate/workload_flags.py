@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
-    from loadgen.schedule import Workload
+    from sagegate.loadgen.schedule import Workload
 
 
 ClientCap = Annotated[
@@ -70,7 +70,7 @@ class WorkloadFlags:
 
     def load(self) -> Workload:
         """Read or generate the workload (raises ValueError, or FileNotFoundError for a missing trace)."""
-        from loadgen.schedule import prepare_workload
+        from sagegate.loadgen.schedule import prepare_workload
 
         opts = asdict(self)
         trace, fmt, reader_opt = opts.pop("trace"), opts.pop("fmt"), opts.pop("reader_opt")

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.procs import free_port
-from harness.redis import RedisServer, redis_server_binary
-from loadgen.data import data_root
+from sagegate.harness.procs import free_port
+from sagegate.harness.redis import RedisServer, redis_server_binary
+from sagegate.loadgen.data import data_root
 from tests.redis_support import NO_REDIS
 
 REPO = Path(__file__).resolve().parents[1]

@@ -23,8 +23,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from gateway.settings import GatewaySettings
-from harness.procs import free_port
+from sagegate.gateway.settings import GatewaySettings
+from sagegate.harness.procs import free_port
 
 
 class ServerThread:
@@ -251,8 +251,8 @@ def sim_thread(
 ) -> ServerThread:
     """The simulated vLLM backend (``sim.server``) in a thread, serving model ``name`` (``api_key``:
     vLLM's ``--api-key``; ``engine``: ``EngineConfig`` fields)."""
-    from sim.config import EngineConfig  # (imported here, as in ``fleet``)
-    from sim.server import BackendSettings, create_app
+    from sagegate.sim.config import EngineConfig  # (imported here, as in ``fleet``)
+    from sagegate.sim.server import BackendSettings, create_app
 
     opts = BackendSettings(
         engine=EngineConfig(**engine), served_model_name=name, time_scale=time_scale, api_key=api_key
@@ -267,7 +267,9 @@ REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 def fleet(*states: dict[str, Any], **kw: Any) -> Iterator[tuple[list[FakeBackend], str]]:
     """Fake backends (one per ``states``) and a gateway in front of them (``kw``: gateway settings),
     every backend healthy."""
-    from gateway.app import create_app  # here: a fake backend's own process need not load the gateway
+    from sagegate.gateway.app import (
+        create_app,  # here: a fake backend's own process need not load the gateway
+    )
 
     fakes = [FakeBackend(**s) for s in states]
     servers = [ServerThread(f.app).start() for f in fakes]

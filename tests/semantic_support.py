@@ -12,9 +12,9 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from predictor.embedder import DIM, MiniLMEmbedder
-from predictor.semantic import SemanticPredictor
-from predictor.semantic_face import SemanticLengthPredictor
+from sagegate.predictor.embedder import DIM, MiniLMEmbedder
+from sagegate.predictor.semantic import SemanticPredictor
+from sagegate.predictor.semantic_face import SemanticLengthPredictor
 
 SHORT_TASKS = [
     "Translate into French: {x}",

@@ -46,11 +46,11 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from core.request import prompt_digest
-from predictor.embedder import MiniLMEmbedder, flatten_prompt, model_dir
-from predictor.encoder_tune import TUNE_PATH
-from predictor.encoders import DEFAULT_ENCODER, ENCODERS
-from predictor.evaluate import load_items
+from sagegate.core.request import prompt_digest
+from sagegate.predictor.embedder import MiniLMEmbedder, flatten_prompt, model_dir
+from sagegate.predictor.encoder_tune import TUNE_PATH
+from sagegate.predictor.encoders import DEFAULT_ENCODER, ENCODERS
+from sagegate.predictor.evaluate import load_items
 from tools.vectors import encoder_vectors
 
 REPO = Path(__file__).resolve().parents[1]

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from core.request import prompt_digest
-from predictor.embedder import flatten_prompt
-from predictor.encoders import DIM, MPNET
-from predictor.evaluate import load_items
+from sagegate.core.request import prompt_digest
+from sagegate.predictor.embedder import flatten_prompt
+from sagegate.predictor.encoders import DIM, MPNET
+from sagegate.predictor.evaluate import load_items
 
 REPO = Path(__file__).resolve().parents[1]
 

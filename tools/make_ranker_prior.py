@@ -22,13 +22,13 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from core.request import prompt_digest
-from predictor.cues import cue_features
-from predictor.embedder import TextEmbedder, flatten_prompt
-from predictor.evaluate import EvalItem, embed_cached, load_items
-from predictor.factory import EmbedderOptions, make_embedder
-from predictor.ranker import N_FEATURES, features, fit_head
-from predictor.ranker_prior import MPNET_PRIOR_PATH, PRIOR_PATH, TUNED_PRIOR_PATH, save_prior
+from sagegate.core.request import prompt_digest
+from sagegate.predictor.cues import cue_features
+from sagegate.predictor.embedder import TextEmbedder, flatten_prompt
+from sagegate.predictor.evaluate import EvalItem, embed_cached, load_items
+from sagegate.predictor.factory import EmbedderOptions, make_embedder
+from sagegate.predictor.ranker import N_FEATURES, features, fit_head
+from sagegate.predictor.ranker_prior import MPNET_PRIOR_PATH, PRIOR_PATH, TUNED_PRIOR_PATH, save_prior
 
 REPO = Path(__file__).resolve().parents[1]
 

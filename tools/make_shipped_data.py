@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from loadgen.data import (
+from sagegate.loadgen.data import (
     AZURE_CODE,
     AZURE_CONV,
     SHAREGPT,
@@ -89,8 +89,8 @@ def draw_pairs(path: Path, n: int = PAIRS, seed: int = SEED) -> bytes:
 def eligible_sessions(path: Path) -> list[str]:
     """Conversations (their JSON lines) the sessions reader uses, unique by first user turn, none a
     shipped predictor part learned from, in file order."""
-    from core.request import prompt_digest
-    from predictor.learned import learned_prompts
+    from sagegate.core.request import prompt_digest
+    from sagegate.predictor.learned import learned_prompts
 
     learned, seen, out = learned_prompts(), set(), []
     with gzip.open(path, "rt", encoding="utf-8") as fh:

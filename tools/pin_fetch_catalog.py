@@ -18,11 +18,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from loadgen.data import data_root
+from sagegate.loadgen.data import data_root
 
 REPO = Path(__file__).resolve().parents[1]
 
-OUT = REPO / "loadgen" / "fetch_catalog.json"
+OUT = REPO / "sagegate" / "loadgen" / "fetch_catalog.json"
 
 AZURE = "b469a113cedca53ddc3bdea71a143dc4b7d8700c"
 MOONCAKE = "3b5a594133958449a1feaf1c9e0fc1b553e34a28"

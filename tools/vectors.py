@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from predictor.embedder import MiniLMEmbedder, TextEmbedder, flatten_prompt
-from predictor.evaluate import EvalItem, embed_cached
-from predictor.factory import EmbedderOptions, make_embedder
+from sagegate.predictor.embedder import MiniLMEmbedder, TextEmbedder, flatten_prompt
+from sagegate.predictor.evaluate import EvalItem, embed_cached
+from sagegate.predictor.factory import EmbedderOptions, make_embedder
 
 ENCODERS = ("stock", "tuned", "tuned-onnx", "mpnet")
 """``stock``/``tuned``: MiniLM on torch int8 (the evaluations' usual); ``tuned-onnx``: tuned MiniLM on

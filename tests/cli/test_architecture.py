@@ -11,6 +11,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("core", "loadgen", "policies", "predictor", "sim", "gateway", "study")
 PACKAGES = (*PRODUCT, "harness", "sagegate")
+"""The floors: ``sagegate.<name>`` for each, and ``sagegate`` itself (the command line: the modules
+directly in ``sagegate/``)."""
 ALLOWED: dict[str, set[str]] = {
     "core": set(),
     "loadgen": {"core"},
@@ -26,6 +28,12 @@ LAB = ("benchmarks", "tools")
 """Beside the floors, with ``tests``: they may import any package, and no package imports them."""
 
 
+def floor(module: str) -> str:
+    """The floor of a project module (``sagegate.sim.des`` → ``sim``; ``sagegate.cli`` → ``sagegate``)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in PACKAGES else parts[0]
+
+
 def imports_of(path: Path, *, top_level_only: bool = False) -> set[str]:
     """Project modules ``path`` imports (all of them, or only those imported when it loads);
     ``from pkg import sub`` counts as importing the submodule ``pkg.sub``."""
@@ -39,7 +47,7 @@ def imports_of(path: Path, *, top_level_only: bool = False) -> set[str]:
             out.update(subs or {node.module})
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
-    return {m for m in out if m.split(".")[0] in PACKAGES}
+    return {m for m in out if m.split(".")[0] == "sagegate"}
 
 
 def import_roots(path: Path) -> set[str]:
@@ -56,10 +64,9 @@ def import_roots(path: Path) -> set[str]:
 @cache
 def modules() -> dict[str, Path]:
     found = {}
-    for pkg in PACKAGES:
-        for path in (ROOT / pkg).rglob("*.py"):
-            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-            found[name.removesuffix(".__init__")] = path
+    for path in (ROOT / "sagegate").rglob("*.py"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        found[name.removesuffix(".__init__")] = path
     return found
 
 
@@ -67,11 +74,10 @@ def modules() -> dict[str, Path]:
 def test_a_package_imports_only_the_floors_below_it(pkg: str) -> None:
     bad = []
     for name, path in modules().items():
-        if name.split(".")[0] != pkg:
+        if floor(name) != pkg:
             continue
         for target in imports_of(path):
-            floor = target.split(".")[0]
-            if floor != pkg and floor not in ALLOWED[pkg]:
+            if floor(target) != pkg and floor(target) not in ALLOWED[pkg]:
                 bad.append(f"{name} imports {target}")
     assert not bad, "\n".join(bad)
 
@@ -87,11 +93,25 @@ def test_no_package_imports_the_lab() -> None:
 def test_nothing_outside_tests_imports_tests() -> None:
     bad = [
         str(path.relative_to(ROOT))
-        for top in (*PACKAGES, *LAB)
+        for top in ("sagegate", *LAB)
         for path in (ROOT / top).rglob("*.py")
         if "tests" in import_roots(path)
     ]
     assert not bad, bad
+
+
+def test_the_wheel_installs_one_distinctive_top_level_package() -> None:
+    """Installing sagegate shadows no other distribution's ``core``, ``sim`` or ``tools``: every
+    package it ships is under ``sagegate``, and no test fixture ships with it."""
+    import tomllib
+
+    from setuptools import find_packages
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    shipped = find_packages(ROOT, include=cfg["include"], exclude=cfg.get("exclude", ()))
+    assert shipped and all(p == "sagegate" or p.startswith("sagegate.") for p in shipped), shipped
+    assert {f"sagegate.{p}" for p in PRODUCT} <= set(shipped)
+    assert not any("fake" in path.stem for path in (ROOT / "sagegate").rglob("*.py"))
 
 
 def test_no_import_circles_when_modules_load() -> None:

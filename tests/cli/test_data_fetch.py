@@ -16,9 +16,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from harness.procs import free_port
-from loadgen.fetch import FetchError, OfflineError, RemoteFile, fetch_file, hashes, load_catalog
 from sagegate.cmd_data import data_app
+from sagegate.harness.procs import free_port
+from sagegate.loadgen.fetch import FetchError, OfflineError, RemoteFile, fetch_file, hashes, load_catalog
 
 FIXTURE = bytes(range(256)) * 800  # 204,800 bytes
 SHA = hashlib.sha256(FIXTURE).hexdigest()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import data_path
 
-from loadgen.data import (
+from sagegate.loadgen.data import (
     AZURE_CODE,
     AZURE_CONV,
     SHAREGPT,
@@ -26,7 +26,7 @@ from loadgen.data import (
     find_data,
     shipped_file,
 )
-from loadgen.readers import read_trace
+from sagegate.loadgen.readers import read_trace
 
 REPO = Path(__file__).resolve().parents[2]
 UPSTREAM_SHA256 = {
@@ -74,7 +74,7 @@ def test_the_shipped_azure_traces_are_the_upstream_bytes() -> None:
 
 
 def test_the_shipped_pairs_read_as_sharegpt_and_feed_the_paired_source() -> None:
-    from study.textsource import split_pairs
+    from sagegate.study.textsource import split_pairs
 
     path = shipped_file(*SHAREGPT)
     assert path is not None
@@ -90,8 +90,8 @@ def test_the_shipped_pairs_read_as_sharegpt_and_feed_the_paired_source() -> None
 
 
 def test_the_shipped_conversations_read_as_sessions_none_a_predictor_learned_from() -> None:
-    from core.request import prompt_digest
-    from predictor.learned import learned_prompts
+    from sagegate.core.request import prompt_digest
+    from sagegate.predictor.learned import learned_prompts
 
     path = shipped_file(*SHAREGPT_SESSIONS)
     assert path is not None
@@ -124,8 +124,8 @@ def test_package_data_covers_every_shipped_file() -> None:
     import tomllib
 
     globs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    base = REPO / "loadgen"
-    covered = {p for g in globs["loadgen"] for p in base.glob(g)}
+    base = REPO / "sagegate" / "loadgen"
+    covered = {p for g in globs["sagegate.loadgen"] for p in base.glob(g)}
     files = {p for p in SHIPPED_ROOT.rglob("*") if p.is_file()} | {base / "fetch_catalog.json"}
     assert files <= covered, sorted(str(p) for p in files - covered)
     # the whole shipped data stays small: the first-turn pairs (1.5 MB) and the conversations (1.2 MB)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from core.request import prompt_digest
-from harness.live import session_parts, sessions_workload
-from predictor.learned import learned_prompts
+from sagegate.core.request import prompt_digest
+from sagegate.harness.live import session_parts, sessions_workload
+from sagegate.predictor.learned import learned_prompts
 
 
 @pytest.fixture(autouse=True)

@@ -16,8 +16,8 @@ import json, sys
 from typer.testing import CliRunner
 from sagegate.cli import app
 assert CliRunner().invoke(app, ["serve", "--help"]).exit_code == 0
-from gateway.app import create_app
-from gateway.settings import GatewaySettings
+from sagegate.gateway.app import create_app
+from sagegate.gateway.settings import GatewaySettings
 create_app(GatewaySettings(backends=["http://127.0.0.1:9"], predictor=sys.argv[1]))
 print(json.dumps(sorted(m for m in json.loads(sys.argv[2]) if m in sys.modules)))
 """

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.lru import Lru
+from sagegate.core.lru import Lru
 
 
 def test_the_least_recently_used_goes_and_peek_is_not_a_use() -> None:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.sse import DONE, EventTooLarge, Framer, data, events, normalize
+from sagegate.core.sse import DONE, EventTooLarge, Framer, data, events, normalize
 
 
 def test_an_event_s_data_is_its_data_lines_joined_and_other_fields_carry_none() -> None:

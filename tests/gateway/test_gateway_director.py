@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
-from core.outcomes import Outcome, Reason
-from gateway.app import Gateway, create_app
-from gateway.backends import Backend
-from gateway.lifecycle import Lifecycle, LifecycleError, RequestState
+from sagegate.core.outcomes import Outcome, Reason
+from sagegate.gateway.app import Gateway, create_app
+from sagegate.gateway.backends import Backend
+from sagegate.gateway.lifecycle import Lifecycle, LifecycleError, RequestState
 from tests.gateway.test_gateway_units import _dispatcher, _req
 from tests.gateway_support import FakeBackend, ServerThread, chat_body, settings_for, wait_until
 

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gateway.app import create_app
-from gateway.jsonbody import depth
+from sagegate.gateway.app import create_app
+from sagegate.gateway.jsonbody import depth
 from tests.gateway_support import FakeBackend, ServerThread, settings_for, wait_until
 
 pytestmark = pytest.mark.heavy  # a live gateway and backends on loopback
@@ -226,6 +226,6 @@ def test_token_id_prompts_are_predicted_from_the_prior_without_an_error(
     errors = [
         r.getMessage()
         for r in caplog.records
-        if r.levelno >= logging.ERROR and r.name.startswith(("sagegate.gateway", "predictor"))
+        if r.levelno >= logging.ERROR and r.name.startswith(("sagegate.gateway", "sagegate.predictor"))
     ]
     assert not [m for m in errors if "predict" in m or "record" in m], errors

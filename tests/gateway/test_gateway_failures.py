@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.app import create_app
+from sagegate.gateway.app import create_app
 from tests.gateway_support import FakeBackend, ServerThread, admin, chat_body, idle, settings_for, wait_until
 
 pytestmark = pytest.mark.heavy  # a live gateway and backends on loopback

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gateway.backends import CircuitBreaker
+from sagegate.gateway.backends import CircuitBreaker
 from tests.fault_support import (
     BadBackend,
     gateway_process,

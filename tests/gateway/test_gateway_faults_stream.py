@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.app import create_app
-from gateway.sse import EventTooLarge, SseScanner
+from sagegate.gateway.app import create_app
+from sagegate.gateway.sse import EventTooLarge, SseScanner
 from tests.fault_support import BadBackend, FaultyTransport, backend_process, gateway_process
 from tests.gateway_support import (
     FakeBackend,

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 
-from gateway.app import create_app
+from sagegate.gateway.app import create_app
 from tests.gateway_support import FakeBackend, ServerThread, settings_for
 
 pytestmark = pytest.mark.heavy  # a live gateway and backend on loopback

@@ -19,15 +19,15 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from core.prefix import token_block_keys
-from core.tokens import encode, flatten_messages
-from gateway import locality
-from gateway.app import create_app
-from gateway.kv_events import KVEventFollower
-from gateway.kv_index import ExactIndex, Malformed, Removed, Stored, decode_batch
-from gateway.settings_kv_events import BackendKVEvents, KVEventsSettings
-from gateway.tokens import backend_keys
-from harness.procs import child, free_port
+from sagegate.core.prefix import token_block_keys
+from sagegate.core.tokens import encode, flatten_messages
+from sagegate.gateway import locality
+from sagegate.gateway.app import create_app
+from sagegate.gateway.kv_events import KVEventFollower
+from sagegate.gateway.kv_index import ExactIndex, Malformed, Removed, Stored, decode_batch
+from sagegate.gateway.settings_kv_events import BackendKVEvents, KVEventsSettings
+from sagegate.gateway.tokens import backend_keys
+from sagegate.harness.procs import child, free_port
 from tests.gateway_support import ServerThread, admin, metric, settings_for, wait_until
 
 BS = 16
@@ -509,7 +509,7 @@ def test_a_restarted_backends_index_is_cleared_and_follows_the_new_engine() -> N
 def test_a_backend_names_its_events_beside_its_url(monkeypatch: Any) -> None:
     from pydantic import ValidationError
 
-    from gateway.settings import GatewaySettings
+    from sagegate.gateway.settings import GatewaySettings
 
     backends = [{"url": "http://a:8000", "kv_events": "tcp://a:5557"}, {"url": "http://b:8000"}]
     monkeypatch.setenv("SAGEGATE_BACKENDS", json.dumps(backends))

@@ -20,11 +20,11 @@ import httpx
 import numpy as np
 import pytest
 
-from gateway.app import create_app
-from harness.procs import ROOT, free_port, stop
-from predictor.embedder import DIM
-from predictor.semantic import SemanticPredictor
-from predictor.semantic_face import SemanticLengthPredictor
+from sagegate.gateway.app import create_app
+from sagegate.harness.procs import ROOT, free_port, stop
+from sagegate.predictor.embedder import DIM
+from sagegate.predictor.semantic import SemanticPredictor
+from sagegate.predictor.semantic_face import SemanticLengthPredictor
 from tests.gateway_support import FakeBackend, ServerThread, chat_body, settings_for, wait_until
 
 pytestmark = pytest.mark.heavy  # a sagegate serve process and the real embedder
@@ -53,7 +53,7 @@ class ColdEmbedder:
 
 
 def _paths(url: str) -> dict[str, float]:
-    from loadgen.scrape import counter_by_label
+    from sagegate.loadgen.scrape import counter_by_label
 
     return counter_by_label(httpx.get(url + "/metrics").text, "sagegate_predictor_path", "path")
 

@@ -132,7 +132,7 @@ def test_a_prefix_a_running_request_holds_is_charged_once() -> None:
 def test_a_prompt_the_backend_refused_or_failed_warms_nothing() -> None:
     """Only a prompt a backend accepted and computed counts as cached there: the simulated backend's
     400 (over its context, as vLLM answers) and a backend's 500 leave the index as it was."""
-    from gateway.app import create_app
+    from sagegate.gateway.app import create_app
     from tests.gateway_support import ServerThread, settings_for, sim_thread
 
     with sim_thread() as sim, ServerThread(create_app(settings_for([sim.url]))) as gw:
@@ -160,7 +160,7 @@ def test_a_prompt_the_backend_refused_or_failed_warms_nothing() -> None:
 def test_sessions_are_kept_as_fixed_size_keys_and_a_long_id_is_refused() -> None:
     """Memory per session is bounded in bytes, not only in count: an id is kept as a 16-byte digest,
     at most ``max_sessions`` of them, and an id over ``max_session_id_bytes`` is the client's error."""
-    from gateway.app import create_app
+    from sagegate.gateway.app import create_app
     from tests.gateway_support import FakeBackend, ServerThread, settings_for
 
     fake = FakeBackend()

@@ -10,10 +10,10 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from core.predictor import Prediction
-from core.request import PredictionQuery
-from predictor.semantic import PromptFeatures, SemanticPredictor
-from predictor.semantic_face import SemanticLengthPredictor
+from sagegate.core.predictor import Prediction
+from sagegate.core.request import PredictionQuery
+from sagegate.predictor.semantic import PromptFeatures, SemanticPredictor
+from sagegate.predictor.semantic_face import SemanticLengthPredictor
 from tests.semantic_support import SlowEmbedder, slow_semantic
 
 
@@ -120,7 +120,7 @@ def test_through_the_real_embedder_a_blocked_loop_does_not_make_a_prediction_lat
 def test_an_exact_repeat_is_not_embedded_again_and_the_memory_is_bounded(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import predictor.semantic_face as face
+    import sagegate.predictor.semantic_face as face
 
     monkeypatch.setattr(face, "RECENT_PROMPTS", 2)
     predictor = slow_semantic(delay_s=0.2, budget_s=1.0)

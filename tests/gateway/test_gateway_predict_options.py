@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from core.request import PredictionQuery
-from gateway.predict import NoPredictor, build_predictor
-from gateway.settings import DEFAULT_BUDGET_S, GatewaySettings, load_settings
-from gateway.settings_predictor import (
+from sagegate.core.request import PredictionQuery
+from sagegate.gateway.predict import NoPredictor, build_predictor
+from sagegate.gateway.settings import DEFAULT_BUDGET_S, GatewaySettings, load_settings
+from sagegate.gateway.settings_predictor import (
     GlobalSettings,
     LengthBucketSettings,
     SemanticSettings,
     predictor_options,
 )
-from predictor.baselines import GlobalPredictor, LengthBucketPredictor
-from predictor.factory import EmbedderOptions, GlobalOptions, LengthBucketOptions, SemanticOptions
+from sagegate.predictor.baselines import GlobalPredictor, LengthBucketPredictor
+from sagegate.predictor.factory import EmbedderOptions, GlobalOptions, LengthBucketOptions, SemanticOptions
 
 
 def test_the_documented_json_variable_still_sets_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -118,7 +118,7 @@ def test_asking_for_the_length_tune_when_this_install_lacks_it_is_a_clear_error(
 ) -> None:
     from dataclasses import replace
 
-    import predictor.encoders as encoders
+    import sagegate.predictor.encoders as encoders
 
     monkeypatch.setitem(encoders.ENCODERS, "minilm", replace(encoders.MINILM, tune=tmp_path / "absent.npz"))
     with pytest.raises(ValidationError, match="embed_tuned: false"):

@@ -15,8 +15,8 @@ import httpx
 import numpy as np
 import pytest
 
-from gateway.app import create_app
-from gateway.settings import DEFAULT_BUDGET_S
+from sagegate.gateway.app import create_app
+from sagegate.gateway.settings import DEFAULT_BUDGET_S
 from tests.gateway_support import FakeBackend, ServerThread, settings_for, wait_until
 
 pytestmark = pytest.mark.heavy  # live replicas and backends, Redis
@@ -37,7 +37,7 @@ class BagOfWordsEmbedder:
 
 
 def _replica(backend: str, redis_url: str, prefix: str) -> ServerThread:
-    from predictor.factory import SemanticOptions, make_predictor
+    from sagegate.predictor.factory import SemanticOptions, make_predictor
 
     opts = SemanticOptions(
         embedder=BagOfWordsEmbedder(), redis_url=redis_url, redis_prefix=prefix, budget_s=DEFAULT_BUDGET_S

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.app import create_app, gateway_policy
-from gateway.metrics import RateLimitedLog
+from sagegate.gateway.app import create_app, gateway_policy
+from sagegate.gateway.metrics import RateLimitedLog
 from tests.gateway_support import FakeBackend, ServerThread, chat_body, settings_for
 
 

@@ -14,19 +14,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.distribution import LengthDistribution
-from gateway.backends import Backend, BackendPool, CircuitBreaker
-from gateway.dispatcher import Dispatcher
-from gateway.errors import GatewayError
-from gateway.predict import cap
-from gateway.queue import BoundedQueue, GatewayRequest, QueueFull
-from gateway.scrape import EngineMetrics, parse_metrics
-from gateway.settings import BackendSettings, GatewaySettings, HealthSettings, load_settings
-from gateway.sse import SseScanner
-from gateway.tenants import identify, match_key
-from policies.admission import RULES, AdmissionConfig, Rule
-from policies.prompt_share import SHARE_FLOOR, PromptShare, share_sample
-from policies.registry import parse_policy
+from sagegate.core.distribution import LengthDistribution
+from sagegate.gateway.backends import Backend, BackendPool, CircuitBreaker
+from sagegate.gateway.dispatcher import Dispatcher
+from sagegate.gateway.errors import GatewayError
+from sagegate.gateway.predict import cap
+from sagegate.gateway.queue import BoundedQueue, GatewayRequest, QueueFull
+from sagegate.gateway.scrape import EngineMetrics, parse_metrics
+from sagegate.gateway.settings import BackendSettings, GatewaySettings, HealthSettings, load_settings
+from sagegate.gateway.sse import SseScanner
+from sagegate.gateway.tenants import identify, match_key
+from sagegate.policies.admission import RULES, AdmissionConfig, Rule
+from sagegate.policies.prompt_share import SHARE_FLOOR, PromptShare, share_sample
+from sagegate.policies.registry import parse_policy
 
 # --- settings -------------------------------------------------------------------------------------
 
@@ -441,7 +441,7 @@ def test_prompt_share_is_off_unless_asked_for() -> None:
 
 
 def test_a_counter_that_falls_between_scrapes_is_a_restart() -> None:
-    from gateway.scrape import parse_metrics, restarted
+    from sagegate.gateway.scrape import parse_metrics, restarted
 
     before = parse_metrics(
         'vllm:prefix_cache_queries_total{model_name="m"} 5000\n'

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gateway.settings import UpstreamSettings
-from gateway.upstream import UpstreamClients, upstream_client
-from loadgen.fakeserver import FakeServer
+from benchmarks.fakeserver import FakeServer
+from sagegate.gateway.settings import UpstreamSettings
+from sagegate.gateway.upstream import UpstreamClients, upstream_client
 
 
 @pytest.fixture
@@ -105,7 +105,7 @@ def test_a_backend_started_with_an_api_key_is_served_with_it_and_refused_without
     gateway sends each backend its key on every request; without one the backend is not healthy
     (it could serve nothing) and the reason is logged, where it used to look ready with no models
     and pass vLLM's 401 to every client."""
-    from gateway.app import create_app
+    from sagegate.gateway.app import create_app
     from tests.gateway_support import ServerThread, admin, settings_for, sim_thread, wait_until
 
     with sim_thread("sim", api_key="k-123") as be:
@@ -130,8 +130,8 @@ def test_each_backend_gets_its_own_headers_and_no_other_backends() -> None:
     """A backend's key (its own, else ``upstream.api_key``) and its extra headers ride on every request
     to it, matched by URL prefix; another backend's never leak to it, and the settings never print
     them."""
-    from gateway.settings import GatewaySettings
-    from gateway.upstream import BackendHeaders, backend_headers
+    from sagegate.gateway.settings import GatewaySettings
+    from sagegate.gateway.upstream import BackendHeaders, backend_headers
 
     s = GatewaySettings(
         backends=[

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from gateway.http1 import HIGH_WATER, Http1Transport
+from sagegate.gateway.http1 import HIGH_WATER, Http1Transport
 
 T = TypeVar("T")
 Run = Callable[[Coroutine[Any, Any, T]], T]

@@ -11,14 +11,14 @@ import itertools
 import httpx
 import pytest
 
-from core.distribution import LengthDistribution
-from core.request import PredictionQuery
-from gateway.backends import BackendPool
-from gateway.dispatcher import Dispatcher
-from gateway.queue import BoundedQueue, GatewayRequest
-from gateway.settings import GatewaySettings
-from policies.admission import AdmissionConfig, Charge
-from policies.registry import parse_policy
+from sagegate.core.distribution import LengthDistribution
+from sagegate.core.request import PredictionQuery
+from sagegate.gateway.backends import BackendPool
+from sagegate.gateway.dispatcher import Dispatcher
+from sagegate.gateway.queue import BoundedQueue, GatewayRequest
+from sagegate.gateway.settings import GatewaySettings
+from sagegate.policies.admission import AdmissionConfig, Charge
+from sagegate.policies.registry import parse_policy
 from tests.semantic_support import slow_semantic
 
 CFG = AdmissionConfig()
@@ -164,7 +164,7 @@ def test_a_policy_that_reads_no_prediction_is_left_alone() -> None:
 
 
 def test_a_request_pushed_again_is_queued_once_at_its_new_key() -> None:
-    from policies.queue import PolicyQueue
+    from sagegate.policies.queue import PolicyQueue
 
     pol = parse_policy("sagesched")
     q: PolicyQueue[GatewayRequest] = PolicyQueue(pol)
@@ -181,7 +181,7 @@ def test_a_request_pushed_again_is_queued_once_at_its_new_key() -> None:
 
 
 def _late_outcomes(url: str) -> dict[str, float]:
-    from loadgen.scrape import counter_by_label
+    from sagegate.loadgen.scrape import counter_by_label
 
     return counter_by_label(httpx.get(url + "/metrics").text, "sagegate_late_predictions", "outcome")
 
@@ -193,7 +193,7 @@ def test_through_the_gateway_a_waiting_request_learns_its_late_prediction() -> N
     and its prediction, coming while it waits, ranks it again."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from gateway.app import create_app
+    from sagegate.gateway.app import create_app
     from tests.gateway_support import FakeBackend, ServerThread, chat_body, settings_for, wait_until
 
     fake = FakeBackend(tokens=4, delay_s=1.0, blocks=1)  # 16 KV tokens: one request (11) at a time
@@ -223,7 +223,7 @@ def test_with_nothing_queued_a_request_does_not_wait_for_its_prediction(
     import json
     import logging
 
-    from gateway.app import create_app
+    from sagegate.gateway.app import create_app
     from tests.gateway_support import FakeBackend, ServerThread, chat_body, settings_for, wait_until
 
     caplog.set_level(logging.INFO, logger="sagegate.access")

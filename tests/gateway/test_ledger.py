@@ -8,10 +8,10 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from gateway.ledger import LedgerMode, QueueHead, SharedLedger
-from gateway.settings import GatewaySettings, LedgerSettings
-from harness.redis import RedisServer
-from policies.admission import AdmissionConfig, BackendLoad, Charge
+from sagegate.gateway.ledger import LedgerMode, QueueHead, SharedLedger
+from sagegate.gateway.settings import GatewaySettings, LedgerSettings
+from sagegate.harness.redis import RedisServer
+from sagegate.policies.admission import AdmissionConfig, BackendLoad, Charge
 
 pytest.importorskip("redis")
 
@@ -295,7 +295,7 @@ def test_where_nobody_waits_a_release_waits_for_the_sync(redis_url: str, redis_p
 def test_another_replicas_unscraped_sends_count_as_waiting_here(redis_url: str, redis_prefix: str) -> None:
     """What replica A sent to a backend since its last scrape, B's scrapes cannot see yet: B reads it
     from the ledger and holds it against the backlog bound (``max_waiting_tokens``), as A does."""
-    from policies.admission import choose_backend
+    from sagegate.policies.admission import choose_backend
 
     async def main() -> None:
         a, b = ledger(redis_url, redis_prefix), ledger(redis_url, redis_prefix)

@@ -15,11 +15,11 @@ from dataclasses import replace
 
 import pytest
 
-from core.request import TraceRequest
-from harness.procs import spawned
-from harness.redis import RedisServer
-from loadgen.client import ReplayConfig, replay_async
-from loadgen.scrape import scrape_preemptions
+from sagegate.core.request import TraceRequest
+from sagegate.harness.procs import spawned
+from sagegate.harness.redis import RedisServer
+from sagegate.loadgen.client import ReplayConfig, replay_async
+from sagegate.loadgen.scrape import scrape_preemptions
 
 pytestmark = pytest.mark.heavy  # replica and backend processes, a private Redis
 
@@ -29,8 +29,8 @@ ENGINE = ["--num-gpu-blocks-override", str(BLOCKS), "--served-model-name", "sim"
 
 
 def workload(n: int, rate: float) -> list[TraceRequest]:
-    from loadgen.prompts import filler_text
-    from loadgen.synthetic import synthetic_workload
+    from sagegate.loadgen.prompts import filler_text
+    from sagegate.loadgen.synthetic import synthetic_workload
 
     reqs = synthetic_workload(n, rate=rate, prompt_mean=1024, output_mean=512, sigma=1.0, seed=3)
     fits = BLOCKS * 16 // 2
@@ -43,10 +43,10 @@ def workload(n: int, rate: float) -> list[TraceRequest]:
 
 def capacity_rps(requests: list[TraceRequest]) -> float:
     """Two such engines' saturated throughput, from the simulator."""
-    from sim.config import EngineConfig
-    from sim.des import SimSetup, simulate
-    from sim.hardware import get_gpu, get_model
-    from sim.perf import PerfModel
+    from sagegate.sim.config import EngineConfig
+    from sagegate.sim.des import SimSetup, simulate
+    from sagegate.sim.hardware import get_gpu, get_model
+    from sagegate.sim.perf import PerfModel
 
     cfg = EngineConfig(num_gpu_blocks_override=BLOCKS)
     perf = PerfModel(get_model(cfg.model), get_gpu(cfg.gpu))

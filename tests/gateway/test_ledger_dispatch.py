@@ -9,14 +9,14 @@ import itertools
 import httpx
 import pytest
 
-from gateway.backends import BackendPool
-from gateway.dispatcher import Dispatcher
-from gateway.ledger import SharedLedger
-from gateway.metrics import GatewayMetrics
-from gateway.queue import BoundedQueue, GatewayRequest
-from gateway.settings import GatewaySettings, LedgerSettings
-from policies.admission import AdmissionConfig, Charge
-from policies.registry import parse_policy
+from sagegate.gateway.backends import BackendPool
+from sagegate.gateway.dispatcher import Dispatcher
+from sagegate.gateway.ledger import SharedLedger
+from sagegate.gateway.metrics import GatewayMetrics
+from sagegate.gateway.queue import BoundedQueue, GatewayRequest
+from sagegate.gateway.settings import GatewaySettings, LedgerSettings
+from sagegate.policies.admission import AdmissionConfig, Charge
+from sagegate.policies.registry import parse_policy
 
 pytest.importorskip("redis")
 

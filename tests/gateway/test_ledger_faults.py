@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from harness.redis import RedisServer
+from sagegate.harness.redis import RedisServer
 from tests.fault_support import backend_process, gateway_process
 from tests.gateway_support import chat_body, wait_until
 

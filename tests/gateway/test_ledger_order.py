@@ -14,14 +14,14 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from gateway.backends import BackendPool
-from gateway.dispatcher import Dispatcher
-from gateway.ledger import SharedLedger
-from gateway.queue import BoundedQueue, GatewayRequest
-from gateway.settings import GatewaySettings, LedgerSettings
-from policies.admission import AdmissionConfig, BackendLoad, Charge
-from policies.rank_threshold import ForeignHead, key_from_wire, threshold_mask, wire_key
-from policies.registry import parse_policy
+from sagegate.gateway.backends import BackendPool
+from sagegate.gateway.dispatcher import Dispatcher
+from sagegate.gateway.ledger import SharedLedger
+from sagegate.gateway.queue import BoundedQueue, GatewayRequest
+from sagegate.gateway.settings import GatewaySettings, LedgerSettings
+from sagegate.policies.admission import AdmissionConfig, BackendLoad, Charge
+from sagegate.policies.rank_threshold import ForeignHead, key_from_wire, threshold_mask, wire_key
+from sagegate.policies.registry import parse_policy
 from tests.fault_support import backend_process, gateway_process
 from tests.gateway_support import chat_body, wait_until
 
@@ -165,9 +165,9 @@ def test_replicas_stamp_arrivals_on_one_scale() -> None:
     import sys
     import time
 
-    from gateway.clock import fleet_clock
+    from sagegate.gateway.clock import fleet_clock
 
-    code = "import time; from gateway.clock import fleet_clock; print(fleet_clock() - time.time())"
+    code = "import time; from sagegate.gateway.clock import fleet_clock; print(fleet_clock() - time.time())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert abs(float(out.stdout)) < 0.5  # another process, the same scale as the wall clock
     assert abs(fleet_clock() - time.time()) < 0.5

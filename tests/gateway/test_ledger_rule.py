@@ -12,12 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.distribution import LengthDistribution
-from gateway.ledger_parts import RemoteCharge
-from gateway.ledger_script import LEDGER_LUA
-from policies.admission import AdmissionConfig, BackendLoad, Charge
-from policies.placement import choose_placement
-from policies.resident import PromptBlocks
+from sagegate.core.distribution import LengthDistribution
+from sagegate.gateway.ledger_parts import RemoteCharge
+from sagegate.gateway.ledger_script import LEDGER_LUA
+from sagegate.policies.admission import AdmissionConfig, BackendLoad, Charge
+from sagegate.policies.placement import choose_placement
+from sagegate.policies.resident import PromptBlocks
 
 redis = pytest.importorskip("redis")
 

@@ -11,7 +11,7 @@ import sys
 import httpx
 import pytest
 
-from harness.procs import free_port
+from sagegate.harness.procs import free_port
 from tests.fault_support import backend_process
 from tests.gateway_support import REPO_ROOT, chat_body, wait_until
 

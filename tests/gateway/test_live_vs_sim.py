@@ -8,16 +8,16 @@ import statistics
 
 import pytest
 
-from gateway.settings import PlacementSettings
-from harness.procs import spawned
-from loadgen.client import ReplayConfig, replay
-from loadgen.schedule import prepare_workload
-from policies.registry import parse_policy
-from predictor.factory import make_predictor
-from sim.config import EngineConfig
-from sim.des import SimSetup, client_view, simulate
-from sim.hardware import get_gpu, get_model
-from sim.perf import PerfModel
+from sagegate.gateway.settings import PlacementSettings
+from sagegate.harness.procs import spawned
+from sagegate.loadgen.client import ReplayConfig, replay
+from sagegate.loadgen.schedule import prepare_workload
+from sagegate.policies.registry import parse_policy
+from sagegate.predictor.factory import make_predictor
+from sagegate.sim.config import EngineConfig
+from sagegate.sim.des import SimSetup, client_view, simulate
+from sagegate.sim.hardware import get_gpu, get_model
+from sagegate.sim.perf import PerfModel
 
 pytestmark = pytest.mark.heavy  # gateway and backend processes
 

@@ -12,18 +12,18 @@ from typing import Any
 import httpx
 import pytest
 
-from core.predictor import settle
-from core.request import FORCED_OUTPUT_FIELD, PredictionQuery, TraceRequest, answer_key
-from gateway.app import create_app
-from loadgen.records import with_client_cap
-from policies.registry import parse_policy
-from predictor.factory import make_predictor
-from sim.config import EngineConfig
-from sim.des import SimSetup, simulate
-from sim.hardware import get_gpu, get_model
-from sim.perf import PerfModel
-from sim.server import BackendSettings
-from sim.server import create_app as backend_app
+from sagegate.core.predictor import settle
+from sagegate.core.request import FORCED_OUTPUT_FIELD, PredictionQuery, TraceRequest, answer_key
+from sagegate.gateway.app import create_app
+from sagegate.loadgen.records import with_client_cap
+from sagegate.policies.registry import parse_policy
+from sagegate.predictor.factory import make_predictor
+from sagegate.sim.config import EngineConfig
+from sagegate.sim.des import SimSetup, simulate
+from sagegate.sim.hardware import get_gpu, get_model
+from sagegate.sim.perf import PerfModel
+from sagegate.sim.server import BackendSettings
+from sagegate.sim.server import create_app as backend_app
 from tests.gateway_support import ServerThread, admin, settings_for, wait_until
 
 PERF = PerfModel(get_model("llama-3.1-8b"), get_gpu("h100"))

@@ -19,19 +19,19 @@ import httpx
 import openai
 import pytest
 
-from core.distribution import LengthDistribution
-from core.request import FORCED_OUTPUT_FIELD
-from gateway.app import create_app
-from gateway.continuation import Transcript, pausable
-from policies.admission import AdmissionConfig, Charge
-from sim.config import EngineConfig
-from sim.engine import Engine
-from sim.engine_request import EngineRequest
-from sim.hardware import get_gpu, get_model
-from sim.perf import PerfModel
-from sim.server import BackendSettings
-from sim.server import create_app as backend_app
-from sim.server_api import filler_word, written_before
+from sagegate.core.distribution import LengthDistribution
+from sagegate.core.request import FORCED_OUTPUT_FIELD
+from sagegate.gateway.app import create_app
+from sagegate.gateway.continuation import Transcript, pausable
+from sagegate.policies.admission import AdmissionConfig, Charge
+from sagegate.sim.config import EngineConfig
+from sagegate.sim.engine import Engine
+from sagegate.sim.engine_request import EngineRequest
+from sagegate.sim.hardware import get_gpu, get_model
+from sagegate.sim.perf import PerfModel
+from sagegate.sim.server import BackendSettings
+from sagegate.sim.server import create_app as backend_app
+from sagegate.sim.server_api import filler_word, written_before
 from tests.gateway_support import FakeBackend, ServerThread, admin, idle, settings_for, wait_until
 
 ADMIN = {"authorization": "Bearer admin-secret"}
@@ -360,8 +360,8 @@ def test_a_pause_asked_while_the_client_leaves_is_refused(monkeypatch: pytest.Mo
     upstream (the relay's stop yields there): the pause is refused, and nothing is left queued,
     reserved or running (a pause accepted there queued a continuation nobody read: once dispatched,
     its task raised ``LifecycleError``; else it sat in the queue until ``max_wait_s``)."""
-    import gateway.stream as stream_module
-    from gateway.resume import PauseVerdict
+    import sagegate.gateway.stream as stream_module
+    from sagegate.gateway.resume import PauseVerdict
 
     real_close = stream_module.close_quietly
     verdicts: list[PauseVerdict] = []

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.app import create_app
-from gateway.tenants import identify
+from sagegate.gateway.app import create_app
+from sagegate.gateway.tenants import identify
 from tests.gateway.test_pause_resume import client, pauses, settled, sim_backend
 from tests.gateway_support import ServerThread, settings_for, wait_until
 

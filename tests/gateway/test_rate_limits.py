@@ -14,10 +14,10 @@ import httpx
 import pytest
 import yaml
 
-from gateway.app import create_app
-from gateway.rate_limit_rule import Refusal, Window, decide
-from gateway.rate_limits import LocalCounts, RedisCounts
-from gateway.settings_rate_limits import RateLimitSettings, TenantLimits
+from sagegate.gateway.app import create_app
+from sagegate.gateway.rate_limit_rule import Refusal, Window, decide
+from sagegate.gateway.rate_limits import LocalCounts, RedisCounts
+from sagegate.gateway.settings_rate_limits import RateLimitSettings, TenantLimits
 from tests.gateway_support import FakeBackend, ServerThread, fleet, metric, settings_for, wait_until
 
 BODY = {"model": "fake", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4}

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.access_log import AccessLog, request_id, upstream_id
+from sagegate.gateway.access_log import AccessLog, request_id, upstream_id
 from tests.gateway_support import fleet, wait_until
 
 BODY = {"model": "fake", "messages": [{"role": "user", "content": "a secret prompt"}], "max_tokens": 8}

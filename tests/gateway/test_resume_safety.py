@@ -10,8 +10,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.continuation import Transcript, unresumable
-from gateway.openai_schema import Route
+from sagegate.gateway.continuation import Transcript, unresumable
+from sagegate.gateway.openai_schema import Route
 from tests.gateway.test_pause_resume import MESSAGES, client, gateway, pauses, settled, sim_backend
 from tests.gateway_support import FakeBackend, ServerThread, wait_until
 

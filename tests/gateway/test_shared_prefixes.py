@@ -9,12 +9,12 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.backends import BackendPool
-from gateway.locality import Locality
-from gateway.settings import GatewaySettings
-from gateway.settings_share import ShareSettings
-from gateway.shared_prefixes import SharedPrefixes, shared_prefixes
-from gateway.shared_prefixes_parts import Batching, Malformed, decode, encode, sender
+from sagegate.gateway.backends import BackendPool
+from sagegate.gateway.locality import Locality
+from sagegate.gateway.settings import GatewaySettings
+from sagegate.gateway.settings_share import ShareSettings
+from sagegate.gateway.shared_prefixes import SharedPrefixes, shared_prefixes
+from sagegate.gateway.shared_prefixes_parts import Batching, Malformed, decode, encode, sender
 
 URLS = ["http://x:8000", "http://y:8000"]
 OTHER = b"otherrep"

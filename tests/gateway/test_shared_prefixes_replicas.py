@@ -19,11 +19,11 @@ from typing import Any
 import httpx
 import pytest
 
-from core.prefix import CHARS_PER_TOKEN, text_block_keys
-from core.tokens import flatten_messages
-from gateway.app import create_app
-from gateway.shared_prefixes_parts import encode
-from harness.redis import RedisServer
+from sagegate.core.prefix import CHARS_PER_TOKEN, text_block_keys
+from sagegate.core.tokens import flatten_messages
+from sagegate.gateway.app import create_app
+from sagegate.gateway.shared_prefixes_parts import encode
+from sagegate.harness.redis import RedisServer
 from tests.gateway_support import FakeBackend, ServerThread, admin, metric, settings_for, wait_until
 
 pytestmark = pytest.mark.heavy  # live replicas and backends, Redis

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gateway.app import create_app
+from sagegate.gateway.app import create_app
 from tests.gateway_support import FakeBackend, ServerThread, settings_for, wait_until
 
 sdk = pytest.importorskip("opentelemetry.sdk.trace.export.in_memory_span_exporter")

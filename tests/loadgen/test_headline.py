@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from core.record import RequestRecord
-from core.summary import Slo, loaded_throughput, summarize
-from loadgen.headline import FIGURES, Spread, headline, ratios, run_figures, under_predicted
+from sagegate.core.record import RequestRecord
+from sagegate.core.summary import Slo, loaded_throughput, summarize
+from sagegate.loadgen.headline import FIGURES, Spread, headline, ratios, run_figures, under_predicted
 
 
 def _rec(rid: int, arrival: float, ttft: float, ttlt: float, out: int = 10, **kw: object) -> RequestRecord:

@@ -10,11 +10,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from core.request import FORCED_OUTPUT_FIELD
-from loadgen.fakeserver import FakeServer
-from loadgen.plots import read_queue_samples
-from loadgen.results import read_results
+from benchmarks.fakeserver import FakeServer
 from sagegate.cmd_replay import parse_headers, parse_reader_opts, replay_app
+from sagegate.core.request import FORCED_OUTPUT_FIELD
+from sagegate.loadgen.plots import read_queue_samples
+from sagegate.loadgen.results import read_results
 
 
 @pytest.fixture

@@ -13,14 +13,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from core.request import FORCED_OUTPUT_FIELD, TraceRequest
-from core.summary import errors_by_kind, summarize
-from harness.procs import free_port
-from loadgen.client import ReplayConfig, replay
-from loadgen.fakeserver import FakeServer
-from loadgen.prompts import filler_text
-from loadgen.records import with_client_cap
-from loadgen.schedule import prepare_workload
+from benchmarks.fakeserver import FakeServer
+from sagegate.core.request import FORCED_OUTPUT_FIELD, TraceRequest
+from sagegate.core.summary import errors_by_kind, summarize
+from sagegate.harness.procs import free_port
+from sagegate.loadgen.client import ReplayConfig, replay
+from sagegate.loadgen.prompts import filler_text
+from sagegate.loadgen.records import with_client_cap
+from sagegate.loadgen.schedule import prepare_workload
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -238,7 +238,7 @@ def test_a_trace_that_records_a_cap_sends_its_own() -> None:
 def test_preemptions_come_from_the_backends_counters() -> None:
     """A client cannot see preemptions: the replay reads the backends' ``vllm:num_preemptions`` before
     and after, and reports their difference (a small KV pool under a burst preempts)."""
-    from harness.procs import spawned
+    from sagegate.harness.procs import spawned
 
     args = ["--time-scale", "50", "--num-gpu-blocks-override", "96", "--max-num-seqs", "32"]
     with spawned("sagegate.cmd_backend", args) as url:
@@ -246,7 +246,7 @@ def test_preemptions_come_from_the_backends_counters() -> None:
         result = replay(reqs, ReplayConfig(url=url, time_scale=50.0, queue_metric=None, prime=False))
         text = httpx.get(url + "/metrics", timeout=5).text
     assert all(r.status == "ok" for r in result.records)
-    from loadgen.scrape import counter_total
+    from sagegate.loadgen.scrape import counter_total
 
     total = counter_total(text, "vllm:num_preemptions")
     assert total is not None and total > 0

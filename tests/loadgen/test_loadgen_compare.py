@@ -11,11 +11,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from core.record import RequestRecord
-from core.summary import Slo, errors_by_kind, summarize
-from loadgen.compare import Row, compare_files, compare_records
-from loadgen.results import read_results, write_results
 from sagegate.cmd_replay import replay_app
+from sagegate.core.record import RequestRecord
+from sagegate.core.summary import Slo, errors_by_kind, summarize
+from sagegate.loadgen.compare import Row, compare_files, compare_records
+from sagegate.loadgen.results import read_results, write_results
 
 
 def _run(scale: float, n: int = 10, errors: int = 0) -> list[RequestRecord]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from core.record import RequestRecord
-from loadgen.plots import (
+from sagegate.core.record import RequestRecord
+from sagegate.loadgen.plots import (
     latency_values,
     plot_latency_cdfs,
     plot_predicted_vs_actual,
@@ -14,7 +14,7 @@ from loadgen.plots import (
     plot_timeline,
     read_queue_samples,
 )
-from loadgen.results import write_results
+from sagegate.loadgen.results import write_results
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

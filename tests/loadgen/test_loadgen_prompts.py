@@ -7,9 +7,9 @@ from conftest import data_path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.request import TraceRequest
-from core.tokens import count_tokens, encode
-from loadgen.prompts import (
+from sagegate.core.request import TraceRequest
+from sagegate.core.tokens import count_tokens, encode
+from sagegate.loadgen.prompts import (
     BLOCK_TOKENS,
     SharegptPool,
     attach_prompts,

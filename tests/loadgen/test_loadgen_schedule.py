@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from conftest import data_path
 
-from core.record import RequestRecord
-from core.summary import mark_warmup, summarize
-from core.tokens import count_tokens
-from loadgen.schedule import prepare_workload
+from sagegate.core.record import RequestRecord
+from sagegate.core.summary import mark_warmup, summarize
+from sagegate.core.tokens import count_tokens
+from sagegate.loadgen.schedule import prepare_workload
 
 
 def _jsonl(tmp_path: Path, n: int = 40, gap_ms: int = 100) -> Path:

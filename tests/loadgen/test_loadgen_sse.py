@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadgen.sse import DONE, ERROR, OTHER, TOKEN, USAGE, EventSplitter, classify
+from sagegate.loadgen.sse import DONE, ERROR, OTHER, TOKEN, USAGE, EventSplitter, classify
 
 
 def _ev(obj: object) -> bytes:

@@ -18,8 +18,8 @@ from conftest import data_path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.request import TraceRequest
-from loadgen.readers import (
+from sagegate.core.request import TraceRequest
+from sagegate.loadgen.readers import (
     FORMATS,
     ReadStats,
     TraceFormatError,
@@ -28,7 +28,7 @@ from loadgen.readers import (
     read_trace_with_stats,
     retime,
 )
-from loadgen.synthetic import DECODE_S_PER_TOKEN, PREFILL_S_PER_TOKEN, synthetic_workload
+from sagegate.loadgen.synthetic import DECODE_S_PER_TOKEN, PREFILL_S_PER_TOKEN, synthetic_workload
 
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 
@@ -722,7 +722,7 @@ def test_sessions_replay_each_answered_turn_with_its_whole_history(tmp_path: Pat
 
 
 def test_sessions_leave_out_conversations_a_shipped_part_learned_from(tmp_path: Path) -> None:
-    from core.request import prompt_digest
+    from sagegate.core.request import prompt_digest
 
     path = _conversations(tmp_path)
     reqs = read_trace(path, "sharegpt-sessions", rate=1.0, exclude=frozenset({prompt_digest("Hello")}))
@@ -732,7 +732,7 @@ def test_sessions_leave_out_conversations_a_shipped_part_learned_from(tmp_path: 
 
 
 def test_a_sessions_turn_is_replayed_as_its_messages() -> None:
-    from loadgen.client import ReplayConfig, request_body
+    from sagegate.loadgen.client import ReplayConfig, request_body
 
     history = [
         {"role": "user", "content": "a"},

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.admission import AdmissionConfig, BackendLoad, Charge, Holdings, choose_backend
+from sagegate.policies.admission import AdmissionConfig, BackendLoad, Charge, Holdings, choose_backend
 
 # (prompt, predicted total output, generated so far): with no prediction, a charge's total output is
 # ``unknown_output``, so each request is given one through its own config.

@@ -17,21 +17,21 @@ import httpx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.distribution import LengthDistribution
-from gateway.backends import BackendPool
-from gateway.dispatcher import Dispatcher, PauseVerdict
-from gateway.locality import Locality
-from gateway.queue import BoundedQueue, DispatchRefused, GatewayRequest
-from gateway.settings import GatewaySettings, PlacementSettings
-from policies.admission import RULES, AdmissionConfig, BackendLoad
-from policies.base import GATEWAY
-from policies.dispatch_loop import Decision, DecisionKind
-from policies.pause import PauseConfig
-from policies.placement import CACHE_AWARE, LEAST_LOADED, PLACEMENTS, Placement
-from policies.registry import names, parse_policy
-from sim.engine import EngineRequest
-from sim.engine_request import ABORTED, RUNNING
-from sim.gateway_level import SimGateway
+from sagegate.core.distribution import LengthDistribution
+from sagegate.gateway.backends import BackendPool
+from sagegate.gateway.dispatcher import Dispatcher, PauseVerdict
+from sagegate.gateway.locality import Locality
+from sagegate.gateway.queue import BoundedQueue, DispatchRefused, GatewayRequest
+from sagegate.gateway.settings import GatewaySettings, PlacementSettings
+from sagegate.policies.admission import RULES, AdmissionConfig, BackendLoad
+from sagegate.policies.base import GATEWAY
+from sagegate.policies.dispatch_loop import Decision, DecisionKind
+from sagegate.policies.pause import PauseConfig
+from sagegate.policies.placement import CACHE_AWARE, LEAST_LOADED, PLACEMENTS, Placement
+from sagegate.policies.registry import names, parse_policy
+from sagegate.sim.engine import EngineRequest
+from sagegate.sim.engine_request import ABORTED, RUNNING
+from sagegate.sim.gateway_level import SimGateway
 
 GATEWAY_POLICIES = [
     *sorted(n for n in names() if GATEWAY in parse_policy(n).levels),

@@ -8,14 +8,14 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.request import TraceRequest
-from policies.admission import AdmissionConfig
-from policies.engine_priority import CLASS_SPAN, engine_priority, rank_bucket
-from policies.registry import parse_policy
-from sim.config import EngineConfig
-from sim.des import SimSetup, simulate
-from sim.hardware import get_gpu, get_model
-from sim.perf import PerfModel
+from sagegate.core.request import TraceRequest
+from sagegate.policies.admission import AdmissionConfig
+from sagegate.policies.engine_priority import CLASS_SPAN, engine_priority, rank_bucket
+from sagegate.policies.registry import parse_policy
+from sagegate.sim.config import EngineConfig
+from sagegate.sim.des import SimSetup, simulate
+from sagegate.sim.hardware import get_gpu, get_model
+from sagegate.sim.perf import PerfModel
 
 ranks = st.floats(min_value=0.0, max_value=1e30, allow_nan=False)
 

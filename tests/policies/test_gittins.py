@@ -8,9 +8,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from core.distribution import LengthDistribution
-from policies.cost import cost_support, length_cost, length_support, service_cost
-from policies.gittins import GittinsTable, GittinsTracker, boundaries_tokens, gittins_rank
+from sagegate.core.distribution import LengthDistribution
+from sagegate.policies.cost import cost_support, length_cost, length_support, service_cost
+from sagegate.policies.gittins import GittinsTable, GittinsTracker, boundaries_tokens, gittins_rank
 
 
 def brute_rank(costs: list[float], probs: list[float], a: float) -> float:

@@ -6,16 +6,16 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.prefix import text_block_keys
-from core.request import TraceRequest
-from policies.admission import AdmissionConfig, BackendLoad, Charge, choose_backend, eligible
-from policies.placement import CACHE_AWARE, CacheView, PlacementKind, choose_placement
-from policies.prefix_index import PrefixIndex
-from policies.registry import parse_policy
-from sim.config import EngineConfig
-from sim.des import SimSetup, Simulation
-from sim.hardware import get_gpu, get_model
-from sim.perf import PerfModel
+from sagegate.core.prefix import text_block_keys
+from sagegate.core.request import TraceRequest
+from sagegate.policies.admission import AdmissionConfig, BackendLoad, Charge, choose_backend, eligible
+from sagegate.policies.placement import CACHE_AWARE, CacheView, PlacementKind, choose_placement
+from sagegate.policies.prefix_index import PrefixIndex
+from sagegate.policies.registry import parse_policy
+from sagegate.sim.config import EngineConfig
+from sagegate.sim.des import SimSetup, Simulation
+from sagegate.sim.hardware import get_gpu, get_model
+from sagegate.sim.perf import PerfModel
 
 # --- the index -------------------------------------------------------------------------------------
 

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gateway.settings import GatewaySettings, load_settings
-from policies.admission import (
+from sagegate.gateway.settings import GatewaySettings, load_settings
+from sagegate.policies.admission import (
     AdmissionConfig,
     BackendLoad,
     Charge,
@@ -21,7 +21,7 @@ from policies.admission import (
     eligible,
     shared_charges,
 )
-from policies.placement import (
+from sagegate.policies.placement import (
     DEFAULT_PROFILE,
     CacheView,
     Placement,
@@ -30,7 +30,7 @@ from policies.placement import (
     choose_placement,
     classify,
 )
-from policies.placement.plugins import PlacementQuery
+from sagegate.policies.placement.plugins import PlacementQuery
 
 
 # --- the rule, as documented (policies.placement), written out plainly as the reference ---------------
@@ -189,7 +189,7 @@ def test_a_filter_from_outside_the_package_is_loaded_by_its_path() -> None:
         ({"scorers": {"room": float("inf")}}, "weight must be finite"),
         ({"scorers": {"no.such.module:Scorer": 1}}, "could not be made"),
         ({"filters": [f"{__name__}:reference"]}, "could not be made"),
-        ({"filters": ["gateway.settings:GatewaySettings"]}, "has no keep() method"),
+        ({"filters": ["sagegate.gateway.settings:GatewaySettings"]}, "has no keep() method"),
     ],
 )
 def test_a_bad_profile_is_refused_at_start_up_with_what_exists(profile: dict, says: str) -> None:

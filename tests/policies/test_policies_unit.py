@@ -11,23 +11,23 @@ import random
 
 import pytest
 
-from core.distribution import LengthDistribution
-from core.request import TraceRequest, answer_key
-from policies.base import ENGINE, GATEWAY, Capability, LoadView, SchedRequest, Verdict
-from policies.cost import cost_support, service_cost
-from policies.engine_variants import SLAI
-from policies.fairness import VTC, WFS
-from policies.gittins import boundaries_tokens, gittins_rank
-from policies.guards import AdmissionControl, KVConstrained, ScorpioGuard
-from policies.mlfq import FastServe
-from policies.prediction import SSJF, UNKNOWN_OUTPUT, LearningToRank, Trail, expected_remaining
-from policies.registry import parse_policy, registry
-from policies.sagesched import MeanCost, SageSched
-from predictor.factory import make_predictor
-from sim.config import EngineConfig
-from sim.des import SimSetup, engine_config_for, simulate
-from sim.hardware import get_gpu, get_model
-from sim.perf import PerfModel
+from sagegate.core.distribution import LengthDistribution
+from sagegate.core.request import TraceRequest, answer_key
+from sagegate.policies.base import ENGINE, GATEWAY, Capability, LoadView, SchedRequest, Verdict
+from sagegate.policies.cost import cost_support, service_cost
+from sagegate.policies.engine_variants import SLAI
+from sagegate.policies.fairness import VTC, WFS
+from sagegate.policies.gittins import boundaries_tokens, gittins_rank
+from sagegate.policies.guards import AdmissionControl, KVConstrained, ScorpioGuard
+from sagegate.policies.mlfq import FastServe
+from sagegate.policies.prediction import SSJF, UNKNOWN_OUTPUT, LearningToRank, Trail, expected_remaining
+from sagegate.policies.registry import parse_policy, registry
+from sagegate.policies.sagesched import MeanCost, SageSched
+from sagegate.predictor.factory import make_predictor
+from sagegate.sim.config import EngineConfig
+from sagegate.sim.des import SimSetup, engine_config_for, simulate
+from sagegate.sim.hardware import get_gpu, get_model
+from sagegate.sim.perf import PerfModel
 
 PERF = PerfModel(get_model("llama-3.1-8b"), get_gpu("h100"))
 POINT = LengthDistribution.point

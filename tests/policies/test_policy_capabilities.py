@@ -8,9 +8,9 @@ from typing import Annotated, Any
 
 import pytest
 
-from policies.base import ENGINE, GATEWAY, Capability, Policy
-from policies.params import Positive, Range, checked
-from policies.registry import PolicySpecError, parse_policy, registry
+from sagegate.policies.base import ENGINE, GATEWAY, Capability, Policy
+from sagegate.policies.params import Positive, Range, checked
+from sagegate.policies.registry import PolicySpecError, parse_policy, registry
 
 # Each hook a driver may skip, with the capability that tells it not to.
 HOOK_CAPABILITY = {
@@ -166,7 +166,7 @@ def test_optional_parameters_parse_none_and_numbers() -> None:
 
 
 def test_bounds_without_the_check_are_refused_at_registration() -> None:
-    from policies import registry as registry_module
+    from sagegate.policies import registry as registry_module
 
     class _Unchecked(Policy):
         def __init__(self, rate: Positive = 1.0) -> None:
@@ -188,8 +188,8 @@ GATEWAY_PREDICTING = [
 def test_a_late_prediction_ranks_as_if_it_had_come_on_time(spec: str) -> None:
     """A request re-predicted while it waits (``on_repredict``, then placed again) gets the key a
     request predicted that way from the start would have: nothing of the old prediction lingers."""
-    from core.distribution import LengthDistribution
-    from policies.base import SchedRequest
+    from sagegate.core.distribution import LengthDistribution
+    from sagegate.policies.base import SchedRequest
 
     early = LengthDistribution((20, 40), (0.5, 0.5))
     late = LengthDistribution((900, 1800), (0.5, 0.5))

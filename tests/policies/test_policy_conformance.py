@@ -14,14 +14,14 @@ from functools import cache
 
 import pytest
 
-from core.request import TraceRequest, answer_key
-from policies.base import ENGINE, GATEWAY, Policy
-from policies.registry import parse_policy, registry
-from predictor.factory import make_predictor
-from sim.config import EngineConfig
-from sim.des import SimResult, SimSetup, simulate
-from sim.hardware import get_gpu, get_model
-from sim.perf import PerfModel
+from sagegate.core.request import TraceRequest, answer_key
+from sagegate.policies.base import ENGINE, GATEWAY, Policy
+from sagegate.policies.registry import parse_policy, registry
+from sagegate.predictor.factory import make_predictor
+from sagegate.sim.config import EngineConfig
+from sagegate.sim.des import SimResult, SimSetup, simulate
+from sagegate.sim.hardware import get_gpu, get_model
+from sagegate.sim.perf import PerfModel
 
 PERF = PerfModel(get_model("llama-3.1-8b"), get_gpu("h100"))
 ENGINE_CFG = EngineConfig(max_num_seqs=32, num_gpu_blocks_override=800)  # 12,800 KV tokens each

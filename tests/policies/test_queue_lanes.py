@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from core.distribution import LengthDistribution
-from policies.base import Capability, Policy, SchedRequest
-from policies.queue import PolicyQueue
-from policies.registry import parse_policy, registry
+from sagegate.core.distribution import LengthDistribution
+from sagegate.policies.base import Capability, Policy, SchedRequest
+from sagegate.policies.queue import PolicyQueue
+from sagegate.policies.registry import parse_policy, registry
 
 DYNAMIC = sorted(name for name, info in registry().items() if Capability.DYNAMIC_KEY in info.cls.capabilities)
 # Lower thresholds so that flips happen within a short sequence.

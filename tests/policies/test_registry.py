@@ -8,8 +8,8 @@ import re
 import pytest
 from conftest import REPO
 
-from policies.base import ENGINE, GATEWAY, Capability, Policy
-from policies.registry import PolicySpecError, names, parse_policy, registry
+from sagegate.policies.base import ENGINE, GATEWAY, Capability, Policy
+from sagegate.policies.registry import PolicySpecError, names, parse_policy, registry
 
 # The panel as issue 3 lists it; checked against the panel table of docs/design/policies.md below.
 PANEL = [

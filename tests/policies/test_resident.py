@@ -7,10 +7,10 @@ from itertools import count
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.distribution import LengthDistribution
-from policies.admission import AdmissionConfig, BackendLoad, Charge
-from policies.placement import choose_placement
-from policies.resident import PromptBlocks
+from sagegate.core.distribution import LengthDistribution
+from sagegate.policies.admission import AdmissionConfig, BackendLoad, Charge
+from sagegate.policies.placement import choose_placement
+from sagegate.policies.resident import PromptBlocks
 
 CFG = AdmissionConfig()
 BLOCK = 16
@@ -122,8 +122,8 @@ def test_charged_tokens_equal_the_distinct_blocks_held_plus_what_is_private(scri
 
 
 def test_the_cache_aware_rank_serves_a_request_whose_prefix_is_resident_first() -> None:
-    from policies.base import SchedRequest
-    from policies.registry import parse_policy
+    from sagegate.policies.base import SchedRequest
+    from sagegate.policies.registry import parse_policy
 
     dist = LengthDistribution((200, 800), (0.5, 0.5))
     for spec, resident_first in (("sagesched", True), ("sagesched:shared_prefix=false", False)):
@@ -137,7 +137,7 @@ def test_the_cache_aware_rank_serves_a_request_whose_prefix_is_resident_first() 
 
 
 def test_resident_prefix_reads_the_most_any_backend_holds_computed() -> None:
-    from policies.admission import resident_prefix
+    from sagegate.policies.admission import resident_prefix
 
     a, b = BackendLoad(100_000), BackendLoad(100_000)
     held = charge(keys(3, 40), 10)

@@ -8,17 +8,17 @@ import statistics
 
 import pytest
 
-from core.distribution import DEFAULT_PRIOR, LengthDistribution
-from core.predictor import LengthPredictor
-from core.request import PredictionQuery, TraceRequest, answer_key
-from predictor.baselines import (
+from sagegate.core.distribution import DEFAULT_PRIOR, LengthDistribution
+from sagegate.core.predictor import LengthPredictor
+from sagegate.core.request import PredictionQuery, TraceRequest, answer_key
+from sagegate.predictor.baselines import (
     GlobalPredictor,
     LengthBucketPredictor,
     NoisyOraclePredictor,
     OraclePredictor,
     PrecomputedPredictor,
 )
-from predictor.factory import (
+from sagegate.predictor.factory import (
     OPTIONS,
     GlobalOptions,
     LengthBucketOptions,

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from predictor.embed_queue import BatchingEmbedder
+from sagegate.predictor.embed_queue import BatchingEmbedder
 
 
 class _GatedEmbedder:

@@ -11,9 +11,9 @@ import time
 import numpy as np
 import pytest
 
-from gateway.predict import build_predictor
-from gateway.settings_predictor import SemanticSettings
-from predictor.embedder import (
+from sagegate.gateway.predict import build_predictor
+from sagegate.gateway.settings_predictor import SemanticSettings
+from sagegate.predictor.embedder import (
     DEFAULT_QUANTIZE,
     DEFAULT_WINDOW,
     EMBED_VERSION,
@@ -21,11 +21,11 @@ from predictor.embedder import (
     MiniLMEmbedder,
     embed_version,
 )
-from predictor.encoder_tune import tune_id
-from predictor.factory import SemanticOptions, semantic_core
-from predictor.history import WindowBounds
-from predictor.semantic import SemanticConfig, SemanticPredictor
-from predictor.semantic_face import SemanticLengthPredictor
+from sagegate.predictor.encoder_tune import tune_id
+from sagegate.predictor.factory import SemanticOptions, semantic_core
+from sagegate.predictor.history import WindowBounds
+from sagegate.predictor.semantic import SemanticConfig, SemanticPredictor
+from sagegate.predictor.semantic_face import SemanticLengthPredictor
 from tests.semantic_support import real_embedder
 
 pytestmark = pytest.mark.heavy  # the real MiniLM model
@@ -53,7 +53,7 @@ def test_default_is_a_new_version_and_the_first_stays_reachable() -> None:
 
 def test_first_configuration_gives_sentence_transformers_vectors() -> None:
     st = pytest.importorskip("sentence_transformers")
-    from predictor.embedder import model_dir
+    from sagegate.predictor.embedder import model_dir
 
     reference = st.SentenceTransformer(model_dir(), device="cpu", local_files_only=True)
     reference.max_seq_length = 256

@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from gateway.predict import build_predictor
-from gateway.settings_predictor import SemanticSettings
-from predictor.embedder import MiniLMEmbedder, embed_version
-from predictor.embedder_onnx import OnnxEmbedder, OnnxModelMissing, onnx_version
-from predictor.encoder_tune import merge_into
-from predictor.encoders import MPNET, EncoderMissing, projection
-from predictor.factory import EmbedderOptions, make_embedder
-from predictor.ranker_prior import MPNET_PRIOR_PATH, encoder_family, prior_path, shipped_prior
+from sagegate.gateway.predict import build_predictor
+from sagegate.gateway.settings_predictor import SemanticSettings
+from sagegate.predictor.embedder import MiniLMEmbedder, embed_version
+from sagegate.predictor.embedder_onnx import OnnxEmbedder, OnnxModelMissing, onnx_version
+from sagegate.predictor.encoder_tune import merge_into
+from sagegate.predictor.encoders import MPNET, EncoderMissing, projection
+from sagegate.predictor.factory import EmbedderOptions, make_embedder
+from sagegate.predictor.ranker_prior import MPNET_PRIOR_PATH, encoder_family, prior_path, shipped_prior
 from tests.semantic_support import LONG_TASKS, SHORT_TASKS, family
 
 pytest.importorskip("onnxruntime")
@@ -135,9 +135,9 @@ def test_the_gateway_predictor_runs_on_it_without_torch(int8: Path) -> None:
     """Built from the gateway's settings in a fresh process: warmed, asked, taught, asked again."""
     code = f"""
 import asyncio, json, sys
-from core.request import PredictionQuery
-from gateway.predict import build_predictor
-from gateway.settings_predictor import SemanticSettings
+from sagegate.core.request import PredictionQuery
+from sagegate.gateway.predict import build_predictor
+from sagegate.gateway.settings_predictor import SemanticSettings
 opts = SemanticSettings(embed_model="mpnet", onnx_file={str(int8)!r}, onnx_missing="error")
 p = build_predictor("semantic", options=opts)
 p.core.warm_up()

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from gateway.settings_predictor import SemanticSettings
-from predictor.embedder import WINDOWS, MiniLMEmbedder, embed_version, flatten_prompt
-from predictor.embedder_onnx import OnnxEmbedder, OnnxModelMissing, default_onnx_path, onnx_version
-from predictor.factory import EmbedderOptions, SemanticOptions, make_embedder
-from predictor.onnx_export import ExportFailed, export_in_subprocess
+from sagegate.gateway.settings_predictor import SemanticSettings
+from sagegate.predictor.embedder import WINDOWS, MiniLMEmbedder, embed_version, flatten_prompt
+from sagegate.predictor.embedder_onnx import OnnxEmbedder, OnnxModelMissing, default_onnx_path, onnx_version
+from sagegate.predictor.factory import EmbedderOptions, SemanticOptions, make_embedder
+from sagegate.predictor.onnx_export import ExportFailed, export_in_subprocess
 from tests.semantic_support import LONG_TASKS, SHORT_TASKS, family
 
 pytest.importorskip("onnxruntime")
@@ -94,8 +94,8 @@ def test_onnx_path_never_imports_torch(files: dict[str, Path]) -> None:
     """The gateway's predictor, built from its settings, warmed and asked once, in a fresh process."""
     code = f"""
 import asyncio, json, sys
-from gateway.predict import build_predictor
-from gateway.settings_predictor import SemanticSettings
+from sagegate.gateway.predict import build_predictor
+from sagegate.gateway.settings_predictor import SemanticSettings
 opts = SemanticSettings(onnx_file={str(files["int8"])!r}, onnx_missing="error")
 p = build_predictor("semantic", options=opts)
 p.core.warm_up()
@@ -164,7 +164,7 @@ def test_gateway_settings_choose_the_runtime(tmp_path: Path) -> None:
 def test_static_table_embeds_the_widest_window_to_unit_vectors(tmp_path: Path) -> None:
     """The comparison's static embedder on a made-up table: the head and tail of a long prompt decide
     its vector, an empty prompt gives zeros, the rest unit length."""
-    from predictor.embedder_static import STATIC_DIM, StaticEmbedder
+    from sagegate.predictor.embedder_static import STATIC_DIM, StaticEmbedder
 
     rng = np.random.default_rng(0)
     table = tmp_path / "table.npy"

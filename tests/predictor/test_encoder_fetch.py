@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from predictor.encoder_fetch import FetchFailed, assemble
-from predictor.encoders import MPNET, EncoderMissing, fetched_folder
+from sagegate.predictor.encoder_fetch import FetchFailed, assemble
+from sagegate.predictor.encoders import MPNET, EncoderMissing, fetched_folder
 
 INNER = "tiny-encoder"
 
@@ -80,7 +80,7 @@ def test_a_missing_encoder_says_how_to_fetch_it(tmp_path: Path, monkeypatch: pyt
 def test_weights_already_in_place_are_not_fetched_again(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from predictor.encoder_fetch import fetch
+    from sagegate.predictor.encoder_fetch import fetch
 
     dest = tmp_path / "mpnet"
     dest.mkdir()

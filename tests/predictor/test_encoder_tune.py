@@ -9,16 +9,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from predictor.embedder import EMBED_VERSION, MiniLMEmbedder, embed_version, model_dir
-from predictor.embedder_onnx import default_onnx_path, onnx_version
-from predictor.encoder_tune import (
+from sagegate.predictor.embedder import EMBED_VERSION, MiniLMEmbedder, embed_version, model_dir
+from sagegate.predictor.embedder_onnx import default_onnx_path, onnx_version
+from sagegate.predictor.encoder_tune import (
     DEFAULT_TUNED,
     TUNE_PATH,
     TuneMismatch,
     merge_into,
     tune_id,
 )
-from predictor.learned import trained_on
+from sagegate.predictor.learned import trained_on
 
 QUERY = "encoder.layer.0.attention.self.query"
 OTHER = "encoder.layer.1.attention.self.query"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from core.request import PredictionQuery
-from predictor.baselines import GlobalPredictor
-from predictor.factory import PrefixOptions, make_predictor
-from predictor.prefix_key import PrefixKeyPredictor, prefix_key
+from sagegate.core.request import PredictionQuery
+from sagegate.predictor.baselines import GlobalPredictor
+from sagegate.predictor.factory import PrefixOptions, make_predictor
+from sagegate.predictor.prefix_key import PrefixKeyPredictor, prefix_key
 
 SYSTEM_A = "system: you answer in one word. " * 40
 SYSTEM_B = "system: you write long essays with many sections. " * 40

@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from core.distribution import LengthDistribution
-from predictor import ranker
-from predictor.calibration import MAX_FACTOR, SpreadCalibrator
-from predictor.cues import CUE_NAMES, N_CUES, cue_features
-from predictor.embedder import EMBED_VERSION, embed_version
-from predictor.history import Completion, WindowBounds
-from predictor.index import IndexConfig
-from predictor.ranker import N_FEATURES, OnlineHead, features, lognormal_points
-from predictor.ranker_prior import (
+from sagegate.core.distribution import LengthDistribution
+from sagegate.predictor import ranker
+from sagegate.predictor.calibration import MAX_FACTOR, SpreadCalibrator
+from sagegate.predictor.cues import CUE_NAMES, N_CUES, cue_features
+from sagegate.predictor.embedder import EMBED_VERSION, embed_version
+from sagegate.predictor.history import Completion, WindowBounds
+from sagegate.predictor.index import IndexConfig
+from sagegate.predictor.ranker import N_FEATURES, OnlineHead, features, lognormal_points
+from sagegate.predictor.ranker_prior import (
     TUNED_PRIOR_PATH,
     layout_digest,
     load_prior,
@@ -30,7 +30,7 @@ from predictor.ranker_prior import (
     save_prior,
     shipped_prior,
 )
-from predictor.semantic import SemanticConfig, SemanticPredictor
+from sagegate.predictor.semantic import SemanticConfig, SemanticPredictor
 
 RNG = np.random.default_rng(7)
 
@@ -127,7 +127,7 @@ def test_training_never_runs_in_the_request_path(monkeypatch: pytest.MonkeyPatch
 def test_the_shipped_prior_loads_offline_and_tells_an_essay_from_one_sentence(tuned: bool) -> None:
     """Each encoder's prior, over that encoder's real vectors (the tuned one reads length from the
     embedding itself more than from the cues, so a random vector would not do)."""
-    from predictor.embedder import MiniLMEmbedder
+    from sagegate.predictor.embedder import MiniLMEmbedder
 
     version = embed_version(tuned=tuned)
     model = shipped_prior(version)
@@ -249,12 +249,12 @@ def test_replays_leave_out_the_prompts_the_shipped_parts_learned_from(
     import gzip
     import json
 
-    from core.request import prompt_digest
-    from harness.live import azure_workload
-    from loadgen.prompts import unique_pairs
-    from predictor.encoder_tune import TUNE_PATH
-    from predictor.learned import learned_prompts, trained_on
-    from predictor.ranker_prior import PRIOR_PATH, TUNED_PRIOR_PATH
+    from sagegate.core.request import prompt_digest
+    from sagegate.harness.live import azure_workload
+    from sagegate.loadgen.prompts import unique_pairs
+    from sagegate.predictor.encoder_tune import TUNE_PATH
+    from sagegate.predictor.learned import learned_prompts, trained_on
+    from sagegate.predictor.ranker_prior import PRIOR_PATH, TUNED_PRIOR_PATH
 
     trained = learned_prompts()
     for part in (trained_on(PRIOR_PATH), trained_on(TUNED_PRIOR_PATH), trained_on(TUNE_PATH)):
@@ -263,7 +263,7 @@ def test_replays_leave_out_the_prompts_the_shipped_parts_learned_from(
     assert work and not any(prompt_digest(r.prompt or "") in trained for r in work)
     # the demo asks learned_prompts() itself: a prompt it names is gone from the next draw
     picked = prompt_digest(work[0].prompt or "")
-    monkeypatch.setattr("predictor.learned.learned_prompts", lambda: trained | {picked})
+    monkeypatch.setattr("sagegate.predictor.learned.learned_prompts", lambda: trained | {picked})
     again = azure_workload(0.2, 4.0, 0, quiet=True).requests
     assert again and picked not in {prompt_digest(r.prompt or "") for r in again}
 
@@ -279,8 +279,8 @@ def test_replays_leave_out_the_prompts_the_shipped_parts_learned_from(
 
 def test_the_simulated_twin_fits_the_head_inline() -> None:
     """The demo's and bench_value's simulated twin must be the same run every time: no fit on a thread."""
-    from harness.simtwin import sim_predictor
-    from predictor.semantic_face import SemanticLengthPredictor
+    from sagegate.harness.simtwin import sim_predictor
+    from sagegate.predictor.semantic_face import SemanticLengthPredictor
 
     pred = sim_predictor("semantic")
     assert isinstance(pred, SemanticLengthPredictor)

@@ -12,10 +12,10 @@ from collections import Counter
 
 import numpy as np
 
-from harness.redis import RedisServer
-from predictor.embedder import DIM
-from predictor.history import Completion, WindowBounds
-from predictor.redis_store import RedisStore
+from sagegate.harness.redis import RedisServer
+from sagegate.predictor.embedder import DIM
+from sagegate.predictor.history import Completion, WindowBounds
+from sagegate.predictor.redis_store import RedisStore
 from tests.gateway_support import wait_until
 
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from predictor.embedder import EMBED_VERSION
-from predictor.evaluate import default_history, evaluate, load_items, score
 from sagegate.cmd_predictor import predictor_app
+from sagegate.predictor.embedder import EMBED_VERSION
+from sagegate.predictor.evaluate import default_history, evaluate, load_items, score
 from tests.conftest import data_path
 from tests.semantic_support import LONG_TASKS, SHORT_TASKS, TOPICS, family, real_embedder
 
@@ -151,10 +151,10 @@ def test_eval_judges_an_embedder_with_its_own_encoders_prior_and_says_what_is_in
 ) -> None:
     """The stock encoder's vectors get the stock prior (not the tuned one the default version names),
     and a score over prompts a shipped part learned from says so."""
-    import predictor.semantic as semantic
-    from core.request import prompt_digest
-    from predictor.embedder import embed_version, flatten_prompt
-    from predictor.evaluate import format_report
+    import sagegate.predictor.semantic as semantic
+    from sagegate.core.request import prompt_digest
+    from sagegate.predictor.embedder import embed_version, flatten_prompt
+    from sagegate.predictor.evaluate import format_report
 
     asked: list[str] = []
     real = semantic.shipped_prior
@@ -175,7 +175,7 @@ def test_eval_judges_an_embedder_with_its_own_encoders_prior_and_says_what_is_in
 
     items = load_items(clustered)
     learned = frozenset({prompt_digest(flatten_prompt(items[-1].prompt))})
-    monkeypatch.setattr("predictor.learned.learned_prompts", lambda: learned)
+    monkeypatch.setattr("sagegate.predictor.learned.learned_prompts", lambda: learned)
     report = evaluate(items, 10, Stock(), use_cache=False)
     assert asked and set(asked) == {Stock.version}
     assert report["scored_learned"] == 1 and "1 of the" in format_report(report)

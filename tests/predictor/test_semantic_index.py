@@ -9,12 +9,12 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.distribution import DEFAULT_PRIOR, LengthDistribution
-from predictor.history import Completion, WindowBounds
-from predictor.index import IndexConfig, WindowIndex
-from predictor.lexical import MAX_DELTA_ROWS, DocFreq, LexicalIndex, extract_terms
-from predictor.memory_store import MemoryStore
-from predictor.priors import WindowPriors
+from sagegate.core.distribution import DEFAULT_PRIOR, LengthDistribution
+from sagegate.predictor.history import Completion, WindowBounds
+from sagegate.predictor.index import IndexConfig, WindowIndex
+from sagegate.predictor.lexical import MAX_DELTA_ROWS, DocFreq, LexicalIndex, extract_terms
+from sagegate.predictor.memory_store import MemoryStore
+from sagegate.predictor.priors import WindowPriors
 
 DIM = 384
 

@@ -15,16 +15,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.distribution import DEFAULT_PRIOR
-from core.predictor import settle
-from core.request import PredictionQuery, TraceRequest
-from predictor.embed_queue import BatchingEmbedder
-from predictor.embedder import flatten_prompt
-from predictor.factory import SemanticOptions, make_predictor
-from predictor.history import WindowBounds
-from predictor.index import IndexConfig
-from predictor.semantic import PromptFeatures, SemanticConfig, SemanticPredictor
-from predictor.semantic_face import SemanticLengthPredictor
+from sagegate.core.distribution import DEFAULT_PRIOR
+from sagegate.core.predictor import settle
+from sagegate.core.request import PredictionQuery, TraceRequest
+from sagegate.predictor.embed_queue import BatchingEmbedder
+from sagegate.predictor.embedder import flatten_prompt
+from sagegate.predictor.factory import SemanticOptions, make_predictor
+from sagegate.predictor.history import WindowBounds
+from sagegate.predictor.index import IndexConfig
+from sagegate.predictor.semantic import PromptFeatures, SemanticConfig, SemanticPredictor
+from sagegate.predictor.semantic_face import SemanticLengthPredictor
 from tests.semantic_support import LONG_TASKS, SHORT_TASKS, TOPICS, family, real_embedder
 
 pytestmark = pytest.mark.heavy  # the real MiniLM model
@@ -153,7 +153,7 @@ def test_by_default_no_spread_correction_moves_an_answer(feats: dict[str, list[P
     """The spread correction is opt-in (``calibrate``): with its factor at the bound a runaway reaches
     (``predictor.calibration``), the default's answer keeps the neighbours' median; the opt-in one's
     falls below it (far below where the spread is wide: ``tests/predictor/test_ranker.py``)."""
-    from predictor.calibration import MAX_FACTOR
+    from sagegate.predictor.calibration import MAX_FACTOR
 
     answers = {}
     for name, p in (("default", make()), ("opt-in", make(calibrate=True)), ("off", make(calibrate=False))):

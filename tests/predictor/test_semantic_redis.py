@@ -14,12 +14,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.procs import free_port
-from harness.redis import RedisServer, redis_server_binary
-from predictor.history import Completion, WindowBounds
-from predictor.index import IndexConfig
-from predictor.redis_store import RedisStore
-from predictor.semantic import PromptFeatures, SemanticConfig, SemanticPredictor
+from sagegate.harness.procs import free_port
+from sagegate.harness.redis import RedisServer, redis_server_binary
+from sagegate.predictor.history import Completion, WindowBounds
+from sagegate.predictor.index import IndexConfig
+from sagegate.predictor.redis_store import RedisStore
+from sagegate.predictor.semantic import PromptFeatures, SemanticConfig, SemanticPredictor
 from tests.redis_support import NO_REDIS, wait_for
 from tests.semantic_support import LONG_TASKS, SHORT_TASKS, TOPICS, family, real_embedder
 

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from predictor.embedder import EMBED_VERSION
-from predictor.index import IndexConfig
-from predictor.semantic import SemanticConfig, SemanticPredictor
+from sagegate.predictor.embedder import EMBED_VERSION
+from sagegate.predictor.index import IndexConfig
+from sagegate.predictor.semantic import SemanticConfig, SemanticPredictor
 
 
 class _Given:

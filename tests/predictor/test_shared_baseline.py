@@ -10,16 +10,16 @@ import time
 import numpy as np
 import pytest
 
-from core.predictor import LengthPredictor
-from core.request import PredictionQuery
-from gateway.predict import build_predictor
-from gateway.settings import GatewaySettings
-from gateway.settings_predictor import GlobalSettings, predictor_options
-from harness.procs import free_port
-from harness.redis import RedisServer, redis_server_binary
-from predictor.baselines import GlobalPredictor
-from predictor.history import Completion
-from predictor.shared_history import SharedHistory
+from sagegate.core.predictor import LengthPredictor
+from sagegate.core.request import PredictionQuery
+from sagegate.gateway.predict import build_predictor
+from sagegate.gateway.settings import GatewaySettings
+from sagegate.gateway.settings_predictor import GlobalSettings, predictor_options
+from sagegate.harness.procs import free_port
+from sagegate.harness.redis import RedisServer, redis_server_binary
+from sagegate.predictor.baselines import GlobalPredictor
+from sagegate.predictor.history import Completion
+from sagegate.predictor.shared_history import SharedHistory
 from tests.redis_support import NO_REDIS, wait_for
 
 
@@ -131,7 +131,7 @@ def test_baseline_and_semantic_streams_stay_apart(redis_url: str, redis_prefix: 
     skips a semantic record, so neither breaks the other under one prefix by mistake."""
     import redis
 
-    from predictor.redis_store import RedisStore
+    from sagegate.predictor.redis_store import RedisStore
 
     a = replica("global", redis_url, redis_prefix)
     try:

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from conftest import data_path
 
-from core.request import TraceRequest
-from loadgen.synthetic import synthetic_workload
-from sim.config import EngineConfig
-from sim.des import SimSetup, client_view, simulate
-from sim.hardware import get_gpu, get_model
-from sim.perf import PerfModel
+from sagegate.core.request import TraceRequest
+from sagegate.loadgen.synthetic import synthetic_workload
+from sagegate.sim.config import EngineConfig
+from sagegate.sim.des import SimSetup, client_view, simulate
+from sagegate.sim.hardware import get_gpu, get_model
+from sagegate.sim.perf import PerfModel
 
 PERF = PerfModel(get_model("llama-3.1-8b"), get_gpu("h100"))
 
@@ -75,7 +75,7 @@ def test_context_longer_than_the_pool_is_rejected_not_hung():
 
 def test_mooncake_prefix_sharing_hits_the_cache():
     path = data_path("mooncake", "synthetic_trace.jsonl")
-    from loadgen.readers import read_trace
+    from sagegate.loadgen.readers import read_trace
 
     work = read_trace(path, limit=300)
     res = simulate(work, SimSetup(PERF))
@@ -175,9 +175,9 @@ def test_cli_placement_scorers_are_chosen_and_checked():
 def test_the_simulated_gateway_applies_the_live_queue_limits():
     """The live gateway's bounds, modelled: a request queued past ``max_wait_s`` is rejected with
     ``queue_timeout``, arrivals beyond ``max_requests`` with ``queue_full_requests``; nothing is lost."""
-    from policies.registry import parse_policy
-    from predictor.factory import make_predictor
-    from sim.des import QueueLimits
+    from sagegate.policies.registry import parse_policy
+    from sagegate.predictor.factory import make_predictor
+    from sagegate.sim.des import QueueLimits
 
     work = [TraceRequest(0.001 * i, 2000, 400, rid=i) for i in range(300)]  # a burst far beyond capacity
     engine = EngineConfig(num_gpu_blocks_override=800)

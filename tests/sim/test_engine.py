@@ -8,15 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.request import TraceRequest, answer_key
-from policies.base import Policy, SchedRequest
-from sim.config import EngineConfig
-from sim.des import SimSetup, simulate
-from sim.engine import Engine
-from sim.engine_request import FINISHED, EngineRequest
-from sim.hardware import get_gpu, get_model
-from sim.kv import BlockPool, BlockTable
-from sim.perf import PerfModel
+from sagegate.core.request import TraceRequest, answer_key
+from sagegate.policies.base import Policy, SchedRequest
+from sagegate.sim.config import EngineConfig
+from sagegate.sim.des import SimSetup, simulate
+from sagegate.sim.engine import Engine
+from sagegate.sim.engine_request import FINISHED, EngineRequest
+from sagegate.sim.hardware import get_gpu, get_model
+from sagegate.sim.kv import BlockPool, BlockTable
+from sagegate.sim.perf import PerfModel
 
 PERF = PerfModel(get_model("llama-3.1-8b"), get_gpu("h100"))
 
@@ -267,7 +267,7 @@ def test_folded_decode_steps_are_exact(level, blocks):
         )
     ]
     cfg = EngineConfig(num_gpu_blocks_override=blocks)
-    from predictor.factory import make_predictor
+    from sagegate.predictor.factory import make_predictor
 
     def run(fold: bool):
         pred = make_predictor("noisy-oracle", seed=1, truth=answer_key(work)) if level == "gateway" else None

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from core.distribution import LengthDistribution
-from policies.preemption import PreemptionCost, pair_gain_s, pays
-from policies.registry import parse_policy
-from policies.sagesched import SageSched
-from sim.config import EngineConfig
-from sim.engine import Engine
-from sim.engine_request import PREEMPTED, RUNNING, EngineRequest
-from sim.hardware import get_gpu, get_model
-from sim.perf import PerfModel
-from sim.preemption import decode_step_s, recompute_cost
+from sagegate.core.distribution import LengthDistribution
+from sagegate.policies.preemption import PreemptionCost, pair_gain_s, pays
+from sagegate.policies.registry import parse_policy
+from sagegate.policies.sagesched import SageSched
+from sagegate.sim.config import EngineConfig
+from sagegate.sim.engine import Engine
+from sagegate.sim.engine_request import PREEMPTED, RUNNING, EngineRequest
+from sagegate.sim.hardware import get_gpu, get_model
+from sagegate.sim.perf import PerfModel
+from sagegate.sim.preemption import decode_step_s, recompute_cost
 
 PERF = PerfModel(get_model("llama-3.1-8b"), get_gpu("h100"))
 
@@ -147,7 +147,7 @@ def test_held_victim_is_not_displaced_in_the_engine() -> None:
 
 
 def test_declaration() -> None:
-    from policies.capabilities import Capability
+    from sagegate.policies.capabilities import Capability
 
     assert Capability.PREEMPT_PAYS in parse_policy("sagesched").capabilities
     assert Capability.PREEMPT_PAYS not in parse_policy("sagesched:preempt_pays=false").capabilities
@@ -159,9 +159,9 @@ def test_declaration() -> None:
 @pytest.mark.parametrize("policy", ["sagesched", "gittins-length"])
 def test_fold_stays_exact_with_priced_preemption(policy: str) -> None:
     """The tests/sim/test_fold_exact.py run, with the cost rule on: folded equals unfolded."""
-    from core.request import answer_key
-    from predictor.factory import make_predictor
-    from sim.des import SimSetup, simulate
+    from sagegate.core.request import answer_key
+    from sagegate.predictor.factory import make_predictor
+    from sagegate.sim.des import SimSetup, simulate
     from tests.sim.test_fold_exact import workload
 
     work = workload()

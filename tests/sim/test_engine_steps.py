@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from sim.config import EngineConfig
-from sim.engine import Engine
-from sim.engine_request import EngineRequest, RequestStatus
-from sim.hardware import get_gpu, get_model
-from sim.kv import BlockPool
-from sim.perf import PerfModel
-from sim.step_timing import Batch, blocks_allow
+from sagegate.sim.config import EngineConfig
+from sagegate.sim.engine import Engine
+from sagegate.sim.engine_request import EngineRequest, RequestStatus
+from sagegate.sim.hardware import get_gpu, get_model
+from sagegate.sim.kv import BlockPool
+from sagegate.sim.perf import PerfModel
+from sagegate.sim.step_timing import Batch, blocks_allow
 
 PERF = PerfModel(get_model("llama-3.1-8b"), get_gpu("h100"))
 

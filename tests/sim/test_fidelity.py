@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from core.request import TraceRequest
-from sim.config import EngineConfig
-from sim.des import SimSetup, client_view, simulate
-from sim.hardware import get_gpu, get_model
-from sim.perf import PerfModel
+from sagegate.core.request import TraceRequest
+from sagegate.sim.config import EngineConfig
+from sagegate.sim.des import SimSetup, client_view, simulate
+from sagegate.sim.hardware import get_gpu, get_model
+from sagegate.sim.perf import PerfModel
 
 
 @dataclass(frozen=True)

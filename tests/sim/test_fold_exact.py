@@ -12,14 +12,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.request import TraceRequest, answer_key
-from policies.admission import AdmissionConfig, Rule
-from policies.registry import parse_policy
-from predictor.factory import make_predictor
-from sim.config import EngineConfig
-from sim.des import SimResult, SimSetup, simulate
-from sim.hardware import get_gpu, get_model
-from sim.perf import PerfModel
+from sagegate.core.request import TraceRequest, answer_key
+from sagegate.policies.admission import AdmissionConfig, Rule
+from sagegate.policies.registry import parse_policy
+from sagegate.predictor.factory import make_predictor
+from sagegate.sim.config import EngineConfig
+from sagegate.sim.des import SimResult, SimSetup, simulate
+from sagegate.sim.hardware import get_gpu, get_model
+from sagegate.sim.perf import PerfModel
 
 PERF = PerfModel(get_model("llama-3.1-8b"), get_gpu("h100"))
 

@@ -6,18 +6,18 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from core.distribution import LengthDistribution
-from core.request import TraceRequest, answer_key
-from gateway.settings import GatewaySettings
-from policies.admission import AdmissionConfig, Rule
-from policies.pause import PauseConfig
-from policies.registry import parse_policy
-from predictor.factory import make_predictor
-from sim.config import EngineConfig
-from sim.des import QueueLimits, SimResult, SimSetup, Simulation, simulate
-from sim.engine import EngineRequest
-from sim.engine_request import RUNNING
-from sim.gateway_level import SimGateway
+from sagegate.core.distribution import LengthDistribution
+from sagegate.core.request import TraceRequest, answer_key
+from sagegate.gateway.settings import GatewaySettings
+from sagegate.policies.admission import AdmissionConfig, Rule
+from sagegate.policies.pause import PauseConfig
+from sagegate.policies.registry import parse_policy
+from sagegate.predictor.factory import make_predictor
+from sagegate.sim.config import EngineConfig
+from sagegate.sim.des import QueueLimits, SimResult, SimSetup, Simulation, simulate
+from sagegate.sim.engine import EngineRequest
+from sagegate.sim.engine_request import RUNNING
+from sagegate.sim.gateway_level import SimGateway
 from tests.sim.test_fold_exact import PERF, assert_same, workload
 
 EAGER = PauseConfig(enabled=True, max_pauses=2, hysteresis=0.0, prefill_tokens_per_step=1e6)

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadgen.data import data_root
-from sim.hardware import GPUS, MODELS, GiB, ModelSpec, get_gpu, get_model
-from sim.perf import DEFAULT_ETA_C, PerfModel
+from sagegate.loadgen.data import data_root
+from sagegate.sim.hardware import GPUS, MODELS, GiB, ModelSpec, get_gpu, get_model
+from sagegate.sim.perf import DEFAULT_ETA_C, PerfModel
 
 VIDUR_DIR = data_root() / "vidur"
 

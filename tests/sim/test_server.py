@@ -14,11 +14,11 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from core.tokens import count_tokens, flatten_messages
 from sagegate.cmd_backend import spawned_backend
-from sim.hardware import get_gpu, get_model
-from sim.perf import PerfModel
-from sim.server import PriorityPolicy
+from sagegate.core.tokens import count_tokens, flatten_messages
+from sagegate.sim.hardware import get_gpu, get_model
+from sagegate.sim.perf import PerfModel
+from sagegate.sim.server import PriorityPolicy
 
 pytestmark = pytest.mark.heavy  # a sagegate backend process per fixture
 
@@ -398,7 +398,7 @@ def test_flatten_messages_keeps_every_turn() -> None:
 
 
 def test_token_count_fallback_without_the_tokenizer(monkeypatch: pytest.MonkeyPatch) -> None:
-    import core.tokens as tokens
+    import sagegate.core.tokens as tokens
 
     monkeypatch.setattr(tokens, "_encoder", lambda: None)
     assert tokens.count_tokens("abcdefghi") == 3  # one token per 4 characters, rounded up
@@ -417,7 +417,7 @@ def test_cli_rejects_a_bad_setting() -> None:
 
 
 def test_priority_policy_key_order() -> None:
-    from policies.base import SchedRequest
+    from sagegate.policies.base import SchedRequest
 
     policy = PriorityPolicy()
     a = SchedRequest(0, 1.0, 10, priority=5)

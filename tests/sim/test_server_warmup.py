@@ -13,8 +13,8 @@ pytestmark = pytest.mark.heavy  # a sagegate backend process
 
 PROBE = """
 from fastapi.testclient import TestClient
-from core.tokens import _encoder
-from sim.server import _filler_ids, create_app
+from sagegate.core.tokens import _encoder
+from sagegate.sim.server import _filler_ids, create_app
 app = create_app()
 assert _encoder.cache_info().currsize == 0, "loaded at import"
 with TestClient(app) as client:  # runs the lifespan: what happens before the port opens

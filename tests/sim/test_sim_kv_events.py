@@ -16,16 +16,16 @@ import msgpack
 import pytest
 import zmq
 
-from core.tokens import encode, flatten_messages
-from harness.procs import free_port
 from sagegate.cmd_backend import spawned_backend
-from sim.config import EngineConfig
-from sim.engine import Engine
-from sim.engine_request import EngineRequest
-from sim.hardware import get_gpu, get_model
-from sim.kv_events import EventLog, KVEventsConfig, block_hash
-from sim.perf import PerfModel
-from sim.server import _pack
+from sagegate.core.tokens import encode, flatten_messages
+from sagegate.harness.procs import free_port
+from sagegate.sim.config import EngineConfig
+from sagegate.sim.engine import Engine
+from sagegate.sim.engine_request import EngineRequest
+from sagegate.sim.hardware import get_gpu, get_model
+from sagegate.sim.kv_events import EventLog, KVEventsConfig, block_hash
+from sagegate.sim.perf import PerfModel
+from sagegate.sim.server import _pack
 
 BS = 16
 

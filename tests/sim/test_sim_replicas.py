@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.synthetic import synthetic_workload
-from policies.registry import parse_policy
-from predictor.factory import make_predictor
-from sim.config import EngineConfig
-from sim.des import SimSetup, simulate
-from sim.hardware import get_gpu, get_model
-from sim.perf import PerfModel
-from sim.replicas import ReplicaSetup, simulate_replicas
+from sagegate.loadgen.synthetic import synthetic_workload
+from sagegate.policies.registry import parse_policy
+from sagegate.predictor.factory import make_predictor
+from sagegate.sim.config import EngineConfig
+from sagegate.sim.des import SimSetup, simulate
+from sagegate.sim.hardware import get_gpu, get_model
+from sagegate.sim.perf import PerfModel
+from sagegate.sim.replicas import ReplicaSetup, simulate_replicas
 
 PERF = PerfModel(get_model("qwen3-32b"), get_gpu("h100"))
 

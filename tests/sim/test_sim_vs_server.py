@@ -25,13 +25,13 @@ import httpx
 import numpy as np
 import pytest
 
-from core.request import TraceRequest
-from loadgen.synthetic import synthetic_workload
 from sagegate.cmd_backend import spawned_backend
-from sim.config import EngineConfig
-from sim.des import SimSetup, client_view, simulate
-from sim.hardware import get_gpu, get_model
-from sim.perf import PerfModel
+from sagegate.core.request import TraceRequest
+from sagegate.loadgen.synthetic import synthetic_workload
+from sagegate.sim.config import EngineConfig
+from sagegate.sim.des import SimSetup, client_view, simulate
+from sagegate.sim.hardware import get_gpu, get_model
+from sagegate.sim.perf import PerfModel
 
 MODEL, GPU = "qwen3-32b", "a100-80gb"
 TIME_SCALE = 10.0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.hardware import get_gpu, get_model
-from sim.perf import PerfModel
+from sagegate.sim.hardware import get_gpu, get_model
+from sagegate.sim.perf import PerfModel
 
 BATCHES = [
     ((), 1, 500),

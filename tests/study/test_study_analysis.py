@@ -8,9 +8,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from study import analysis, stats
-from study.config import SourceSpec, StudyConfig
-from study.metrics import METRIC_NAMES
+from sagegate.study import analysis, stats
+from sagegate.study.config import SourceSpec, StudyConfig
+from sagegate.study.metrics import METRIC_NAMES
 
 ENTRIES = ("fcfs@gateway", "edf@gateway", "vllm-v1@engine", "sjf-oracle@engine")
 

@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.record import RequestRecord
-from core.request import PredictionQuery, TraceRequest, answer_key
-from loadgen.synthetic import synthetic_workload
-from predictor.baselines import NoisyOraclePredictor
-from study.calibrate import calibrate_window, find_knee, violation_rate
-from study.config import StudyConfig, parse_source
-from study.metrics import cell_metrics, jain_index
-from study.windows import make_windows, sample_starts, valid_rows, window_seed, with_deadlines
+from sagegate.core.record import RequestRecord
+from sagegate.core.request import PredictionQuery, TraceRequest, answer_key
+from sagegate.loadgen.synthetic import synthetic_workload
+from sagegate.predictor.baselines import NoisyOraclePredictor
+from sagegate.study.calibrate import calibrate_window, find_knee, violation_rate
+from sagegate.study.config import StudyConfig, parse_source
+from sagegate.study.metrics import cell_metrics, jain_index
+from sagegate.study.windows import make_windows, sample_starts, valid_rows, window_seed, with_deadlines
 
 
 # --- sampler --------------------------------------------------------------------------------------

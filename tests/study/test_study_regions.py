@@ -6,21 +6,21 @@ from dataclasses import replace
 
 import pytest
 
-from core.request import TraceRequest
-from loadgen.records import scale_rate
-from loadgen.synthetic import synthetic_workload
-from study.calibrate import Calibration, arrival_rate, calibrate_window
-from study.config import (
+from sagegate.core.request import TraceRequest
+from sagegate.loadgen.records import scale_rate
+from sagegate.loadgen.synthetic import synthetic_workload
+from sagegate.study.calibrate import Calibration, arrival_rate, calibrate_window
+from sagegate.study.config import (
     REGIONS,
     UTILISATION_REGIONS,
     RegionAnchor,
     StudyConfig,
     with_utilisation_regions,
 )
-from study.report.reversals import load_ends
-from study.simrun import Entry, run_window
-from study.sweep import plan
-from study.windows import Window, make_windows
+from sagegate.study.report.reversals import load_ends
+from sagegate.study.simrun import Entry, run_window
+from sagegate.study.sweep import plan
+from sagegate.study.windows import Window, make_windows
 
 N = 60
 

@@ -16,16 +16,16 @@ import numpy as np
 import pytest
 from conftest import data_path
 
-from core.request import TraceRequest
-from study.calibrate import Calibration
-from study.config import SourceSpec, StudyConfig, text_source
-from study.executors import LocalExecutor
-from study.runner import run_study
-from study.semantic import PredictionLog, history_for, history_rows, semantic_distributions
-from study.simrun import Entry
-from study.sweep import SEMANTIC, plan, run_batch
-from study.textsource import pair_requests, split_pairs
-from study.windows import load_rows, make_windows
+from sagegate.core.request import TraceRequest
+from sagegate.study.calibrate import Calibration
+from sagegate.study.config import SourceSpec, StudyConfig, text_source
+from sagegate.study.executors import LocalExecutor
+from sagegate.study.runner import run_study
+from sagegate.study.semantic import PredictionLog, history_for, history_rows, semantic_distributions
+from sagegate.study.simrun import Entry
+from sagegate.study.sweep import SEMANTIC, plan, run_batch
+from sagegate.study.textsource import pair_requests, split_pairs
+from sagegate.study.windows import load_rows, make_windows
 
 
 class HashEmbedder:
@@ -133,7 +133,7 @@ def test_split_is_disjoint_seeded_and_deduplicated(tmp_path: Path) -> None:
 
 
 def test_pairs_the_prior_learned_are_history_never_window_rows(tmp_path: Path) -> None:
-    from core.request import prompt_digest
+    from sagegate.core.request import prompt_digest
 
     pairs = write_pairs(tmp_path / "pairs.jsonl.gz", 120)
     _, everything = split_pairs(pairs, 0, seed=1, name="src", learned=frozenset())

@@ -12,8 +12,8 @@ import typer
 from typer.testing import CliRunner
 
 from sagegate.cmd_study import study
-from study.config import SourceSpec, StudyConfig, smoke_config
-from study.sensitivity import compare_runs, sensitivity_report
+from sagegate.study.config import SourceSpec, StudyConfig, smoke_config
+from sagegate.study.sensitivity import compare_runs, sensitivity_report
 
 ENTRIES = ("fcfs@gateway", "edf@gateway", "sagesched@gateway")
 CFG = StudyConfig(

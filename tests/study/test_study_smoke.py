@@ -15,7 +15,7 @@ import typer
 from typer.testing import CliRunner
 
 from sagegate.cmd_study import study
-from study.config import smoke_config
+from sagegate.study.config import smoke_config
 
 pytestmark = pytest.mark.heavy  # the smoke study on a pool of worker processes
 
@@ -25,7 +25,7 @@ app.command()(study)
 
 def smoke_cells() -> int:
     """Cells the smoke spec implies, counted from the spec itself."""
-    from policies.registry import registry
+    from sagegate.policies.registry import registry
 
     cfg = smoke_config()
     reg = registry()

@@ -11,8 +11,8 @@ import scipy.stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from study import stats
-from study.stats import MICROSCOPIC, STABLE, SUPPORTED, PairedDiff
+from sagegate.study import stats
+from sagegate.study.stats import MICROSCOPIC, STABLE, SUPPORTED, PairedDiff
 
 small_ints = st.lists(st.integers(0, 4), min_size=2, max_size=25)
 

@@ -20,8 +20,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.app import create_app
-from harness.vllm import BLOCK_SIZE, MODEL_NAME, Engine, vllm_engine, vllm_python
+from sagegate.gateway.app import create_app
+from sagegate.harness.vllm import BLOCK_SIZE, MODEL_NAME, Engine, vllm_engine, vllm_python
 from tests.gateway_support import ServerThread, admin, metric, settings_for, wait_until
 
 pytestmark = [

@@ -1,0 +1,32 @@
+"""``placement.profile``: the placement plugins (``policies.placement``; ``gateway.settings`` holds the
+rest of the one settings object)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field, model_validator
+
+from sagegate.policies.placement import PlacementProfile, build_profile
+from sagegate.policies.placement.profile import DEFAULT_SCORERS
+
+
+class ProfileSettings(BaseModel):
+    """Which scorers grade the backends, with what weight, and which picker chooses
+    (docs/placement.md). The default is the cache-aware rule; any change is checked at start-up."""
+
+    picker: str = "incumbent"
+    """``incumbent``: the most-room backend unless one holding more of the prompt scores strictly
+    better by the weighted scorers (raw units); ``max_score``: the best weighted sum of the scorers,
+    each rescaled to [0, 1] over the candidates (llm-d's picker). Or ``module:Class``."""
+    scorers: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_SCORERS))
+    """Scorer name → weight: ``prefix_hit``, ``queued_prefill``, ``room``, ``least_held``,
+    ``fewest_running``, or ``module:Class``."""
+    filters: list[str] = Field(default_factory=list)
+    """Filters added to the admission rule's own (``module:Class``)."""
+
+    @model_validator(mode="after")
+    def _buildable(self) -> ProfileSettings:
+        self.build()  # an unknown name or a bad weight fails here, at start-up, with what exists
+        return self
+
+    def build(self) -> PlacementProfile:
+        return build_profile(self.scorers, self.picker, self.filters)
