@@ -35,9 +35,10 @@ from sagegate.gateway.locality import session_key
 from sagegate.gateway.metrics import GatewayMetrics
 from sagegate.gateway.openai_schema import Route
 from sagegate.gateway.predict import cap, query_of
-from sagegate.gateway.proxy import Failed, Proxy
+from sagegate.gateway.proxy import Proxy
 from sagegate.gateway.queue import DispatchRefused, GatewayRequest, QueueFull
 from sagegate.gateway.rate_limits import RateLimiter
+from sagegate.gateway.relay_ports import Failed
 from sagegate.gateway.settings import GatewaySettings
 from sagegate.gateway.stream import SHUTDOWN_MESSAGE
 from sagegate.gateway.tenants import Identity, identify

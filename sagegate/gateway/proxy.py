@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -34,6 +33,7 @@ from sagegate.gateway.metrics import GatewayMetrics
 from sagegate.gateway.openai_schema import Route
 from sagegate.gateway.predict import Recorder
 from sagegate.gateway.queue import GatewayRequest
+from sagegate.gateway.relay_ports import Failed
 from sagegate.gateway.settings import GatewaySettings
 from sagegate.gateway.sse import USAGE_CAP, SseScanner, plausible_usage
 from sagegate.gateway.stream import SseResponse, answer_headers, close_quietly
@@ -48,18 +48,6 @@ RETRYABLE = frozenset({500, 502, 503, 504})
 THROTTLED = 429
 REFUSED_US = frozenset({401, 403})
 """A backend's answer to the gateway's credentials (``backends[].api_key``), not to the client's."""
-
-
-@dataclass(slots=True)
-class Failed:
-    """Why one try failed before the first byte; ``retry_after`` is set when the backend said 429.
-    ``suspect``: the request may be the cause (see ``gateway.blame``); the backend is not charged
-    until the request's next try gives the verdict."""
-
-    why: str
-    throttled: bool = False
-    retry_after: str | None = None
-    suspect: Suspect | None = None
 
 
 class Proxy:

@@ -20,34 +20,32 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
 
 import httpx
 
 from sagegate.core.outcomes import Outcome, Reason
 from sagegate.gateway import errors
+from sagegate.gateway.backends import Backend
 from sagegate.gateway.continuation import Transcript
 from sagegate.gateway.dispatcher import PauseVerdict
 from sagegate.gateway.lifecycle import RequestState
 from sagegate.gateway.queue import DispatchRefused, GatewayRequest
+from sagegate.gateway.relay_ports import Relay
 from sagegate.gateway.tokens import backend_ids, count_prompt
 
-if TYPE_CHECKING:
-    from sagegate.gateway.backends import Backend
-    from sagegate.gateway.stream import SseResponse
-
-Opened = tuple["Backend", httpx.Response, AsyncIterator[bytes], bytes]
+Opened = tuple[Backend, httpx.Response, AsyncIterator[bytes], bytes]
 """A resumed try that has answered: its backend, response, chunks and first chunk."""
 
 log = logging.getLogger("sagegate.gateway")
 
 
 class Resumer:
-    """The pause and resume of one relayed stream (:class:`gateway.stream.SseResponse`)."""
+    """The pause and resume of one relayed stream (``gateway.stream.SseResponse``, seen through
+    ``gateway.relay_ports.Relay``)."""
 
     __slots__ = ("key", "pausing", "sse", "transcript")
 
-    def __init__(self, sse: SseResponse, transcript: Transcript) -> None:
+    def __init__(self, sse: Relay, transcript: Transcript) -> None:
         self.sse = sse
         self.transcript = transcript
         self.pausing = False
@@ -141,24 +139,22 @@ class Resumer:
 
     async def _continue(self) -> None:
         """Wait for the continuation's dispatch, then relay on from the resumed try's first chunk."""
-        sse = self.sse
-        req, t = sse.req, self.transcript
+        sse, t = self.sse, self.transcript
         metrics = sse.proxy.metrics
         opened = await self._reopen()
         if isinstance(opened, bytes):
             metrics.pauses.labels("failed").inc()
             sse.blame_backend = False
-            sse._end(b"", Outcome.FAILED, event=opened)
+            sse.end(b"", Outcome.FAILED, event=opened)
             return
         b, resp, chunks, first = opened
-        sse.backend, sse.upstream, sse.chunks = b, resp, chunks
-        sse.scanner = sse.proxy.scanner(req)
+        sse.switch(b, resp, chunks)
         prompt = await self._client_prompt_tokens(b)
         t.resumed(self._prompt_offset() if prompt is None else 0, prompt)  # the fallback only if needed
         self.pausing = False
         self.register()
         metrics.pauses.labels("resumed").inc()
-        await sse._read(first)
+        await sse.read(first)
 
     async def _client_prompt_tokens(self, b: Backend) -> int | None:
         """The client's prompt in tokens as backend ``b`` counts it (its ``/tokenize``: the same

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 from starlette.responses import JSONResponse, Response
@@ -24,11 +24,9 @@ from sagegate.gateway.continuation import Transcript, assemble
 from sagegate.gateway.disconnect import DisconnectGuard
 from sagegate.gateway.lifecycle import Lifecycle
 from sagegate.gateway.queue import GatewayRequest
+from sagegate.gateway.relay_ports import RelayHost
 from sagegate.gateway.resume import Resumer
 from sagegate.gateway.sse import EventTooLarge, SseScanner
-
-if TYPE_CHECKING:
-    from sagegate.gateway.proxy import Proxy
 
 log = logging.getLogger("sagegate.gateway")
 
@@ -63,7 +61,7 @@ class SseResponse(Response):
 
     def __init__(
         self,
-        proxy: Proxy,
+        proxy: RelayHost,
         lc: Lifecycle,
         backend: Backend,
         asked: Asked,
@@ -116,7 +114,7 @@ class SseResponse(Response):
                 try:
                     first = self.scanner.feed(self.first)
                 except EventTooLarge as exc:
-                    self._end(b"", Outcome.FAILED, str(exc))
+                    self.end(b"", Outcome.FAILED, str(exc))
                     first = b""
                 first = self._relay(first)
                 if first:
@@ -146,7 +144,7 @@ class SseResponse(Response):
         if self.proxy.closing and self.aborted is None:
             self.abort(SHUTDOWN_MESSAGE)
         if not self.lc.final:
-            self.reader = asyncio.get_running_loop().create_task(self._read())
+            self.reader = asyncio.get_running_loop().create_task(self.read())
             if self.resumer is not None:
                 self.resumer.register()
 
@@ -168,7 +166,7 @@ class SseResponse(Response):
             try:
                 first = self._relay(self.scanner.feed(self.first))
             except EventTooLarge as exc:
-                self._end(b"", Outcome.FAILED, str(exc))
+                self.end(b"", Outcome.FAILED, str(exc))
                 first = b""
             parts.append(first)
             self._start()
@@ -198,7 +196,7 @@ class SseResponse(Response):
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
 
-    async def _read(self, first: bytes = b"") -> None:
+    async def read(self, first: bytes = b"") -> None:
         scanner = self.scanner
         outcome, why = Outcome.CANCELLED, ""
         broke = False
@@ -229,9 +227,14 @@ class SseResponse(Response):
             kept = self.resumer.transcript.uncarried if broke and self.resumer is not None else None
             if kept is not None:
                 why = f"the backend failed mid-stream; a response with {kept} cannot be resumed elsewhere"
-            self._end(b"", outcome, why)
+            self.end(b"", outcome, why)
 
-    def _end(self, data: bytes, outcome: Outcome, why: str = "", event: bytes | None = None) -> None:
+    def switch(self, b: Backend, upstream: httpx.Response, chunks: AsyncIterator[bytes]) -> None:
+        """A resumed try on ``b`` has answered: relay from it now, counted by a fresh scanner."""
+        self.backend, self.upstream, self.chunks = b, upstream, chunks
+        self.scanner = self.proxy.scanner(self.req)
+
+    def end(self, data: bytes, outcome: Outcome, why: str = "", event: bytes | None = None) -> None:
         """Queue the stream's end (with an SSE error event, ``event`` or one made of ``why``, unless
         it ended well), then settle."""
         if event is not None:
@@ -284,7 +287,7 @@ class SseResponse(Response):
         reader = self.reader
         if reader is not None and not reader.done():
             reader.cancel()  # closes the upstream request
-        self._end(b"", Outcome.SHUTDOWN, message)
+        self.end(b"", Outcome.SHUTDOWN, message)
 
     def _settle(self, outcome: Outcome) -> None:
         """Once per request (the reader, the relay and a drain may each end it): the backend's
