@@ -338,7 +338,7 @@ def create_app(
         if verdict is PauseVerdict.DISABLED:
             raise GatewayError(409, "pausing is off (pause.enabled: false)", reason=Reason.PAUSE_DISABLED)
         if verdict is PauseVerdict.UNKNOWN and not any(
-            str(lc.req.rid) == rid for lc in gw.director.ledger.values()
+            str(lc.req.rid) == rid for lc in gw.director.lifecycles.values()
         ):
             raise GatewayError(
                 404,

@@ -78,7 +78,7 @@ class Director:
         self.max_attempts = settings.upstream.max_attempts
         up = settings.upstream
         self.retry_budget = RetryBudget(up.tenant_retry_rate, up.tenant_retry_burst, self.clock)
-        self.ledger: dict[int, Lifecycle] = {}
+        self.lifecycles: dict[int, Lifecycle] = {}
         """Every request from enqueue to its end (streams included): empty when the gateway is idle."""
         self.waiting: set[asyncio.Task[Any]] = set()
         """Handlers in :meth:`serve` (queued, or waiting for a first byte or a whole answer)."""
@@ -256,7 +256,7 @@ class Director:
         if not self.pool.any_healthy():
             self.metrics.rejected(Reason.NO_HEALTHY_BACKEND)
             raise errors.unavailable(Reason.NO_HEALTHY_BACKEND, "no backend is healthy", retry)
-        lc = Lifecycle(req, self.dispatcher, self.ledger)
+        lc = Lifecycle(req, self.dispatcher, self.lifecycles)
         try:
             lc.enqueue()
         except QueueFull as exc:

@@ -53,14 +53,14 @@ class LifecycleError(RuntimeError):
 
 
 class Lifecycle:
-    """A request from its arrival to its end; ``ledger`` holds it while it lives."""
+    """A request from its arrival to its end; ``lifecycles`` (the director's) holds it while it lives."""
 
-    __slots__ = ("dispatcher", "future", "ledger", "on_end", "releases", "req", "reserved", "state")
+    __slots__ = ("dispatcher", "future", "lifecycles", "on_end", "releases", "req", "reserved", "state")
 
-    def __init__(self, req: GatewayRequest, dispatcher: Dispatcher, ledger: dict[int, Lifecycle]) -> None:
+    def __init__(self, req: GatewayRequest, dispatcher: Dispatcher, lifecycles: dict[int, Lifecycle]) -> None:
         self.req = req
         self.dispatcher = dispatcher
-        self.ledger = ledger
+        self.lifecycles = lifecycles
         self.state = RequestState.RECEIVED
         self.future: asyncio.Future[int] | None = None
         self.reserved: int | None = None
@@ -69,7 +69,7 @@ class Lifecycle:
         """Reservations released so far (one per dispatch: a retry is a second dispatch)."""
         self.on_end: Callable[[], None] | None = None
         """Called once when the request ends, however it ends (its rate-limit permit given back)."""
-        ledger[id(self)] = self
+        lifecycles[id(self)] = self
 
     @property
     def final(self) -> bool:
@@ -178,7 +178,7 @@ class Lifecycle:
         if self.reserved is not None:
             self._release(final=True)
         self.state = state
-        self.ledger.pop(id(self), None)
+        self.lifecycles.pop(id(self), None)
         if self.on_end is not None:
             self.on_end()
 

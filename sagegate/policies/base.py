@@ -122,7 +122,7 @@ class LoadView:
     est_service_s: float = 0.0
 
 
-class Placement(NamedTuple):
+class LanePosition(NamedTuple):
     """Where a queued ``LANE_KEY`` policy's request sits in the queue's index (see :meth:`Policy.place`)."""
 
     lane: Hashable
@@ -180,7 +180,7 @@ class Policy:
         priority scheduler (``policies.engine_priority``); None: the order has none to give."""
         return None
 
-    def place(self, req: SchedRequest, now: float) -> Placement:
+    def place(self, req: SchedRequest, now: float) -> LanePosition:
         """``LANE_KEY`` policies: the lane and rank of ``req`` as it enters a queue.
 
         The contract that lets the queue pick by lane heads and still agree with a scan of every key:
@@ -204,7 +204,7 @@ class Policy:
         """``LANE_KEY`` policies: has a request whose placement carries ``flip`` moved on at ``now``."""
         return False
 
-    def after_flip(self, placed: Placement) -> Placement:
+    def after_flip(self, placed: LanePosition) -> LanePosition:
         """``LANE_KEY`` policies: where a request placed at ``placed`` goes when it flips."""
         raise NotImplementedError(f"policy {self.name!r} does not declare flips")
 

@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Hashable
 from typing import Any, cast
 
-from sagegate.policies.base import GATEWAY, Capability, Placement, Policy, SchedRequest, fcfs_tiebreak
+from sagegate.policies.base import GATEWAY, Capability, LanePosition, Policy, SchedRequest, fcfs_tiebreak
 from sagegate.policies.deadline import priority_weight
 from sagegate.policies.params import NonNegative, checked
 from sagegate.policies.prediction import predicted_output
@@ -92,8 +92,8 @@ class VTC(Policy):
     def key(self, req: SchedRequest, now: float) -> Any:
         return (self.tenants[req.tenant], *fcfs_tiebreak(req))
 
-    def place(self, req: SchedRequest, now: float) -> Placement:
-        return Placement(req.tenant, 0)  # one counter per tenant, then first come first served
+    def place(self, req: SchedRequest, now: float) -> LanePosition:
+        return LanePosition(req.tenant, 0)  # one counter per tenant, then first come first served
 
     def primary(self, lane: Hashable, rank: Any, now: float) -> tuple[Any, ...]:
         return (self.tenants[cast(str, lane)],)
@@ -144,8 +144,8 @@ class WFS(Policy):
     def key(self, req: SchedRequest, now: float) -> Any:
         return (-self.score(req), *fcfs_tiebreak(req))
 
-    def place(self, req: SchedRequest, now: float) -> Placement:
-        return Placement(req.tenant, -self.weight(req))
+    def place(self, req: SchedRequest, now: float) -> LanePosition:
+        return LanePosition(req.tenant, -self.weight(req))
 
     def primary(self, lane: Hashable, rank: Any, now: float) -> tuple[Any, ...]:
         c = cast(str, lane)

@@ -16,8 +16,8 @@ from sagegate.policies.base import (
     ADMIT,
     GATEWAY,
     Capability,
+    LanePosition,
     LoadView,
-    Placement,
     Policy,
     SchedRequest,
     Screening,
@@ -110,12 +110,12 @@ class KVConstrained(_Guard):
         lax = self.laxity(req, now)
         return (lax > self.urgent_laxity_s, self.size(req), lax, *fcfs_tiebreak(req))
 
-    def place(self, req: SchedRequest, now: float) -> Placement:
+    def place(self, req: SchedRequest, now: float) -> LanePosition:
         ls = latest_start(req, self.s_in, self.s_out)
-        return Placement("relaxed", (self.size(req), ls), ls if ls != math.inf else None)
+        return LanePosition("relaxed", (self.size(req), ls), ls if ls != math.inf else None)
 
-    def after_flip(self, placed: Placement) -> Placement:
-        return Placement("urgent", placed.rank)
+    def after_flip(self, placed: LanePosition) -> LanePosition:
+        return LanePosition("urgent", placed.rank)
 
     def primary(self, lane: Hashable, rank: Any, now: float) -> tuple[Any, ...]:
         size, ls = rank
@@ -236,15 +236,15 @@ class ScorpioGuard(_Guard):
     def key(self, req: SchedRequest, now: float) -> Any:
         return (-self.urgency(req, now), *fcfs_tiebreak(req))
 
-    def place(self, req: SchedRequest, now: float) -> Placement:
+    def place(self, req: SchedRequest, now: float) -> LanePosition:
         start = self.latest_prefill(req)
         if start == math.inf:
-            return Placement("no-deadline", 0)  # urgency 0
-        return Placement(("slack", priority_weight(req)), start, start)
+            return LanePosition("no-deadline", 0)  # urgency 0
+        return LanePosition(("slack", priority_weight(req)), start, start)
 
-    def after_flip(self, placed: Placement) -> Placement:
+    def after_flip(self, placed: LanePosition) -> LanePosition:
         _, w = cast(tuple[str, float], placed.lane)
-        return Placement(("floor", w), 0)  # urgency w / slack_floor_s
+        return LanePosition(("floor", w), 0)  # urgency w / slack_floor_s
 
     def primary(self, lane: Hashable, rank: Any, now: float) -> tuple[Any, ...]:
         if not isinstance(lane, tuple):

@@ -20,7 +20,7 @@ import itertools
 from collections.abc import Hashable, Iterable
 from typing import Any, Generic, TypeVar
 
-from sagegate.policies.base import Placement, Policy, SchedRequest, fcfs_tiebreak
+from sagegate.policies.base import LanePosition, Policy, SchedRequest, fcfs_tiebreak
 
 R = TypeVar("R", bound=SchedRequest)
 _TIEBREAK = 2  # every key ends with ``fcfs_tiebreak(req)``: (arrival, id)
@@ -51,7 +51,7 @@ class LaneIndex(Generic[R]):
         self.policy = policy
         self._lanes: dict[Hashable, _Lane[R]] = {}
         self._where: dict[int, tuple[Hashable, Any, int]] = {}  # id(req) -> (lane, rank, token)
-        self._flips: list[tuple[float, int, Placement, R]] = []  # (flip, token, placement, request)
+        self._flips: list[tuple[float, int, LanePosition, R]] = []  # (flip, token, placement, request)
         self._tokens = itertools.count()
         self._now = float("-inf")
 
@@ -98,7 +98,7 @@ class LaneIndex(Generic[R]):
         return best
 
     # --- internals ----------------------------------------------------------------------------
-    def _insert(self, req: R, p: Placement) -> int:
+    def _insert(self, req: R, p: LanePosition) -> int:
         token = next(self._tokens)
         lane = self._lanes.get(p.lane)
         if lane is None:

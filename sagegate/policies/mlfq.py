@@ -12,7 +12,15 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Annotated, Any
 
-from sagegate.policies.base import ENGINE, GATEWAY, Capability, Placement, Policy, SchedRequest, fcfs_tiebreak
+from sagegate.policies.base import (
+    ENGINE,
+    GATEWAY,
+    Capability,
+    LanePosition,
+    Policy,
+    SchedRequest,
+    fcfs_tiebreak,
+)
 from sagegate.policies.params import NonNegative, Positive, Range, checked
 from sagegate.policies.registry import register
 
@@ -98,10 +106,10 @@ class FastServe(Policy):
     def key(self, req: SchedRequest, now: float) -> Any:
         return (self.level_of(req, now), *fcfs_tiebreak(req))
 
-    def place(self, req: SchedRequest, now: float) -> Placement:
+    def place(self, req: SchedRequest, now: float) -> LanePosition:
         st = self._state(req, now)
         starves = st.waiting_since is not None and st.level != 0
-        return Placement(st.level, 0, st.waiting_since if starves else None)
+        return LanePosition(st.level, 0, st.waiting_since if starves else None)
 
     def primary(self, lane: Hashable, rank: Any, now: float) -> tuple[Any, ...]:
         return (lane,)
@@ -109,8 +117,8 @@ class FastServe(Policy):
     def flipped(self, flip: float, now: float) -> bool:
         return now - flip >= self.starvation_s
 
-    def after_flip(self, placed: Placement) -> Placement:
-        return Placement(0, 0)  # promoted: the top queue
+    def after_flip(self, placed: LanePosition) -> LanePosition:
+        return LanePosition(0, 0)  # promoted: the top queue
 
     def on_arrival(self, req: SchedRequest, now: float) -> None:
         st = self._state(req, now)

@@ -12,7 +12,15 @@ from collections.abc import Hashable, Sequence
 from typing import Annotated, Any
 
 from sagegate.core.distribution import DEFAULT_PRIOR, LengthDistribution
-from sagegate.policies.base import ENGINE, GATEWAY, Capability, Placement, Policy, SchedRequest, fcfs_tiebreak
+from sagegate.policies.base import (
+    ENGINE,
+    GATEWAY,
+    Capability,
+    LanePosition,
+    Policy,
+    SchedRequest,
+    fcfs_tiebreak,
+)
 from sagegate.policies.params import Positive, Range, checked
 from sagegate.policies.registry import register
 
@@ -85,9 +93,9 @@ class SSJF(Policy):
             return (0, since, *fcfs_tiebreak(req))
         return (1, predicted_output(req), *fcfs_tiebreak(req))
 
-    def place(self, req: SchedRequest, now: float) -> Placement:
+    def place(self, req: SchedRequest, now: float) -> LanePosition:
         since = req.pstate if req.pstate is not None else req.arrival_s
-        return Placement("waiting", predicted_output(req), since)
+        return LanePosition("waiting", predicted_output(req), since)
 
     def primary(self, lane: Hashable, rank: Any, now: float) -> tuple[Any, ...]:
         return (0 if lane == "starving" else 1, rank)
@@ -95,8 +103,8 @@ class SSJF(Policy):
     def flipped(self, flip: float, now: float) -> bool:
         return now - flip >= self.starvation_s
 
-    def after_flip(self, placed: Placement) -> Placement:
-        return Placement("starving", placed.flip)  # by when it started waiting
+    def after_flip(self, placed: LanePosition) -> LanePosition:
+        return LanePosition("starving", placed.flip)  # by when it started waiting
 
 
 # --- LTR ----------------------------------------------------------------------------------------
@@ -170,9 +178,9 @@ class LearningToRank(Policy):
             return (0, st.since_round, 0.0, *fcfs_tiebreak(req))
         return (1, 0, st.score, *fcfs_tiebreak(req))
 
-    def place(self, req: SchedRequest, now: float) -> Placement:
+    def place(self, req: SchedRequest, now: float) -> LanePosition:
         st = self._state(req)
-        return Placement("waiting", st.score, st.since_round)
+        return LanePosition("waiting", st.score, st.since_round)
 
     def primary(self, lane: Hashable, rank: Any, now: float) -> tuple[Any, ...]:
         return (0, rank, 0.0) if lane == "promoted" else (1, 0, rank)
@@ -180,8 +188,8 @@ class LearningToRank(Policy):
     def flipped(self, flip: float, now: float) -> bool:
         return self.rounds - flip >= self.starvation_rounds
 
-    def after_flip(self, placed: Placement) -> Placement:
-        return Placement("promoted", placed.flip)  # by the round it started waiting in
+    def after_flip(self, placed: LanePosition) -> LanePosition:
+        return LanePosition("promoted", placed.flip)  # by the round it started waiting in
 
 
 # --- TRAIL --------------------------------------------------------------------------------------

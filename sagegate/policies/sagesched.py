@@ -14,7 +14,15 @@ from collections.abc import Hashable
 from typing import Annotated, Any
 
 from sagegate.core.distribution import LengthDistribution
-from sagegate.policies.base import ENGINE, GATEWAY, Capability, Placement, Policy, SchedRequest, fcfs_tiebreak
+from sagegate.policies.base import (
+    ENGINE,
+    GATEWAY,
+    Capability,
+    LanePosition,
+    Policy,
+    SchedRequest,
+    fcfs_tiebreak,
+)
 from sagegate.policies.cost import service_cost
 from sagegate.policies.fairness import TenantCounters
 from sagegate.policies.gittins import GittinsTable, GittinsTracker
@@ -187,9 +195,9 @@ class SageSched(_GittinsPolicy):
 
     # lanes (with max_wait_s or fair_tenants), per priority band: ("waiting", band[, tenant]) by rank
     # until max_wait_s after arrival, then ("aged", band) by arrival
-    def place(self, req: SchedRequest, now: float) -> Placement:
+    def place(self, req: SchedRequest, now: float) -> LanePosition:
         lane = ("waiting", req.priority) if self.tenants is None else ("waiting", req.priority, req.tenant)
-        return Placement(lane, self.rank(req), req.arrival_s)
+        return LanePosition(lane, self.rank(req), req.arrival_s)
 
     def primary(self, lane: Hashable, rank: Any, now: float) -> tuple[Any, ...]:
         kind, band, tenant = _band_lane(lane)
@@ -220,9 +228,9 @@ class SageSched(_GittinsPolicy):
     def flipped(self, flip: float, now: float) -> bool:
         return self.max_wait_s is not None and now - flip >= self.max_wait_s
 
-    def after_flip(self, placed: Placement) -> Placement:
+    def after_flip(self, placed: LanePosition) -> LanePosition:
         _, band, _ = _band_lane(placed.lane)
-        return Placement(("aged", band), placed.flip)  # by arrival
+        return LanePosition(("aged", band), placed.flip)  # by arrival
 
 
 def _band_lane(lane: Hashable) -> tuple[str, int, str]:

@@ -121,7 +121,7 @@ class PromptFeatures:
 
 
 @dataclass(frozen=True, slots=True)
-class Prediction:
+class NeighbourAnswer:
     distribution: LengthDistribution
     path: str
     neighbours: int = 0
@@ -233,30 +233,30 @@ class SemanticPredictor:
     # --- prediction ---------------------------------------------------------------------------
     def predict_features(
         self, feats: PromptFeatures | None, prompt_tokens: int, model: str | None = None
-    ) -> Prediction:
+    ) -> NeighbourAnswer:
         """The prediction from local state only (no I/O)."""
         if not self._started:
             self.start()
         shard = self._shards.get(model or self.default_model)
         cfg = self.config
         if shard is None:
-            return self.tally(Prediction(self._cold(feats, prompt_tokens), "cold", features=feats))
+            return self.tally(NeighbourAnswer(self._cold(feats, prompt_tokens), "cold", features=feats))
         with shard.index.lock:
             prior, prior_path = shard.prior_for(prompt_tokens, self.clock())
             if feats is None:
-                return self.tally(Prediction(prior, prior_path))
+                return self.tally(NeighbourAnswer(prior, prior_path))
             h = self._head_score(shard, feats, prompt_tokens)
             prior = self._moved_prior(shard, prior, prior_path, h)
             with self._df_lock:
                 q_w = self._docfreq.weigh(feats.terms, feats.counts)
             cand = shard.index.search(feats.embedding, feats.terms, q_w, cfg.k_dense, cfg.k_lexical)
         if not cand.rows.size:
-            return self._answer(shard, Prediction(prior, prior_path, features=feats))
+            return self._answer(shard, NeighbourAnswer(prior, prior_path, features=feats))
         sim = cfg.dense_weight * cand.dense + (1.0 - cfg.dense_weight) * cand.lexical
         keep = np.flatnonzero(sim >= cfg.floor)
         best = float(sim.max())
         if keep.size < cfg.min_neighbours:
-            return self._answer(shard, Prediction(prior, prior_path, int(keep.size), best, feats))
+            return self._answer(shard, NeighbourAnswer(prior, prior_path, int(keep.size), best, feats))
         if keep.size > cfg.k:
             keep = keep[np.argpartition(-sim[keep], cfg.k)[: cfg.k]]
         s = sim[keep]
@@ -282,7 +282,7 @@ class SemanticPredictor:
             if len(dist.support) > cfg.max_points:
                 dist = LengthDistribution.from_samples(dist.support, dist.probs, max_points=cfg.max_points)
         dist = toward_repeats(dist, cand, keep, prompt_tokens, cfg.repeat_weight, cfg.repeat_cosine)
-        return self._answer(shard, Prediction(dist, "semantic", int(keep.size), best, feats))
+        return self._answer(shard, NeighbourAnswer(dist, "semantic", int(keep.size), best, feats))
 
     def _head_score(self, shard: ModelShard, feats: PromptFeatures, prompt_tokens: int) -> float | None:
         if self.config.head_weight <= 0 and self.config.head_prior_weight <= 0:
@@ -311,13 +311,13 @@ class SemanticPredictor:
         h = model.score(head_features(feats.embedding, feats.cues, prompt_tokens))
         return LengthDistribution.from_samples(*lognormal_points(h, model.sigma))
 
-    def _answer(self, shard: ModelShard, p: Prediction) -> Prediction:
+    def _answer(self, shard: ModelShard, p: NeighbourAnswer) -> NeighbourAnswer:
         """Stretch the spread by the shard's conformal factor and count the path."""
         if self.config.calibrate:
             p = replace(p, distribution=shard.calibrator.apply(p.distribution, p.features))
         return self.tally(p)
 
-    def tally(self, p: Prediction) -> Prediction:
+    def tally(self, p: NeighbourAnswer) -> NeighbourAnswer:
         """Count the path an answer took (``stats``) and return it."""
         self.counters.paths[p.path] += 1
         return p
@@ -327,14 +327,14 @@ class SemanticPredictor:
         self.counters.errors += 1
         log.exception(what)
 
-    def fallback(self, prompt_tokens: int, model: str | None = None) -> Prediction:
+    def fallback(self, prompt_tokens: int, model: str | None = None) -> NeighbourAnswer:
         """Prior-only answer (used when the embedder fails)."""
         shard = self._shards.get(model or self.default_model)
         if shard is None:
-            return Prediction(DEFAULT_PRIOR, "cold")
+            return NeighbourAnswer(DEFAULT_PRIOR, "cold")
         with shard.index.lock:
             dist, path = shard.prior_for(prompt_tokens, self.clock())
-        return Prediction(dist, path)
+        return NeighbourAnswer(dist, path)
 
     # --- history ------------------------------------------------------------------------------
     def record_features(

@@ -55,11 +55,11 @@ from sagegate.sim.server_runner import SCHEDULING_POLICIES, BackendSettings, Eng
 __all__ = [
     "SCHEDULING_POLICIES",
     "ApiError",
-    "Backend",
     "BackendSettings",
     "EngineRunner",
     "Metrics",
     "PriorityPolicy",
+    "SimulatedBackend",
     "create_app",
 ]
 
@@ -104,7 +104,7 @@ def _output_ids(written: int, n: int) -> list[int] | None:
     return [table[(written + i) % k] for i in range(n)]
 
 
-class Backend:
+class SimulatedBackend:
     """Request handling shared by the routes: validation, submission, response shapes."""
 
     def __init__(self, settings: BackendSettings) -> None:
@@ -337,7 +337,7 @@ class ApiKeyMiddleware:
 def create_app(settings: BackendSettings | None = None) -> FastAPI:
     """The simulated backend as an ASGI app. Raises ValueError for a bad model, GPU or engine setting."""
     settings = settings or BackendSettings()
-    be = Backend(settings)
+    be = SimulatedBackend(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -52,7 +52,7 @@ class Reservations:
 def ledger_empty(gw: Gateway) -> bool:
     """No request alive in the director, nothing queued, nothing held or waited for at any backend."""
     return (
-        not gw.director.ledger
+        not gw.director.lifecycles
         and len(gw.queue) == 0
         and all(
             b.inflight == 0
@@ -124,8 +124,8 @@ def test_client_gone_mid_stream_releases_once() -> None:
         lines = r.iter_lines()
         first = next(lines)
         assert r.status_code == 200 and first.startswith("data: ") and '"error"' not in first, first
-        assert len(gw.director.ledger) == 1, (first, seen)
-        (lc,) = gw.director.ledger.values()
+        assert len(gw.director.lifecycles) == 1, (first, seen)
+        (lc,) = gw.director.lifecycles.values()
         assert lc.state is RequestState.STREAMING
     assert len(seen.taken) == 1
 
@@ -193,7 +193,7 @@ def test_the_drain_deadline_ends_a_stream_and_releases_it_once() -> None:
 
         t = threading.Thread(target=stream, daemon=True)
         t.start()
-        wait_until(lambda: len(gw.director.ledger) == 1 and len(gw.proxy.streams) == 1, what="streaming")
+        wait_until(lambda: len(gw.director.lifecycles) == 1 and len(gw.proxy.streams) == 1, what="streaming")
         loop = _loop_of(gw)
         loop.call_soon_threadsafe(gw.director.close_all)
         t.join(10)
