@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from tests.gateway_support import wait_until
+
 pytestmark = pytest.mark.heavy  # the demo and its backends, as processes
 
 
@@ -75,7 +77,6 @@ def test_demo_twin_only_runs_no_process_and_tabulates_every_draw(tmp_path):
 def test_a_demo_killed_mid_run_leaves_no_process(tmp_path):
     """``kill`` (SIGTERM) unwinds the demo as Ctrl-C would: the backends it started go with it."""
     import signal
-    import time
 
     args = ["demo", "--quick", "--no-router", "--no-progress", "--out", str(tmp_path)]
     proc = subprocess.Popen(
@@ -85,16 +86,12 @@ def test_a_demo_killed_mid_run_leaves_no_process(tmp_path):
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 120
-        while len(_left_in_group(proc.pid)) < 3 and time.monotonic() < deadline:  # it and two backends
-            time.sleep(0.2)
-        assert len(_left_in_group(proc.pid)) >= 3, "the demo never started its backends"
+        wait_until(  # it and two backends
+            lambda: len(_left_in_group(proc.pid)) >= 3, timeout=120, what="the demo's backends started"
+        )
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 128 + signal.SIGTERM
-        deadline = time.monotonic() + 30
-        while _left_in_group(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _left_in_group(proc.pid) == []
+        wait_until(lambda: _left_in_group(proc.pid) == [], timeout=30, what="no process of the demo left")
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -64,7 +64,7 @@ def test_a_vector_made_in_time_is_used_though_the_loop_was_slow_to_pick_it_up() 
         task = asyncio.ensure_future(predictor.predict(PredictionQuery(0, 10, "r", model="m")))
         for _ in range(3):
             await asyncio.sleep(0)  # the job is submitted to the worker
-        time.sleep(0.2)  # the loop blocked past the budget while the worker embeds
+        time.sleep(0.1)  # the loop blocked past the budget (0.05 s) while the worker embeds
         return await task
 
     prediction = asyncio.run(run())
