@@ -4,9 +4,9 @@ workload on its fixed schedule through
 * ``rr``: vllm-router 0.1.17 ``--policy round_robin`` (vLLM behind a plain balancer),
 * ``cache_aware``: vllm-router ``--policy cache_aware`` with its defaults (the cache-aware router a
   latency-minded user already runs),
-* ``sagegate``: the gateway with its defaults (``sagesched``, semantic predictor, cache-aware placement)
-  but ``cap_at_max_tokens`` off and no queue timeout (``live_fronts.GATEWAY_ENV``: aiperf sends the
-  true output length as ``max_completion_tokens``),
+* ``sagegate``: the gateway (``sagesched``, the semantic predictor, cache-aware placement; ``sg_default``:
+  the product's default predictor, ``prefix``), with ``cap_at_max_tokens`` off and no queue timeout
+  (``live_fronts.GATEWAY_ENV``: aiperf sends the true output length as ``max_completion_tokens``),
 
 each in front of two fresh simulated backends (``sagegate backend``, Llama-3.1-8B/H100, prefix caching
 on, time scale T; fresh per run, so no cache carries over).

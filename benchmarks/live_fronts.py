@@ -24,7 +24,8 @@ none), so every set-up serves the same requests."""
 FRONTS = {
     "rr": "vllm-router --policy round_robin",
     "cache_aware": "vllm-router --policy cache_aware (its defaults)",
-    "sagegate": "sagegate serve (its defaults; cap_at_max_tokens off, no queue timeout)",
+    "sagegate": "sagegate serve with the semantic predictor (cap_at_max_tokens off, no queue timeout)",
+    "sg_default": "sagegate serve with its defaults (the prefix predictor; cap off, no queue timeout)",
     "sg_placement": "sagegate with fcfs: cache-aware placement alone (the A/B)",
     "sg_rank": "sagegate with placement least_loaded: the rank alone, blind to the cache (the A/B)",
     "sg_blind": "sagegate with sagesched:shared_prefix=false: placement, and a rank blind to the cache",
@@ -32,13 +33,15 @@ FRONTS = {
 }
 """The fronts a run can put before the backends, by the name the scripts take."""
 GATEWAYS = {
-    "sagegate": ("sagesched", {}),
-    "sg_placement": ("fcfs", {}),
-    "sg_rank": ("sagesched", {"SAGEGATE_PLACEMENT__MODE": "least_loaded"}),
-    "sg_blind": ("sagesched:shared_prefix=false", {}),
-    "sg_waits": ("sagesched", {"SAGEGATE_DISPATCH_FIRST": "false"}),
+    "sagegate": ("sagesched", "semantic", {}),
+    "sg_default": ("sagesched", "prefix", {}),
+    "sg_placement": ("fcfs", "semantic", {}),
+    "sg_rank": ("sagesched", "semantic", {"SAGEGATE_PLACEMENT__MODE": "least_loaded"}),
+    "sg_blind": ("sagesched:shared_prefix=false", "semantic", {}),
+    "sg_waits": ("sagesched", "semantic", {"SAGEGATE_DISPATCH_FIRST": "false"}),
 }
-"""The gateway fronts: (policy, settings beside ``GATEWAY_ENV``)."""
+"""The gateway fronts: (policy, predictor, settings beside ``GATEWAY_ENV``). The A/B fronts keep the
+semantic predictor the earlier live figures ran; ``sg_default`` is the product as shipped."""
 
 
 def write_jsonl(rows: Sequence[dict[str, Any]], path: Path, time_div: float = 1.0) -> Path:
@@ -78,9 +81,9 @@ def fronted(
         raise ValueError(f"unknown front {front!r}: one of {', '.join(FRONTS)}")
     with backends(2, model, gpu, time_scale) as urls:
         if front in GATEWAYS:
-            policy, extra = GATEWAYS[front]
+            policy, predictor, extra = GATEWAYS[front]
             env = {**GATEWAY_ENV, **extra, **(gateway_env or {})}
-            with gateway(urls, policy, "semantic", env=env) as url:
+            with gateway(urls, policy, predictor, env=env) as url:
                 yield url, urls
         else:
             policy = "round_robin" if front == "rr" else "cache_aware"
