@@ -1,9 +1,9 @@
 """Server-sent events read by line, as the specification says (WHATWG HTML, *server-sent events*).
 
 An event is a block of lines ended by a blank line; a line ``data:`` (one space after the colon is
-dropped) adds to its data, several joined by ``\\n``; other fields (``event:``, ``id:``) and comments
-(``:``) carry no data. Lines end in ``\\n``, ``\\r\\n`` or ``\\r``: a block is read with ``\\r\\n`` and
-lone ``\\r`` made ``\\n`` first (:func:`normalize`).
+dropped; a bare ``data`` line adds an empty one) adds to its data, several joined by ``\\n``; other
+fields (``event:``, ``id:``) and comments (``:``) carry no data. Lines end in ``\\n``, ``\\r\\n`` or
+``\\r``: a block is read with ``\\r\\n`` and lone ``\\r`` made ``\\n`` first (:func:`normalize`).
 
 Matching is on line starts only. A JSON string cannot hold a raw newline, so ``data:`` or
 ``[DONE]`` inside generated text never reads as a field here (a byte search over the event would).
@@ -42,7 +42,7 @@ def data(event: bytes) -> bytes | None:
     if event.startswith(b"data:") and b"\n" not in event:  # the common case: one line
         value = event[5:]
         return value[1:] if value[:1] == b" " else value
-    lines = [ln[5:] for ln in event.split(b"\n") if ln.startswith(b"data:")]
+    lines = [ln[5:] for ln in event.split(b"\n") if ln.startswith(b"data:") or ln == b"data"]
     if not lines:
         return None
     return b"\n".join(ln[1:] if ln[:1] == b" " else ln for ln in lines)
@@ -69,6 +69,8 @@ class Framer:
 
     def feed(self, chunk: bytes) -> bytes:
         """The whole events ``chunk`` completes, normalized, ready to forward (possibly empty)."""
+        if not chunk:
+            return b""  # (a pending \r stays pending)
         if self.cr and chunk[:1] == b"\n":
             chunk = chunk[1:]
         self.cr = chunk[-1:] == b"\r"

@@ -129,7 +129,7 @@ class LanePosition(NamedTuple):
     rank: Any
     """Order inside the lane (then first come first served); hashable and totally ordered."""
     flip: float | None = None
-    """The request moves to ``policy.after_flip(placement)`` once ``policy.flipped(flip, now)``;
+    """The request moves to ``policy.after_flip(position)`` once ``policy.flipped(flip, now)``;
     None: never."""
 
 
@@ -197,11 +197,12 @@ class Policy:
         raise NotImplementedError(f"policy {self.name!r} does not declare lanes")
 
     def primary(self, lane: Hashable, rank: Any, now: float) -> tuple[Any, ...]:
-        """``LANE_KEY`` policies: the key, less its first-come-first-served tail, of a request placed so."""
+        """``LANE_KEY`` policies: the key, less its first-come-first-served tail, of a request at that
+        position."""
         raise NotImplementedError(f"policy {self.name!r} does not declare lanes")
 
     def flipped(self, flip: float, now: float) -> bool:
-        """``LANE_KEY`` policies: has a request whose placement carries ``flip`` moved on at ``now``."""
+        """``LANE_KEY`` policies: has a request whose position carries ``flip`` moved on at ``now``."""
         return False
 
     def after_flip(self, placed: LanePosition) -> LanePosition:

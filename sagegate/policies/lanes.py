@@ -6,7 +6,7 @@ decreases along the ranks of a lane, whatever the clock or the policy's counters
 request of a lane is the first rank's earliest request, unless the next ranks' primaries tie with it
 (floating-point rounding can make distinct ranks tie, e.g. ``lax = ls − now``), in which case the
 earliest of all the tied ranks. The pick is the least key over the lanes' best, so it is the scan's
-pick, in O(lanes · log n) instead of O(n), and reads no request's key. Requests whose placement flips
+pick, in O(lanes · log n) instead of O(n), and reads no request's key. Requests whose position flips
 (a clock or a round count passing a threshold) wait in one heap ordered by ``flip`` and move lanes as
 it passes.
 
@@ -51,7 +51,7 @@ class LaneIndex(Generic[R]):
         self.policy = policy
         self._lanes: dict[Hashable, _Lane[R]] = {}
         self._where: dict[int, tuple[Hashable, Any, int]] = {}  # id(req) -> (lane, rank, token)
-        self._flips: list[tuple[float, int, LanePosition, R]] = []  # (flip, token, placement, request)
+        self._flips: list[tuple[float, int, LanePosition, R]] = []  # (flip, token, position, request)
         self._tokens = itertools.count()
         self._now = float("-inf")
 

@@ -18,6 +18,13 @@ def test_an_event_s_data_is_its_data_lines_joined_and_other_fields_carry_none() 
     assert data(b'data: {"content":"data: [DONE]"}') == b'{"content":"data: [DONE]"}' != DONE
 
 
+def test_a_bare_data_line_adds_an_empty_line_and_an_empty_read_keeps_a_pending_cr() -> None:
+    assert data(b"data\ndata: b") == b"\nb"
+    framer = Framer()
+    out = framer.feed(b"data: a\r") + framer.feed(b"") + framer.feed(b"\ndata: b\r\n\r\n")
+    assert [data(e) for e in events(out)] == [b"a\nb"]  # the \r\n across the reads is one line end
+
+
 def test_every_line_ending_frames_the_same_events() -> None:
     lf = b"data: 1\n\ndata: 2\n\n"
     for block in (lf, lf.replace(b"\n", b"\r\n"), lf.replace(b"\n", b"\r")):

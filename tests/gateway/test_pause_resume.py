@@ -72,7 +72,7 @@ def settled(gw: ServerThread) -> bool:
     held prompt and generated tokens back to zero (each try's accounted and released once)."""
     state = gw.app.state.gateway
     held = [(b.held_prompt, b.held_generated) for b in state.pool.backends]
-    return idle(gw.url) and not state.director.ledger and all(h == (0, 0) for h in held)
+    return idle(gw.url) and not state.director.lifecycles and all(h == (0, 0) for h in held)
 
 
 @pytest.fixture(scope="module")
@@ -424,7 +424,7 @@ def test_a_drain_ends_a_paused_request_cleanly() -> None:
             for _ in stream:
                 pass
         hold.join(60)
-        assert not gw.app.state.gateway.director.ledger
+        assert not gw.app.state.gateway.director.lifecycles
 
 
 @pytest.mark.heavy

@@ -61,7 +61,7 @@ def test_a_higher_band_pauses_a_lower_bands_stream_that_holds_its_room(bands: bo
 
         t = threading.Thread(target=run_low)
         t.start()
-        ledger = gw.app.state.gateway.director.ledger
+        ledger = gw.app.state.gateway.director.lifecycles
         wait_until(
             lambda: any(lc.state == "streaming" for lc in ledger.values()), what="the low band streaming"
         )
@@ -107,7 +107,7 @@ def test_room_kept_for_a_higher_band_serves_it_while_the_default_band_floods(res
         flood = [threading.Thread(target=run_low, args=(i,)) for i in range(3)]
         for t in flood:
             t.start()
-        ledger = gw.app.state.gateway.director.ledger
+        ledger = gw.app.state.gateway.director.lifecycles
         in_flight = 2 if reserve else 3  # what the default band may fill
         wait_until(
             lambda: sum(lc.state == "streaming" for lc in ledger.values()) == in_flight,

@@ -162,6 +162,24 @@ def test_max_score_never_goes_where_the_rule_does_not_admit() -> None:
     assert profile.place(Charge(500, None, cfg), loads, cfg, 500, [True, False], None).backend is None
 
 
+def test_max_score_bounds_a_cold_backend_s_backlog_by_whole_prompts() -> None:
+    """Another backend's hit does not loosen a cold backend's waiting-tokens bound (it counts whole
+    prompts there, as the most-room rule does)."""
+    cfg = AdmissionConfig(max_waiting_tokens=1000)
+    cold = BackendLoad(10_000, waiting=1, waiting_tokens=900, prefix_hit_ratio=0.9)  # 900 + 500 > 1000
+    warm = BackendLoad(10_000, charged_tokens=9000)
+    profile = build_profile({"room": 1.0}, "max_score")
+    placed = profile.place(
+        Charge(500, None, cfg), [cold, warm], cfg, 500, None, CacheView([0, 200], [0, 200])
+    )
+    assert placed.backend == 1
+
+
+class Explodes:
+    def __init__(self) -> None:
+        raise RuntimeError("no licence server")
+
+
 class OnlyEven:
     """A filter from outside the package (``module:Class``): only even-numbered backends."""
 
@@ -190,6 +208,9 @@ def test_a_filter_from_outside_the_package_is_loaded_by_its_path() -> None:
         ({"scorers": {"no.such.module:Scorer": 1}}, "could not be made"),
         ({"filters": [f"{__name__}:reference"]}, "could not be made"),
         ({"filters": ["sagegate.gateway.settings:GatewaySettings"]}, "has no keep() method"),
+        ({"scorers": {f"{__name__}:Explodes": 1}}, "could not be made: no licence server"),
+        ({"scorers": {}}, "at least one needs a non-zero weight"),
+        ({"scorers": {"room": 0, "prefix_hit": 0}}, "at least one needs a non-zero weight"),
     ],
 )
 def test_a_bad_profile_is_refused_at_start_up_with_what_exists(profile: dict, says: str) -> None:

@@ -69,12 +69,17 @@ class Incumbent:
 class MaxScore:
     """llm-d's max-score picker: each scorer's scores rescaled to [0, 1] over the backends the filters
     keep (all equal: 0), weighted and summed; the highest wins, the first on ties. Weights are then
-    relative importance (``prefix_hit: 2, room: 1``), whatever each scorer's unit."""
+    relative importance (``prefix_hit: 2, room: 1``), whatever each scorer's unit. The rescaling
+    stretches any difference to the full range: one token more room counts as much as the whole gap
+    between the emptiest and the fullest backend, so weight a scorer that splits hairs lightly."""
 
     def pick(self, c: Candidates) -> int | None:
         q = c.query
         hits = q.hits
-        kept = [i for i in range(len(q.loads)) if c.kept(i, hits[i] if hits is not None else None)]
+        # a backend's backlog is counted in prefill it will do only where it holds part of the prompt
+        kept = [
+            i for i in range(len(q.loads)) if c.kept(i, hits[i] if hits is not None and hits[i] > 0 else None)
+        ]
         if len(kept) <= 1:
             return kept[0] if kept else None
         total = [0.0] * len(kept)

@@ -91,6 +91,8 @@ def build_profile(
     for name, w in weights.items():
         if not math.isfinite(w):
             raise ValueError(f"placement scorer {name!r}: weight must be finite, got {w}")
+    if not any(weights.values()):  # every backend would score the same: the first kept would take all
+        raise ValueError("placement scorers: at least one needs a non-zero weight")
     return PlacementProfile(
         scorers=tuple((make_plugin("scorer", n, SCORERS, "score"), float(w)) for n, w in weights.items()),
         picker=make_plugin("picker", picker, PICKERS, "pick"),

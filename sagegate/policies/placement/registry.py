@@ -42,7 +42,7 @@ def make_plugin(kind: str, name: str, table: Mapping[str, Callable[[], Any]], me
     module, _, attr = name.partition(":")
     try:
         plugin = getattr(importlib.import_module(module), attr)()
-    except (ImportError, AttributeError, TypeError) as e:
+    except Exception as e:  # whatever its import or constructor raises: a config error, not a crash
         raise ValueError(f"placement {kind} {name!r} could not be made: {e}") from e
     if not callable(getattr(plugin, method, None)):
         raise ValueError(f"placement {kind} {name!r} has no {method}() method")
