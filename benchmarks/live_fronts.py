@@ -30,6 +30,7 @@ FRONTS = {
     "sg_rank": "sagegate with placement least_loaded: the rank alone, blind to the cache (the A/B)",
     "sg_blind": "sagegate with sagesched:shared_prefix=false: placement, and a rank blind to the cache",
     "sg_waits": "sagegate with dispatch_first off: every request waits for its prediction (the A/B)",
+    "sg_sticky": "sg_default with placement's prefix_hit weighed 2 (a cached token worth two queued)",
 }
 """The fronts a run can put before the backends, by the name the scripts take."""
 GATEWAYS = {
@@ -39,6 +40,11 @@ GATEWAYS = {
     "sg_rank": ("sagesched", "semantic", {"SAGEGATE_PLACEMENT__MODE": "least_loaded"}),
     "sg_blind": ("sagesched:shared_prefix=false", "semantic", {}),
     "sg_waits": ("sagesched", "semantic", {"SAGEGATE_DISPATCH_FIRST": "false"}),
+    "sg_sticky": (
+        "sagesched",
+        "prefix",
+        {"SAGEGATE_PLACEMENT__PROFILE__SCORERS": '{"prefix_hit": 2, "queued_prefill": 1}'},
+    ),
 }
 """The gateway fronts: (policy, predictor, settings beside ``GATEWAY_ENV``). The A/B fronts keep the
 semantic predictor the earlier live figures ran; ``sg_default`` is the product as shipped."""
