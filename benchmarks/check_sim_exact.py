@@ -118,10 +118,8 @@ def stress_runs() -> Iterator[tuple[str, SimResult]]:
                             continue
                         cfg = EngineConfig(num_gpu_blocks_override=blocks)
                         # Two engines at the gateway: also cache-aware placement (its plugin profile).
-                        places = (
-                            ("least_loaded", "cache_aware") if level == "gateway" and engines > 1 else ("",)
-                        )
-                        for place in places:
+                        two_at_gateway = level == "gateway" and engines > 1
+                        for place in ("least_loaded", "cache_aware") if two_at_gateway else ("least_loaded",):
                             setup = SimSetup(
                                 perf,
                                 cfg,
@@ -131,7 +129,7 @@ def stress_runs() -> Iterator[tuple[str, SimResult]]:
                                 predictor=make_predictor(
                                     "noisy-oracle", relative_error=0.5, seed=4, truth=answer_key(work)
                                 ),
-                                placement=place or "least_loaded",
+                                placement=place,
                             )
                             name = f"stress/{wname}/b{blocks}/e{engines}/{pol}@{level}"
                             yield (

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sagegate.core.request import FORCED_OUTPUT_FIELD
+from sagegate.core.sse import json_event
 
 
 @dataclass
@@ -194,7 +195,7 @@ class FakeServer:
 
 
 def _event(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+    return json_event(obj)
 
 
 def _chunk(writer: asyncio.StreamWriter, data: bytes) -> None:

@@ -13,6 +13,9 @@ frames and reads events with these functions.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 DONE = b"[DONE]"
 """OpenAI's end-of-stream data."""
 
@@ -51,6 +54,11 @@ def data(event: bytes) -> bytes | None:
 def frame(data_: bytes) -> bytes:
     """One event carrying ``data_`` (no newline in it: JSON's encoding has none)."""
     return b"data: " + data_ + b"\n\n"
+
+
+def json_event(obj: Any) -> bytes:
+    """One event carrying ``obj`` as compact JSON (as vLLM sends its chunks)."""
+    return frame(json.dumps(obj, separators=(",", ":")).encode())
 
 
 class Framer:

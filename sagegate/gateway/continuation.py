@@ -85,10 +85,6 @@ def _payload(event: bytes) -> Any:
         return None
 
 
-def _sse(obj: Any) -> bytes:
-    return sse.frame(json.dumps(obj, separators=(",", ":")).encode())
-
-
 class Transcript:
     """What the client has been sent of one request, across its tries (legs)."""
 
@@ -145,7 +141,7 @@ class Transcript:
                 out.append(event + b"\n\n")
                 continue
             if self._rewrite(obj):
-                out.append(_sse(obj))
+                out.append(sse.json_event(obj))
         return b"".join(out)
 
     def carried(self) -> bool:

@@ -36,9 +36,9 @@ from sagegate.gateway.queue import GatewayRequest
 from sagegate.gateway.relay_ports import Failed
 from sagegate.gateway.settings import GatewaySettings
 from sagegate.gateway.sse import USAGE_CAP, SseScanner, plausible_usage
-from sagegate.gateway.stream import SseResponse, answer_headers, close_quietly
+from sagegate.gateway.stream import SseResponse, answer_headers
 from sagegate.gateway.tracing import RequestTrace
-from sagegate.gateway.upstream import Upstream
+from sagegate.gateway.upstream import Upstream, close_quietly
 from sagegate.policies.engine_priority import engine_priority
 
 log = logging.getLogger("sagegate.gateway")

@@ -32,6 +32,7 @@ from sagegate.gateway.lifecycle import RequestState
 from sagegate.gateway.queue import DispatchRefused, GatewayRequest
 from sagegate.gateway.relay_ports import Relay
 from sagegate.gateway.tokens import backend_ids, count_prompt
+from sagegate.gateway.upstream import close_quietly
 
 Opened = tuple[Backend, httpx.Response, AsyncIterator[bytes], bytes]
 """A resumed try that has answered: its backend, response, chunks and first chunk."""
@@ -210,7 +211,7 @@ class Resumer:
                 try:
                     body = await resp.aread()
                 finally:
-                    await _close(resp)
+                    await close_quietly(resp)
                 lc.attempt_failed()
                 why = f"{b.name}: HTTP {resp.status_code} {body[:200]!r}"
                 log.warning("request %s: the resume was refused: %s", req.rid, why)
@@ -218,7 +219,7 @@ class Resumer:
                 try:
                     first = await proxy.first_chunk(lc, b, resp)
                 except BaseException:  # cancelled: the client left, or the gateway is closing
-                    await _close(resp)
+                    await close_quietly(resp)
                     raise
                 if isinstance(first, tuple):
                     proxy.answered(lc, b, first_token=False)
@@ -226,17 +227,10 @@ class Resumer:
                     return b, resp, first[0], first[1]
                 why = first.why
             if isinstance(resp, httpx.Response):
-                await _close(resp)  # (closed already but for a failed first chunk)
+                await close_quietly(resp)  # (closed already but for a failed first chunk)
             req.attempt += 1
             req.excluded.add(idx)
             if req.attempt >= settings.upstream.max_attempts:
                 return errors.sse_error_event(f"the paused request could not resume: {why}")
             proxy.metrics.retries.labels(b.name).inc()
             lc.retry()
-
-
-async def _close(resp: httpx.Response) -> None:
-    try:
-        await resp.aclose()
-    except Exception as exc:  # a broken connection may raise anything; it is closed anyway
-        log.debug("closing an upstream response raised %s", type(exc).__name__)

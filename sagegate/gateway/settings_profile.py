@@ -3,7 +3,7 @@ rest of the one settings object)."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
 from sagegate.policies.placement import PlacementProfile, build_profile
 from sagegate.policies.placement.profile import DEFAULT_SCORERS
@@ -23,10 +23,14 @@ class ProfileSettings(BaseModel):
     filters: list[str] = Field(default_factory=list)
     """Filters added to the admission rule's own (``module:Class``)."""
 
+    _profile: PlacementProfile = PrivateAttr()
+
     @model_validator(mode="after")
     def _buildable(self) -> ProfileSettings:
-        self.build()  # an unknown name or a bad weight fails here, at start-up, with what exists
+        # an unknown name or a bad weight fails here, at start-up, with what exists; built once
+        self._profile = build_profile(self.scorers, self.picker, self.filters)
         return self
 
     def build(self) -> PlacementProfile:
-        return build_profile(self.scorers, self.picker, self.filters)
+        """The profile these settings name (made when they were validated)."""
+        return self._profile

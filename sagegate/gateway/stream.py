@@ -27,6 +27,7 @@ from sagegate.gateway.queue import GatewayRequest
 from sagegate.gateway.relay_ports import RelayHost
 from sagegate.gateway.resume import Resumer
 from sagegate.gateway.sse import EventTooLarge, SseScanner
+from sagegate.gateway.upstream import close_quietly
 
 log = logging.getLogger("sagegate.gateway")
 
@@ -321,11 +322,3 @@ def answer_headers(req: GatewayRequest, b: Backend) -> dict[str, str]:
     if req.prefix_hits is not None:
         out[PREFIX_HIT_HEADER] = str(req.predicted_cached)
     return out
-
-
-async def close_quietly(resp: httpx.Response) -> None:
-    """Close an upstream response; a broken connection may raise anything, and it is closed anyway."""
-    try:
-        await resp.aclose()
-    except Exception as exc:
-        log.debug("closing an upstream response raised %s", type(exc).__name__)

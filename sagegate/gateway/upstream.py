@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import http.cookiejar
+import logging
 from collections.abc import AsyncIterator, Callable, Generator, Mapping
 
 import httpx
 
 from sagegate.gateway.http1 import Http1Transport
 from sagegate.gateway.settings import GatewaySettings, UpstreamSettings
+
+log = logging.getLogger("sagegate.gateway")
 
 
 class _ReleasingStream(httpx.AsyncByteStream):
@@ -181,3 +184,11 @@ def upstream_client(up: UpstreamSettings, headers: Mapping[str, Mapping[str, str
     return httpx.AsyncClient(
         mounts={"http://": lean}, limits=limits, timeout=timeout, cookies=no_cookies(), auth=auth
     )
+
+
+async def close_quietly(resp: httpx.Response) -> None:
+    """Close an upstream response; a broken connection may raise anything, and it is closed anyway."""
+    try:
+        await resp.aclose()
+    except Exception as exc:
+        log.debug("closing an upstream response raised %s", type(exc).__name__)

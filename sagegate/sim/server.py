@@ -28,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from sagegate.core.sse import json_event
 from sagegate.core.tokens import encode, flatten_messages
 from sagegate.policies.engine_priority import PriorityPolicy
 from sagegate.policies.registry import parse_policy
@@ -45,7 +46,6 @@ from sagegate.sim.server_api import (
     ResponseShape,
     TokenizeBody,
     filler_word,
-    sse_event,
     validation_error,
     written_before,
 )
@@ -277,7 +277,7 @@ class SimulatedBackend:
                 # Chat opens with a role chunk, sent with the first token (as vLLM does) so that a
                 # client timing its first chunk measures the time to first token.
                 opening = shape.chat and sent == 0 and items[0] is not None
-                parts = [sse_event(shape.chunk(None, None))] if opening else []
+                parts = [json_event(shape.chunk(None, None))] if opening else []
                 for item in items:
                     if item is None:
                         done = True
@@ -286,7 +286,7 @@ class SimulatedBackend:
                         sent += 1
                         last = sent >= stream.req.output_tokens
                         parts.append(
-                            sse_event(
+                            json_event(
                                 shape.chunk(filler_word(shape.written + sent - 1), "length" if last else None)
                             )
                         )
@@ -295,7 +295,7 @@ class SimulatedBackend:
             if not stream.finished:
                 return  # stopped by a shutdown: end the stream without [DONE]
             if usage:
-                yield sse_event(shape.usage_chunk(sent, self.cached_tokens(stream)))
+                yield json_event(shape.usage_chunk(sent, self.cached_tokens(stream)))
             yield b"data: [DONE]\n\n"
         finally:
             self.runner.cancel(stream)

@@ -3,7 +3,6 @@ event chunks, and errors. No engine and no I/O here."""
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import Any
@@ -11,8 +10,6 @@ from typing import Any
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from sagegate.core import sse
 
 FILLER = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed", "do")
 
@@ -131,11 +128,6 @@ def written_before(text: str) -> int:
         expect = (k - 1) % len(FILLER)
         end = cut
     return best
-
-
-def sse_event(obj: dict[str, Any]) -> bytes:
-    """One server-sent event carrying ``obj`` as compact JSON."""
-    return sse.frame(json.dumps(obj, separators=(",", ":")).encode())
 
 
 class ResponseShape:

@@ -114,20 +114,16 @@ def test_the_wheel_installs_one_distinctive_top_level_package() -> None:
     assert not any("fake" in path.stem for path in (ROOT / "sagegate").rglob("*.py"))
 
 
-def test_no_import_circles_when_modules_load() -> None:
-    """Module-level imports form no cycle (a late import inside a function, e.g. registration, is fine)."""
-    mods = modules()
-    graph = {
-        name: {t for t in imports_of(path, top_level_only=True) if t in mods} for name, path in mods.items()
-    }
+def cycles(graph: dict[str, set[str]]) -> list[str]:
+    """The import circles of ``graph`` (module → the modules it imports), each written out."""
     state: dict[str, int] = {}
-    cycles: list[str] = []
+    found: list[str] = []
 
     def visit(node: str, stack: list[str]) -> None:
         state[node] = 1
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                cycles.append(" -> ".join([*stack[stack.index(nxt) :], nxt]))
+                found.append(" -> ".join([*stack[stack.index(nxt) :], nxt]))
             elif nxt not in state:
                 visit(nxt, [*stack, nxt])
         state[node] = 2
@@ -135,7 +131,17 @@ def test_no_import_circles_when_modules_load() -> None:
     for name in sorted(graph):
         if name not in state:
             visit(name, [name])
-    assert not cycles, "\n".join(cycles)
+    return found
+
+
+def test_no_import_circles_when_modules_load() -> None:
+    """Module-level imports form no cycle (a late import inside a function, e.g. registration, is fine)."""
+    mods = modules()
+    graph = {
+        name: {t for t in imports_of(path, top_level_only=True) if t in mods} for name, path in mods.items()
+    }
+    found = cycles(graph)
+    assert not found, "\n".join(found)
 
 
 RELAY = ("proxy", "stream", "resume", "relay_ports", "continuation", "sse", "director")
@@ -146,13 +152,8 @@ def test_the_relay_imports_one_way() -> None:
     only for type checking: each talks to the one above through ``gateway.relay_ports``."""
     names = {f"sagegate.gateway.{m}" for m in RELAY}
     mods = modules()
-    graph = {n: {t for t in imports_of(mods[n]) if t in names and t != n} for n in names}
-
-    def reaches(start: str, goal: str, seen: set[str]) -> bool:
-        return any(t == goal or (t not in seen and reaches(t, goal, seen | {t})) for t in graph[start])
-
-    circles = sorted(n for n in names if reaches(n, n, set()))
-    assert not circles, circles
+    found = cycles({n: {t for t in imports_of(mods[n]) if t in names and t != n} for n in names})
+    assert not found, "\n".join(found)
 
 
 MAX_LINES = 450
