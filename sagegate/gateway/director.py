@@ -36,14 +36,14 @@ from sagegate.gateway.metrics import GatewayMetrics
 from sagegate.gateway.openai_schema import Route
 from sagegate.gateway.predict import cap, query_of
 from sagegate.gateway.proxy import Proxy
-from sagegate.gateway.queue import DispatchRefused, GatewayRequest, QueueFull
+from sagegate.gateway.queue import GatewayRequest, QueueFull
 from sagegate.gateway.rate_limits import RateLimiter
-from sagegate.gateway.relay_ports import Failed
 from sagegate.gateway.settings import GatewaySettings
 from sagegate.gateway.stream import SHUTDOWN_MESSAGE
 from sagegate.gateway.tenants import Identity, identify
 from sagegate.gateway.tokens import ExactKeys, count_prompt
 from sagegate.gateway.tracing import Tracing
+from sagegate.gateway.tries import Ending, Tries, TriesEnded
 
 log = logging.getLogger("sagegate.gateway")
 
@@ -75,7 +75,6 @@ class Director:
         self.limiter = limiter
         self.tracing = tracing
         self.clock = dispatcher.clock
-        self.max_attempts = settings.upstream.max_attempts
         up = settings.upstream
         self.retry_budget = RetryBudget(up.tenant_retry_rate, up.tenant_retry_burst, self.clock)
         self.lifecycles: dict[int, Lifecycle] = {}
@@ -323,52 +322,50 @@ class Director:
 
     async def forward_with_retry(self, lc: Lifecycle, asked: Asked) -> Response:
         """Try the backend the dispatcher picks; on a failure before the first byte, queue again for
-        another, up to ``upstream.max_attempts`` tries (then 502, or 429 if a backend throttled). A
-        failure the request may have caused waits for the next try's verdict (``gateway.blame``)."""
-        req = lc.req
-        throttled: Failed | None = None
-        verdicts = Verdicts()
-        while True:
-            idx = await self.wait_for_dispatch(lc)
-            backend = self.pool.backends[idx]
-            outcome = await self.proxy.attempt(lc, backend, asked)
-            if not isinstance(outcome, Failed):
-                if verdicts.suspects and outcome.status_code == 200:
-                    self.charge(verdicts)
-                return outcome
-            if outcome.throttled:
-                throttled = outcome
-            if outcome.suspect is not None and verdicts.failed(outcome.suspect):
-                lc.reject()  # the request is the cause: no more tries, no backend charged
-                answer = verdicts.answer()
-                self.metrics.suspect_failures.labels("request").inc(len(verdicts.suspects))
-                self.metrics.rejected(str(answer.reason))
-                raise answer
-            req.attempt += 1
-            req.excluded.add(idx)
-            out_of_tries = req.attempt >= self.max_attempts or not self.pool.can_serve(
-                req.model, req.excluded
-            )
-            suspect = outcome.suspect is not None
-            spent = not out_of_tries and suspect and not self.retry_budget.take(req.tenant)
-            if out_of_tries or spent:
-                lc.reject()
-                self.metrics.suspect_failures.labels("none").inc(len(verdicts.suspects))
-                if throttled is not None:
-                    self.metrics.rejected(Reason.UPSTREAM_RATE_LIMITED)
-                    raise errors.rate_limited(
-                        f"the backend is over its rate limit ({throttled.why})", throttled.retry_after
-                    )
-                if spent:
-                    self.metrics.rejected(Reason.RETRY_BUDGET_SPENT)
-                    raise errors.upstream_failed(
-                        f"backend failed: {outcome.why}; not retried (this tenant's retry budget is spent)",
-                        Reason.RETRY_BUDGET_SPENT,
-                    )
-                self.metrics.rejected(Reason.UPSTREAM_FAILED)
-                raise errors.upstream_failed(f"backends failed: {outcome.why}")
-            self.metrics.retries.labels(backend.name).inc()
-            lc.retry()
+        another (``gateway.tries``, up to ``upstream.max_attempts`` tries): then 502, or 429 if a
+        backend throttled. A failure the request may have caused waits for the next try's verdict
+        (``gateway.blame``)."""
+        tries = Tries(lc, self.pool, self.metrics, self.settings, self.retry_budget)
+        try:
+            outcome = await tries.run(lambda backend: self.proxy.attempt(lc, backend, asked))
+        except TriesEnded as ended:
+            raise self.refuse(lc, ended, tries) from None
+        if tries.verdicts.suspects and outcome.status_code == 200:
+            self.charge(tries.verdicts)
+        return outcome
+
+    def refuse(self, lc: Lifecycle, ended: TriesEnded, tries: Tries) -> errors.GatewayError:
+        """End ``lc`` whose tries ended without an answer; the HTTP error that tells its client."""
+        if ended.ending in (Ending.QUEUE_TIMEOUT, Ending.NO_HEALTHY_BACKEND):
+            lc.withdraw()
+        else:
+            lc.reject()
+        answer = self.answer(ended, tries)
+        self.metrics.rejected(str(answer.reason))
+        return answer
+
+    def answer(self, ended: TriesEnded, tries: Tries) -> errors.GatewayError:
+        retry = self.settings.queue.retry_after_s
+        match ended.ending:
+            case Ending.QUEUE_TIMEOUT:
+                return errors.busy(ended.reason, "backends are busy; the request waited too long", retry)
+            case Ending.NO_HEALTHY_BACKEND:
+                return errors.unavailable(ended.reason, "no backend is healthy", retry)
+            case Ending.REFUSED if ended.reason == Reason.NO_HEALTHY_BACKEND:
+                return errors.unavailable(ended.reason, "no backend is healthy", retry)
+            case Ending.REFUSED:
+                why = f"the scheduling policy refused the request: {ended.reason}"
+                return errors.busy(ended.reason, why, 1)
+            case Ending.THE_REQUEST:
+                return tries.verdicts.answer()
+            case Ending.BUDGET_SPENT:
+                why = f"backend failed: {ended.why}; not retried (this tenant's retry budget is spent)"
+                return errors.upstream_failed(why, ended.reason)
+        throttled = tries.throttled
+        if throttled is not None:
+            why = f"the backend is over its rate limit ({throttled.why})"
+            return errors.rate_limited(why, throttled.retry_after)
+        return errors.upstream_failed(f"backends failed: {ended.why}")
 
     def charge(self, verdicts: Verdicts) -> None:
         """Another backend served the request: charge the suspect backends that answered no one else
@@ -384,33 +381,6 @@ class Director:
             self.pool.request_failed(by_name[name], hard=False)
         self.metrics.suspect_failures.labels("backend").inc(len(charged))
         self.metrics.suspect_failures.labels("this_input").inc(len(verdicts.suspects) - len(charged))
-
-    async def wait_for_dispatch(self, lc: Lifecycle) -> int:
-        """The backend the dispatcher chose, within ``queue.max_wait_s`` of enqueueing (then 429, or
-        503 if no backend is healthy); the dispatcher's own refusal is passed on."""
-        fut = lc.future
-        assert fut is not None
-        limit = self.settings.queue.max_wait_s - (self.clock() - lc.req.t_enqueue)
-        if not fut.done():
-            await asyncio.wait((fut,), timeout=max(0.0, limit))
-        retry = self.settings.queue.retry_after_s
-        if not fut.done():
-            lc.withdraw()
-            if self.pool.any_healthy():
-                self.metrics.rejected(Reason.QUEUE_TIMEOUT)
-                raise errors.busy(
-                    Reason.QUEUE_TIMEOUT, "backends are busy; the request waited too long", retry
-                )
-            self.metrics.rejected(Reason.NO_HEALTHY_BACKEND)
-            raise errors.unavailable(Reason.NO_HEALTHY_BACKEND, "no backend is healthy", retry)
-        exc = fut.exception()
-        if isinstance(exc, DispatchRefused):
-            lc.reject()
-            self.metrics.rejected(exc.reason)
-            if exc.reason == Reason.NO_HEALTHY_BACKEND:
-                raise errors.unavailable(exc.reason, "no backend is healthy", retry)
-            raise errors.busy(exc.reason, f"the scheduling policy refused the request: {exc.reason}", 1)
-        return lc.dispatched()
 
     # --- the end ----------------------------------------------------------------------------------
     def client_gone(self, route: Route, stage: CancelStage | None = None) -> Response:

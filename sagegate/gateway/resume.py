@@ -23,15 +23,16 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from sagegate.core.outcomes import Outcome, Reason
+from sagegate.core.outcomes import Outcome
 from sagegate.gateway import errors
 from sagegate.gateway.backends import Backend
 from sagegate.gateway.continuation import Transcript
 from sagegate.gateway.dispatcher import PauseVerdict
 from sagegate.gateway.lifecycle import RequestState
-from sagegate.gateway.queue import DispatchRefused, GatewayRequest
-from sagegate.gateway.relay_ports import Relay
+from sagegate.gateway.queue import GatewayRequest
+from sagegate.gateway.relay_ports import Failed, Relay
 from sagegate.gateway.tokens import backend_ids, count_prompt
+from sagegate.gateway.tries import Ending, Tries, TriesEnded
 from sagegate.gateway.upstream import close_quietly
 
 Opened = tuple[Backend, httpx.Response, AsyncIterator[bytes], bytes]
@@ -178,59 +179,60 @@ class Resumer:
             return self.transcript.tokens
 
     async def _reopen(self) -> Opened | bytes:
-        """Wait for the continuation's dispatch and open its stream, retrying another backend on a
-        failure before its first chunk (``upstream.max_attempts``). Returns ``(backend, response,
-        chunks, first chunk)``, or the SSE error event that ends the client's stream."""
-        sse = self.sse
-        proxy, lc, req = sse.proxy, sse.lc, sse.req
-        settings = proxy.settings
-        clock = proxy.dispatcher.clock
-        while True:
-            fut = lc.future
-            assert fut is not None
-            limit = settings.queue.max_wait_s - (clock() - req.t_enqueue)
-            if not fut.done():
-                await asyncio.wait((fut,), timeout=max(0.0, limit))
-            if not fut.done():
-                proxy.metrics.rejected(Reason.QUEUE_TIMEOUT)
+        """Wait for the continuation's dispatch and open its stream, trying another backend on a
+        failure before its first chunk (the gateway's one retry loop, ``gateway.tries``, without
+        blame: the client has part of an answer already). Returns ``(backend, response, chunks, first
+        chunk)``, or the SSE error event that ends the client's stream."""
+        proxy = self.sse.proxy
+        tries = Tries(self.sse.lc, proxy.pool, proxy.metrics, proxy.settings)
+        try:
+            return await tries.run(self._open)
+        except TriesEnded as ended:
+            return self._refusal(ended)
+
+    async def _open(self, b: Backend) -> Opened | Failed:
+        """One try of the continuation on ``b``: its stream once its first chunk came, or why not."""
+        proxy, lc, req = self.sse.proxy, self.sse.lc, self.sse.req
+        resp = await proxy.send(lc, b, True)
+        if not isinstance(resp, httpx.Response):
+            return resp
+        if resp.status_code != 200:
+            try:
+                body = await resp.aread()
+            finally:
+                await close_quietly(resp)
+            lc.attempt_failed()
+            why = f"{b.name}: HTTP {resp.status_code} {body[:200]!r}"
+            log.warning("request %s: the resume was refused: %s", req.rid, why)
+            return Failed(why)
+        try:
+            first = await proxy.first_chunk(lc, b, resp)
+        except BaseException:  # cancelled: the client left, or the gateway is closing
+            await close_quietly(resp)
+            raise
+        if isinstance(first, Failed):
+            await close_quietly(resp)
+            return first
+        proxy.answered(lc, b, first_token=False)
+        lc.streaming()
+        return b, resp, first[0], first[1]
+
+    def _refusal(self, ended: TriesEnded) -> bytes:
+        """The SSE error event that ends the client's stream when the resume cannot go on."""
+        metrics = self.sse.proxy.metrics
+        match ended.ending:
+            case Ending.QUEUE_TIMEOUT | Ending.NO_HEALTHY_BACKEND:
+                metrics.rejected(ended.reason)
+                if ended.ending is Ending.QUEUE_TIMEOUT:
+                    why, kind = "backends are busy", "rate_limit_exceeded"
+                else:
+                    why, kind = "no backend is healthy", "service_unavailable"
                 return errors.sse_error_event(
-                    "backends are busy; the paused request waited too long to resume",
-                    Reason.QUEUE_TIMEOUT,
-                    "rate_limit_exceeded",
+                    f"{why}; the paused request waited too long to resume", ended.reason, kind
                 )
-            exc = fut.exception()
-            if isinstance(exc, DispatchRefused):
-                proxy.metrics.rejected(exc.reason)
-                return errors.sse_error_event(f"the paused request cannot resume: {exc.reason}", exc.reason)
-            idx = lc.dispatched()
-            b = proxy.pool.backends[idx]
-            resp = await proxy.send(lc, b, True)
-            if not isinstance(resp, httpx.Response):
-                why = resp.why
-            elif resp.status_code != 200:
-                try:
-                    body = await resp.aread()
-                finally:
-                    await close_quietly(resp)
-                lc.attempt_failed()
-                why = f"{b.name}: HTTP {resp.status_code} {body[:200]!r}"
-                log.warning("request %s: the resume was refused: %s", req.rid, why)
-            else:
-                try:
-                    first = await proxy.first_chunk(lc, b, resp)
-                except BaseException:  # cancelled: the client left, or the gateway is closing
-                    await close_quietly(resp)
-                    raise
-                if isinstance(first, tuple):
-                    proxy.answered(lc, b, first_token=False)
-                    lc.streaming()
-                    return b, resp, first[0], first[1]
-                why = first.why
-            if isinstance(resp, httpx.Response):
-                await close_quietly(resp)  # (closed already but for a failed first chunk)
-            req.attempt += 1
-            req.excluded.add(idx)
-            if req.attempt >= settings.upstream.max_attempts:
-                return errors.sse_error_event(f"the paused request could not resume: {why}")
-            proxy.metrics.retries.labels(b.name).inc()
-            lc.retry()
+            case Ending.REFUSED:
+                metrics.rejected(ended.reason)
+                return errors.sse_error_event(
+                    f"the paused request cannot resume: {ended.reason}", ended.reason
+                )
+        return errors.sse_error_event(f"the paused request could not resume: {ended.why}")
