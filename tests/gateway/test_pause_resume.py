@@ -300,6 +300,29 @@ def test_a_broken_stream_resumes_by_default_with_pausing_off(resume: bool) -> No
             wait_until(lambda: settled(gw), what="every reservation released")
 
 
+@pytest.mark.heavy
+def test_a_resume_that_fails_everywhere_ends_at_once_with_an_error_event() -> None:
+    """The resume runs the gateway's one retry loop: when the only other backend refuses the
+    continuation, no backend is left to try, and the client hears it now (not at the queue's
+    timeout), with what failed; nothing stays reserved."""
+    dying = FakeBackend(mode="midstream", tokens=60, die_after=10, delay_s=0.03, model="sim")
+    refusing = FakeBackend(mode="fail500", model="sim")
+    with ServerThread(dying.app) as a, ServerThread(refusing.app) as b:
+        backends = [{"url": a.url, "capacity_tokens": 10**6}, {"url": b.url, "capacity_tokens": 10**4}]
+        with gateway([], backends=backends, queue={"max_wait_s": 60}) as gw:
+            wait_until(lambda: httpx.get(gw.url + "/ready").status_code == 200, what="gateway ready")
+            stream = client(gw.url).chat.completions.create(
+                model="sim", messages=MESSAGES, max_tokens=60, stream=True  # type: ignore[arg-type]
+            )
+            chunks: list[Any] = []
+            with pytest.raises(openai.APIError, match="could not resume: .*HTTP 500"):
+                chunks.extend(stream)
+            assert 0 < len(text_of(chunks, True).split()) < 60
+            assert pauses(gw.url, "recovered") == 1 and pauses(gw.url, "failed") == 1
+            assert len(refusing.state.bodies) == 1  # tried once: the dying backend was excluded
+            wait_until(lambda: settled(gw), what="every reservation released")
+
+
 def _blocked(**kw: Any) -> tuple[ServerThread, ServerThread]:
     """One backend, one request at a time, earliest deadline first: a paused request waits in the
     queue while a request with a deadline runs."""
