@@ -31,6 +31,7 @@ FRONTS = {
     "sg_blind": "sagegate with sagesched:shared_prefix=false: placement, and a rank blind to the cache",
     "sg_waits": "sagegate with dispatch_first off: every request waits for its prediction (the A/B)",
     "sg_sticky": "sg_default with placement's prefix_hit weighed 2 (a cached token worth two queued)",
+    "sg_precise": "sg_default following the backends' KV-cache events (--kv-events-config): precise hits",
 }
 """The fronts a run can put before the backends, by the name the scripts take."""
 GATEWAYS = {
@@ -45,7 +46,10 @@ GATEWAYS = {
         "prefix",
         {"SAGEGATE_PLACEMENT__PROFILE__SCORERS": '{"prefix_hit": 2, "queued_prefill": 1}'},
     ),
+    "sg_precise": ("sagesched", "prefix", {"SAGEGATE_PLACEMENT__KV_EVENTS__TOKENIZER": "local"}),
 }
+PUBLISHING = frozenset({"sg_precise"})
+"""Fronts whose backends publish their KV-cache events, and which follow them."""
 """The gateway fronts: (policy, predictor, settings beside ``GATEWAY_ENV``). The A/B fronts keep the
 semantic predictor the earlier live figures ran; ``sg_default`` is the product as shipped."""
 
@@ -81,15 +85,18 @@ def fronted(
 ) -> Iterator[tuple[str, list[str]]]:
     """Two fresh backends (empty KV and prefix caches) and ``front`` (a name of :data:`FRONTS`) before
     them: (front URL, backend URLs). Everything is stopped on exit."""
-    from sagegate.harness.live import backends, gateway
+    from sagegate.harness.live import gateway, publishing_backends
 
     if front not in FRONTS:
         raise ValueError(f"unknown front {front!r}: one of {', '.join(FRONTS)}")
-    with backends(2, model, gpu, time_scale) as urls:
+    with publishing_backends(2, model, gpu, time_scale, kv_events=front in PUBLISHING) as fleet:
+        urls = [b["url"] for b in fleet]
         if front in GATEWAYS:
             policy, predictor, extra = GATEWAYS[front]
             env = {**GATEWAY_ENV, **extra, **(gateway_env or {})}
-            with gateway(urls, policy, predictor, env=env) as url:
+            if front in PUBLISHING:
+                env["SAGEGATE_BACKENDS"] = json.dumps(fleet)
+            with gateway([] if front in PUBLISHING else urls, policy, predictor, env=env) as url:
                 yield url, urls
         else:
             policy = "round_robin" if front == "rr" else "cache_aware"

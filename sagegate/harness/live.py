@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sagegate.core.request import DEFAULT_CLIENT_MAX_TOKENS, TraceRequest
 from sagegate.loadgen.records import with_client_cap
@@ -238,14 +239,35 @@ def backend_args(model: str, gpu: str, time_scale: float) -> list[str]:
 @contextlib.contextmanager
 def backends(n: int, model: str, gpu: str, time_scale: float) -> Iterator[list[str]]:
     """``n`` fresh ``sagegate backend`` processes (empty KV cache and prefix cache); all stopped on exit."""
-    from sagegate.harness.procs import spawned
+    with publishing_backends(n, model, gpu, time_scale, kv_events=False) as fleet:
+        yield [b["url"] for b in fleet]
+
+
+@contextlib.contextmanager
+def publishing_backends(
+    n: int, model: str, gpu: str, time_scale: float, *, kv_events: bool = True
+) -> Iterator[list[dict[str, Any]]]:
+    """:func:`backends`, each publishing its KV-cache events as vLLM's ``--kv-events-config`` does
+    (``kv_events``): entries of the gateway's ``backends`` setting (``url``, ``kv_events``)."""
+    from sagegate.harness.procs import free_port, spawned
 
     with contextlib.ExitStack() as stack:
-        urls = [
-            stack.enter_context(spawned("sagegate.cmd_backend", backend_args(model, gpu, time_scale)))
-            for _ in range(n)
-        ]
-        yield urls
+        fleet: list[dict[str, Any]] = []
+        for _ in range(n):
+            args = backend_args(model, gpu, time_scale)
+            entry: dict[str, Any] = {}
+            if kv_events:
+                pub, replay = free_port(), free_port()
+                config = {
+                    "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{pub}",
+                    "replay_endpoint": f"tcp://*:{replay}",
+                }  # fmt: skip
+                args += ["--kv-events-config", json.dumps(config)]
+                entry["kv_events"] = {
+                    "endpoint": f"tcp://127.0.0.1:{pub}", "replay_endpoint": f"tcp://127.0.0.1:{replay}"
+                }  # fmt: skip
+            fleet.append({"url": stack.enter_context(spawned("sagegate.cmd_backend", args)), **entry})
+        yield fleet
 
 
 @contextlib.contextmanager
