@@ -112,6 +112,16 @@ def wait_until(cond: Callable[[], bool], timeout: float = 5.0, what: str = "cond
         time.sleep(0.01)
 
 
+async def until(cond: Callable[[], bool], what: str = "condition", timeout: float = 5.0) -> None:
+    """:func:`wait_until` on a running event loop (the loop keeps turning while it waits)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
 def chat_body(
     content: str = "hello", *, stream: bool = False, max_tokens: int = 8, **extra: Any
 ) -> dict[str, Any]:
@@ -145,6 +155,8 @@ class FakeState:
     """Merged into the first streamed chunk's delta (reasoning, a tool call: what text cannot carry)."""
     requests: int = 0
     completed: int = 0
+    scrapes: int = 0
+    """``/metrics`` reads (a gateway's scrapes: proof that its probe loop has gone round)."""
     disconnects: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
@@ -182,6 +194,7 @@ class FakeBackend:
 
     async def _metrics(self, request: Request) -> Response:
         s = self.state
+        s.scrapes += 1
         text = (
             f'vllm:num_requests_waiting{{model_name="{s.model}"}} {s.waiting}\n'
             f'vllm:num_requests_running{{model_name="{s.model}"}} 0\n'

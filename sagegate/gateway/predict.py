@@ -77,6 +77,11 @@ class Recorder:
         self.predictor = predictor
         self._tasks: set[asyncio.Task[None]] = set()
 
+    @property
+    def pending(self) -> int:
+        """Updates not yet recorded (0 once the history has every outcome so far)."""
+        return len(self._tasks)
+
     def record(self, asked: Asked, output_tokens: int) -> None:
         task = asyncio.get_running_loop().create_task(self._record(asked, output_tokens))
         self._tasks.add(task)

@@ -45,8 +45,8 @@ def test_sigterm_drains_in_flight_stream_and_refuses_new_connections() -> None:
         lines: list[str] = []
         t = threading.Thread(target=_stream, args=(url, lines))
         t.start()
-        wait_until(lambda: fake.state.requests == 1 and len(lines) == 0, what="stream started")
-        time.sleep(0.1)
+        wait_until(lambda: fake.state.requests == 1, what="stream started")
+        wait_until(lambda: len(lines) >= 2, what="tokens reach the client")  # mid-stream (30 in 1.5 s)
         proc.send_signal(signal.SIGTERM)
         wait_until(lambda: not _accepts(url), timeout=5, what="listening socket closed")
         t.join(20)
@@ -93,7 +93,8 @@ def test_info_log_has_no_line_per_upstream_request() -> None:
         for _ in range(3):
             r = httpx.post(url + "/v1/chat/completions", json=chat_body(max_tokens=3), timeout=10)
             assert r.status_code == 200
-        time.sleep(0.5)  # a few scrapes
+        scrapes = fake.state.scrapes
+        wait_until(lambda: fake.state.scrapes >= scrapes + 3, what="a few scrapes")
         proc.send_signal(signal.SIGTERM)
         proc.wait(15)
         assert proc.stderr is not None

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -20,10 +19,16 @@ pytestmark = pytest.mark.heavy  # a live gateway and backends on loopback
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[tuple[str, FakeBackend]]:
+def gateway() -> Iterator[tuple[ServerThread, FakeBackend]]:
     fake = FakeBackend(tokens=3)
     with ServerThread(fake.app) as be, ServerThread(create_app(settings_for([be.url]))) as gw:
-        yield gw.url, fake
+        yield gw, fake
+
+
+@pytest.fixture(scope="module")
+def stack(gateway: tuple[ServerThread, FakeBackend]) -> tuple[str, FakeBackend]:
+    gw, fake = gateway
+    return gw.url, fake
 
 
 def _openai_error(r: httpx.Response, status: int) -> dict[str, object]:
@@ -111,22 +116,26 @@ def _metric(url: str, line_start: str) -> float:
 
 
 def test_aborted_uploads_are_quiet_cancellations(
-    stack: tuple[str, FakeBackend], caplog: pytest.LogCaptureFixture
+    gateway: tuple[ServerThread, FakeBackend], caplog: pytest.LogCaptureFixture
 ) -> None:
-    url, fake = stack
-    port = int(url.rsplit(":", 1)[1])
+    gw, fake = gateway
+    url, port = gw.url, gw.port
+    handlers = gw.server.server_state.tasks  # uvicorn's: one per request being handled
     before = fake.state.requests
     caplog.set_level(logging.INFO)
     for _ in range(5):
+        known = set(handlers)
         with socket.create_connection(("127.0.0.1", port)) as s:
             s.sendall(
                 b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                 b'content-length: 10000\r\n\r\n{"model":"fake","messages":'
             )
-            time.sleep(0.05)  # the gateway is reading the body when the client goes
+            # the gateway is reading the body when the client goes
+            wait_until(lambda: bool(handlers - known), what="the request handled")  # noqa: B023
     key = 'sagegate_cancellations_total{stage="upload"}'
     wait_until(lambda: _metric(url, key) >= 5, timeout=10, what="five upload cancellations")
-    time.sleep(0.2)
+    # every handler has ended: whatever one would log (a traceback), it has logged
+    wait_until(lambda: not handlers, what="the handlers ended")
     noisy = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
     assert not noisy, [r.getMessage() for r in noisy]
     assert fake.state.requests == before
@@ -221,7 +230,9 @@ def test_token_id_prompts_are_predicted_from_the_prior_without_an_error(
                 assert r.status_code == 200, r.text
             assert _metric(gw.url, 'sagegate_predictor_path_total{path="no_text"}') == 2
             assert _metric(gw.url, 'sagegate_predictor_path_total{path="error"}') == 0
-            time.sleep(0.5)  # the outcomes are recorded in the background
+            # the outcomes are recorded in the background: until none is left to record
+            recorder = gw.app.state.gateway.recorder
+            wait_until(lambda: recorder.pending == 0, what="the outcomes recorded")
     # the predictor's own failures (other tests' servers, still stopping in their threads, may log too)
     errors = [
         r.getMessage()

@@ -14,7 +14,7 @@ import pytest
 
 from sagegate.gateway.app import create_app, gateway_policy
 from sagegate.gateway.metrics import RateLimitedLog
-from tests.gateway_support import FakeBackend, ServerThread, chat_body, settings_for
+from tests.gateway_support import FakeBackend, ServerThread, admin, chat_body, settings_for, wait_until
 
 
 @pytest.mark.parametrize(
@@ -56,7 +56,8 @@ def _overload(share: float) -> int:
             threads = [threading.Thread(target=small, daemon=True) for _ in range(8)]
             for t in threads:
                 t.start()
-            time.sleep(0.3)
+            # the overload is on: the backend busy and small ones queued (the large one comes last)
+            wait_until(lambda: admin(gw.url)["queued"] >= 4, what="a queue of small requests")
             r = httpx.post(gw.url + "/v1/chat/completions", json=chat_body("y" * 12_000), timeout=10)
             for t in threads:
                 t.join(10)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -121,7 +120,8 @@ def test_a_backend_started_with_an_api_key_is_served_with_it_and_refused_without
             r = httpx.post(gw.url + "/v1/chat/completions", json=body, headers={"authorization": "Bearer x"})
             assert r.status_code == 200, r.text
         with ServerThread(create_app(settings_for([be.url]))) as gw:
-            time.sleep(0.5)  # probes ran
+            # probes ran, and kept being refused: three in a row open the breaker
+            wait_until(lambda: admin(gw.url)["backends"][0]["circuit_open"], what="the breaker open")
             assert not admin(gw.url)["backends"][0]["healthy"]
             assert httpx.get(gw.url + "/ready", timeout=5).status_code == 503
 

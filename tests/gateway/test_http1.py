@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from sagegate.gateway.http1 import HIGH_WATER, Http1Transport
+from tests.gateway_support import until
 
 T = TypeVar("T")
 Run = Callable[[Coroutine[Any, Any, T]], T]
@@ -149,10 +150,11 @@ def test_a_connection_the_backend_closed_while_idle_is_not_reused(run: Run[Any])
         await writer.drain()
 
     async def scenario() -> tuple[list[int], Server]:
-        async with serving(one_then_close) as s, client(Http1Transport()) as c:
+        t = Http1Transport()
+        async with serving(one_then_close) as s, client(t) as c:
             url = f"http://127.0.0.1:{s.port}/"
             codes = [(await c.get(url)).status_code]
-            await asyncio.sleep(0.05)  # the close reaches the pool
+            await until(lambda: not t.open, "the close reaches the pool")
             codes.append((await c.get(url)).status_code)
             return codes, s
 
@@ -162,12 +164,12 @@ def test_a_connection_the_backend_closed_while_idle_is_not_reused(run: Run[Any])
 
 def test_a_connection_idle_past_keepalive_is_closed_not_reused(run: Run[Any]) -> None:
     async def scenario() -> tuple[Server, int]:
-        async with serving(keep_alive) as s, client(Http1Transport(keepalive_s=0.1)) as c:
+        async with serving(keep_alive) as s, client(Http1Transport(keepalive_s=0.02)) as c:
             url = f"http://127.0.0.1:{s.port}/"
             await c.get(url)
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.04)  # idle past the keep-alive (the loop's clock: never shorter)
             await c.get(url)
-            await asyncio.sleep(0.05)
+            await until(lambda: s.eofs >= 1, "the stale connection's close reaches the server")
             return s, s.eofs
 
     s, eofs = run(scenario())
@@ -192,7 +194,7 @@ def test_silence_before_the_head_or_mid_body_is_a_read_timeout(run: Run[Any]) ->
         if len(s.bodies) % 2 == 0:  # the second request: a head and part of the body, then nothing
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc")
             await writer.drain()
-        await asyncio.sleep(3)
+        await reader.read()  # silent until the client gives up and closes
 
     async def scenario() -> tuple[type[Exception], type[Exception], int]:
         t = Http1Transport()
@@ -247,7 +249,7 @@ def test_closing_a_stream_early_closes_its_connection(run: Run[Any]) -> None:
                 async with c.stream("GET", url) as resp:
                     async for _chunk in resp.aiter_raw():
                         break
-            await asyncio.sleep(0.1)
+            await until(lambda: s.open_now == 0, "the server sees both closes")
             return s.connections, s.open_now, len(t.open)
 
     assert run(scenario()) == (2, 0, 0)
@@ -358,10 +360,13 @@ def test_a_connection_closed_with_a_paused_unread_body_is_not_pooled(run: Run[An
             await writer.drain()
 
     async def scenario() -> tuple[bytes, int]:
-        async with serving(large_then_small) as s, client(Http1Transport(), read=2.0) as c:
+        t = Http1Transport()
+        async with serving(large_then_small) as s, client(t, read=2.0) as c:
             url = f"http://127.0.0.1:{s.port}/"
             async with c.stream("GET", url):
-                await asyncio.sleep(0.2)  # the body arrives, past the high-water mark, unread
+                (conn,) = t.open
+                # the body arrives, past the high-water mark, unread: reading paused
+                await until(lambda: conn.paused, "the connection paused")
             return (await c.get(url)).content, s.connections
 
     assert run(scenario()) == (b"small", 2)
@@ -372,7 +377,7 @@ def test_a_wait_for_a_connection_honours_the_pool_timeout(run: Run[Any]) -> None
         await s.request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
         await writer.drain()
-        await asyncio.sleep(5)
+        await reader.read()  # holds it until the client closes
 
     async def scenario() -> float:
         async with serving(holds) as s, client(Http1Transport(max_connections=1)) as c:

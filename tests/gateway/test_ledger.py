@@ -191,7 +191,8 @@ def test_a_grown_charge_is_checked_before_the_next_sync(redis_url: str, redis_pr
     against the grown footprint within ``publish_s``, not at the next (slow) sync."""
 
     async def main() -> None:
-        slow = {"lease_s": 4.0, "sync_interval_s": 1.5, "publish_s": 0.02}
+        # a sync far beyond the test (and the wait below): only the growth's own call can publish it
+        slow = {"lease_s": 60.0, "sync_interval_s": 30.0, "publish_s": 0.02}
         a, b = ledger(redis_url, redis_prefix, **slow), ledger(redis_url, redis_prefix, **slow)
         await a.start()
         await b.start()
@@ -201,8 +202,9 @@ def test_a_grown_charge_is_checked_before_the_next_sync(redis_url: str, redis_pr
             assert ok and ok2
             for backend, charge in ((0, grown), (1, silent)):  # both run to 900: held 950, remaining 1
                 assert a.loads[backend].progress(charge, 900) > 0
+            calls = a.stats.calls
             a.changed(grown, 0)  # only backend 0's growth is announced, as the dispatcher does
-            await asyncio.sleep(0.2)  # well past publish_s, well before the next sync
+            await until(lambda: a.stats.calls > calls, "the call publishing the growth")
             assert not (await commit(b, backend=0))[1]  # 950 + 1 with 50 + 300: peak 1002 > 1000
             assert (await commit(b, backend=1))[1]  # Redis still holds the footprint of 350 there
         finally:
@@ -271,21 +273,38 @@ def test_where_nobody_waits_a_release_waits_for_the_sync(redis_url: str, redis_p
     """No replica has a queued head: a release is not announced (nobody pays for the news)."""
 
     async def main() -> None:
-        slow = {"lease_s": 8.0, "sync_interval_s": 3.0, "publish_s": 0.02}
+        import redis.asyncio as aioredis
+
+        # a sync far beyond the test: b reads only if told of a release
+        slow = {"lease_s": 60.0, "sync_interval_s": 30.0, "publish_s": 0.02}
         a, b = ledger(redis_url, redis_prefix, **slow), ledger(redis_url, redis_prefix, **slow)
         await b.start()
         await a.start()
+        client = aioredis.Redis.from_url(redis_url)
+        witness = client.pubsub(ignore_subscribe_messages=True)
+        await witness.subscribe(f"{redis_prefix}:freed")  # (answered: subscribed from here on)
         try:
             first, _ = await commit(a)
             assert (await commit(a))[1]
             assert not (await commit(b))[1]  # the denial shows b a's two charges
-            await asyncio.sleep(0.2)  # (and b's resync after it)
             calls = b.stats.calls
             a.loads[0].release(first)
             a.released(first, 0)
-            await asyncio.sleep(0.5)
+            assert (await commit(a, backend=1))[1]  # a call of a's: it publishes the release
+            # a marker after it on the channel: whatever that call announced arrives first
+            await client.publish(f"{redis_prefix}:freed", "marker")
+            heard: list[bytes] = []
+            deadline = asyncio.get_running_loop().time() + 5.0
+            while not heard or heard[-1] != b"marker":
+                assert asyncio.get_running_loop().time() < deadline, "the marker never came"
+                msg = await witness.get_message(timeout=0.1)  # (None: nothing yet, or the subscribe's ack)
+                if msg is not None:
+                    heard.append(msg["data"])
+            assert heard == [b"marker"]  # the release was not announced
             assert b.stats.calls == calls and b.stats.remote_tokens[0] == 700  # b did not read
         finally:
+            await witness.aclose()
+            await client.aclose()
             await a.stop()
             await b.stop()
 

@@ -17,6 +17,7 @@ from sagegate.gateway.queue import BoundedQueue, GatewayRequest
 from sagegate.gateway.settings import GatewaySettings, LedgerSettings
 from sagegate.policies.admission import AdmissionConfig, Charge
 from sagegate.policies.registry import parse_policy
+from tests.gateway_support import until
 
 pytest.importorskip("redis")
 
@@ -87,7 +88,7 @@ def test_dispatch_waits_for_redis_and_a_no_requeues(redis_url: str, redis_prefix
             req = request()
             fut = d.submit(req)
             assert len(d.queue) == 0 and not fut.done()  # chosen locally, not yet confirmed
-            await asyncio.sleep(0.2)
+            await until(lambda: d.ledger.stats.denied >= 1, "Redis's answer")
             assert not fut.done() and len(d.queue) == 1  # Redis said no: back in the queue
             assert d.pool.loads[0].charged_tokens == 700  # ...and d's view now holds the other's
             assert other._own[0]
@@ -117,10 +118,13 @@ def test_a_request_withdrawn_while_confirming_gives_its_charge_back(
             fut = d.submit(req)
             assert d.pool.loads[0].charged_tokens == 350 and not fut.done()
             assert d.withdraw(req)  # the client left before Redis answered
-            await asyncio.sleep(0.2)
+            await until(lambda: d.ledger.stats.commits >= 1, "Redis's answer")
+            answered = d.ledger.stats.calls
             assert not fut.done() and req.backend is None
             assert d.pool.loads[0].charged_tokens == 0
             assert d.ledger.snapshot()["own_charges"] == 0
+            # the give-back is published with d's next call (a sync at the latest)
+            await until(lambda: d.ledger.stats.calls > answered, "d's next call")
             other = await fill_elsewhere(redis_url, redis_prefix, 0)
             try:
                 assert other.stats.remote_tokens == [0.0]  # Redis forgot it too
@@ -177,12 +181,13 @@ def test_room_granted_twice_is_reported_and_stops_sending_first(redis_url: str, 
             assert d.pool.loads[0].charged_tokens == 0  # the stale view
             fut = d.submit(request())
             assert fut.done()  # sent first on the stale view: granted twice (1050 > 1000)
-            await until_over(d.ledger)
+            await until(lambda: d.ledger.stats.over > 0, "an over report")
             over = metrics.registry.get_sample_value("sagegate_ledger_over_total", {"backend": "backend-0"})
             assert over == 1
             assert d.pool.loads[0].charged_tokens == 1050  # the answer refreshed the view
             late = d.submit(request())
-            await asyncio.sleep(0.15)
+            await asyncio.sleep(0)  # a pass kicked by the submission runs
+            assert d.dispatch() == 0  # and a pass of our own, on the view as it stands, sends nothing
             assert not late.done() and len(d.queue) == 1  # no room in the view: it waits
             assert d.ledger.stats.sent_first == 1
         finally:
@@ -190,11 +195,3 @@ def test_room_granted_twice_is_reported_and_stops_sending_first(redis_url: str, 
             await other.stop()
 
     asyncio.run(main())
-
-
-async def until_over(led: SharedLedger) -> None:
-    for _ in range(500):
-        if led.stats.over:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("no over report")

@@ -23,7 +23,7 @@ from sagegate.policies.admission import AdmissionConfig, BackendLoad, Charge
 from sagegate.policies.rank_threshold import ForeignHead, key_from_wire, threshold_mask, wire_key
 from sagegate.policies.registry import parse_policy
 from tests.fault_support import backend_process, gateway_process
-from tests.gateway_support import chat_body, wait_until
+from tests.gateway_support import chat_body, until, wait_until
 
 pytest.importorskip("redis")
 
@@ -50,6 +50,17 @@ def request(arrival: float, prompt: int) -> GatewayRequest:
     return GatewayRequest(next(_rids), arrival, prompt, body={}, route="chat", model="m", prompt="")
 
 
+async def rounds(*ledgers: SharedLedger, n: int = 3) -> None:
+    """Wait until each ledger has made ``n`` more calls to Redis. A call the ``sync_interval_s`` alarm
+    wakes is a sync (reads the others, kicks a dispatch pass), the others are commits' or releases':
+    among three calls of an otherwise quiet replica there is a sync, and a call after it."""
+    start = [led.stats.calls for led in ledgers]
+    await until(
+        lambda: all(led.stats.calls >= s + n for led, s in zip(ledgers, start, strict=True)),
+        f"{n} ledger calls",
+    )
+
+
 @pytest.mark.parametrize("order", ["threshold", "none"])
 def test_a_short_request_on_one_replica_is_not_held_behind_a_long_one_on_another(
     redis_url: str, redis_prefix: str, order: str
@@ -65,12 +76,17 @@ def test_a_short_request_on_one_replica_is_not_held_behind_a_long_one_on_another
             long_b = b.submit(request(2.0, 400))  # 700: waits behind the blocker
             short = request(1.0, 50)  # 350, ranked first (arrived first): waits on A
             short_a = a.submit(short)
-            await asyncio.sleep(0.3)  # a few syncs: each replica has read the other's head
+            if order == "threshold":  # each replica has read the other's head
+                await until(lambda: len(a.ledger.heads) == len(b.ledger.heads) == 1, "both heads read")
+            else:  # a few syncs, where a head would have been read
+                await rounds(a.ledger, b.ledger)
             assert not long_b.done() and not short_a.done()
             assert len(b.ledger.heads) == (1 if order == "threshold" else 0)
             b.release(blocker)  # room for one of them, not both; B hears of it first
             done, _ = await asyncio.wait({long_b, short_a}, timeout=5, return_when=asyncio.FIRST_COMPLETED)
-            await asyncio.sleep(0.3)  # time for the other to go too, were there room
+            # the other's chance to go too, were there room: a sync on each replica after this
+            # (its view refreshed, a dispatch pass kicked) and a call after that (a commit's answer)
+            await rounds(a.ledger, b.ledger)
             if order == "threshold":
                 assert done == {short_a} and not long_b.done()
                 assert b.held_for_others > 0

@@ -312,10 +312,13 @@ def test_a_resume_that_fails_everywhere_ends_at_once_with_an_error_event() -> No
         with gateway([], backends=backends, queue={"max_wait_s": 60}) as gw:
             wait_until(lambda: httpx.get(gw.url + "/ready").status_code == 200, what="gateway ready")
             stream = client(gw.url).chat.completions.create(
-                model="sim", messages=MESSAGES, max_tokens=60, stream=True  # type: ignore[arg-type]
+                model="sim",
+                messages=MESSAGES,
+                max_tokens=60,
+                stream=True,  # type: ignore[arg-type]
             )
             chunks: list[Any] = []
-            with pytest.raises(openai.APIError, match="could not resume: .*HTTP 500"):
+            with pytest.raises(openai.APIError, match=r"could not resume: .*HTTP 500"):
                 chunks.extend(stream)
             assert 0 < len(text_of(chunks, True).split()) < 60
             assert pauses(gw.url, "recovered") == 1 and pauses(gw.url, "failed") == 1

@@ -105,8 +105,16 @@ def test_turn_two_through_the_other_replica_finds_turn_ones_backend(
         home = went_to(f.fakes, before)
         if shared:
             wait_until(lambda: metric(f.b, APPLIED) > 0, what="B applied A's blocks", timeout=10)
-        else:
-            time.sleep(0.5)  # far longer than sharing needs (~10 ms)
+        else:  # no share side at all, on either replica (no sagegate_prefix_share_* metric), nor a stream
+            import redis
+
+            for url in (f.a, f.b):
+                assert "sagegate_prefix_share_" not in httpx.get(url + "/metrics", timeout=5).text
+            client = redis.Redis.from_url(redis_url)
+            try:
+                assert not client.exists(f"{redis_prefix}:prefixes")
+            finally:
+                client.close()
         before = served(f.fakes)
         r = turn(f.b, second)
         if shared:

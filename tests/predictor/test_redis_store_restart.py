@@ -59,14 +59,21 @@ def test_restart_mid_run_writes_each_completion_once(private_redis: RedisServer)
     t = threading.Thread(target=writer, daemon=True)
     try:
         t.start()
-        time.sleep(0.5)
+        wait_until(lambda: store.stats().written >= 40, 10, "completions in Redis before the kill")
         private_redis.kill()
-        time.sleep(0.5)
+        at_kill = store.stats().appended
+        # the store sees Redis gone, and completions keep coming meanwhile (unless all 400 came)
+        wait_until(
+            lambda: store.stats().degraded >= 1 and store.stats().appended >= min(400, at_kill + 40),
+            10,
+            "appends during the outage",
+        )
         private_redis.start()  # empty: what was written before the kill is gone
         t.join(30)
         assert len(ids) == 400
         wait_until(lambda: sum(_stream_ids(private_redis.url, prefix).values()) >= 400, 20, "all written")
-        time.sleep(0.5)  # a late duplicate would land now
+        # nothing left to send (the re-seed included): a duplicate would be in the stream already
+        assert store.stats().reseeds >= 1 and store.flush_wait(10)
         seen = _stream_ids(private_redis.url, prefix)
         dups = {k: n for k, n in seen.items() if n > 1}
         assert set(seen) == set(ids) and not dups, f"{len(dups)} ids written more than once"
@@ -94,7 +101,9 @@ def test_two_restarts_and_a_second_replica_see_each_completion_once(private_redi
                 private_redis.kill()
                 private_redis.start()
         wait_until(lambda: set(_stream_ids(private_redis.url, prefix)) == set(ids), 20, "all written")
-        time.sleep(0.5)
+        # all written since the last restart, so re-seeded after it: once nothing is left to send,
+        # a duplicate would be in the stream already
+        assert a.flush_wait(10)
         assert max(_stream_ids(private_redis.url, prefix).values()) == 1
         # The other replica re-reads the stream after each reset; it receives duplicates of nothing
         # beyond what a re-read repeats (its predictor ignores known ids), and misses nothing.

@@ -116,28 +116,47 @@ def test_the_config_takes_vllms_json_and_refuses_unknown_keys() -> None:
 
 # --- a real `sagegate backend` process over loopback ZMQ ------------------------------------------------
 class Subscriber:
-    """A plain SUB socket with a plain msgpack reader, as vLLM's consumers read the events."""
+    """A plain SUB socket with a plain msgpack reader, as vLLM's consumers read the events, subscribed
+    to the (idle) backend at ``url`` before the test makes it publish."""
 
-    def __init__(self, port: int, topic: bytes = b"") -> None:
+    def __init__(self, port: int, url: str, topic: bytes = b"") -> None:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.SUB)
         self.sock.setsockopt(zmq.SUBSCRIBE, topic)
         self.sock.connect(f"tcp://127.0.0.1:{port}")
         self.messages: list[tuple[bytes, int, bytes]] = []
-        time.sleep(0.3)  # the subscription reaches the publisher (ZMQ's slow joiner)
+        self.joining = True
+        """Until the test's first batch: the handshake's clears may still be coming (see drain)."""
+        # ZMQ's slow joiner: what is published before the subscription reaches the publisher is lost.
+        # A handshake: reset the idle backend's cache (it publishes AllBlocksCleared) until one arrives.
+        deadline = time.monotonic() + 20
+        while True:
+            assert httpx.post(url + "/reset_prefix_cache", timeout=5).status_code == 200
+            if self.sock.poll(50):
+                break
+            assert time.monotonic() < deadline, "no batch reached the subscriber"
 
     def drain(self, settle_s: float = 0.4) -> list[Any]:
-        """Messages until none came for ``settle_s``; their decoded batches."""
+        """Messages until none came for ``settle_s``; their decoded batches (the handshake's, which
+        come before anything the test does, left out)."""
         new = []
         while self.sock.poll(int(settle_s * 1000)):
             topic, seq, payload = self.sock.recv_multipart()
+            batch = msgpack.unpackb(payload)
+            if self.joining and all(_cleared(ev) for ev in batch[1]):
+                continue
+            self.joining = False
             self.messages.append((topic, int.from_bytes(seq, "big"), payload))
-            new.append(msgpack.unpackb(payload))
+            new.append(batch)
         return new
 
     def close(self) -> None:
         self.sock.close(0)
         self.ctx.term()
+
+
+def _cleared(ev: Any) -> bool:
+    return ev in ({"type": "AllBlocksCleared"}, ["AllBlocksCleared"])  # (map or array layout)
 
 
 def events_of(batches: list[Any]) -> list[Any]:
@@ -172,7 +191,7 @@ def test_a_backend_publishes_stored_removed_and_cleared_as_vllm_frames_them(
     publisher: tuple[str, int, int],
 ) -> None:
     url, port, replay = publisher
-    sub = Subscriber(port)
+    sub = Subscriber(port, url)
     try:
         messages = chat(url, "Tell me about the history of the railway in Switzerland. " * 12)
         first = sub.drain()
@@ -234,7 +253,7 @@ def test_the_array_layout_of_older_vllm() -> None:
     port = free_port()
     cfg = {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}", "layout": "array"}
     with spawned_backend(["--time-scale", "20", "--kv-events-config", json.dumps(cfg)]) as url:
-        sub = Subscriber(port)
+        sub = Subscriber(port, url)
         try:
             body = {"prompt": list(range(1000, 1040)), "max_tokens": 3}
             assert httpx.post(url + "/v1/completions", json=body, timeout=30).status_code == 200
