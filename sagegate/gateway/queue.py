@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 from sagegate.core.distribution import LengthDistribution
 from sagegate.core.outcomes import PredictionPath
 from sagegate.policies.admission import Charge
-from sagegate.policies.base import Policy, SchedRequest
+from sagegate.policies.base import SchedRequest
+from sagegate.policies.interfaces import QueueOrder
 from sagegate.policies.queue import PolicyQueue
 
 if TYPE_CHECKING:
@@ -158,7 +159,7 @@ class GatewayRequest(SchedRequest):
 class BoundedQueue:
     """A :class:`PolicyQueue` with a cap on queued requests and on their prompt tokens."""
 
-    def __init__(self, policy: Policy, max_requests: int, max_tokens: int) -> None:
+    def __init__(self, policy: QueueOrder, max_requests: int, max_tokens: int) -> None:
         self.q: PolicyQueue[GatewayRequest] = PolicyQueue(policy)
         self.max_requests = max_requests
         self.max_tokens = max_tokens

@@ -1,10 +1,13 @@
-"""The one policy interface, called unchanged by the simulator's gateway queue, the simulator's engine
-hook and the live gateway.
+"""The request view a policy reads, and :class:`Policy`, the convenient base of the panel, called
+unchanged by the simulator's gateway queue, the simulator's engine hook and the live gateway.
 
 A policy sees a :class:`SchedRequest` (what it is allowed to know of a request) and answers three
-questions: *who goes first* (:meth:`Policy.key`, lower first), *may this request go now*
-(:meth:`Policy.screen`, gateway level) and *who gives way* (:meth:`Policy.pick_victim`, engine level).
-It is told of a request's life through ``on_*`` hooks so it can keep counters (VTC, FastServe).
+questions: *who goes first* (``key``, lower first), *may this request go now* (``screen``, gateway
+level) and *who gives way* (``pick_victim``, engine level). It is told of a request's life through
+``on_*`` hooks so it can keep counters (VTC, FastServe). Each group of questions is a small interface
+of :mod:`policies.interfaces`, where its contract is stated; here each group has its defaults
+(:class:`OrderDefaults`, :class:`LaneDefaults`, :class:`ScreenDefaults`, :class:`EngineDefaults`,
+:class:`HookDefaults`), and :class:`Policy` composes them and checks a declaration.
 What it does beyond ordering it declares in ``Policy.capabilities`` (:mod:`policies.capabilities`);
 drivers read that, never which methods a policy overrides.
 Policies are pure: they take ``now`` from the caller and any randomness from a seeded generator.
@@ -123,7 +126,8 @@ class LoadView:
 
 
 class LanePosition(NamedTuple):
-    """Where a queued ``LANE_KEY`` policy's request sits in the queue's index (see :meth:`Policy.place`)."""
+    """Where a queued ``LANE_KEY`` policy's request sits in the queue's index (contract:
+    :class:`~policies.interfaces.LaneOrder`)."""
 
     lane: Hashable
     rank: Any
@@ -133,8 +137,115 @@ class LanePosition(NamedTuple):
     None: never."""
 
 
-class Policy:
-    """Base class and default behaviour (FCFS). Subclasses override what they change and declare it.
+class OrderDefaults:
+    """:class:`~policies.interfaces.QueueOrder` by default: first come, first served."""
+
+    name: ClassVar[str] = "base"
+    capabilities: frozenset[Capability] = frozenset()
+    """Per class; an instance may narrow or widen its own with :meth:`Policy.declare`."""
+
+    def key(self, req: SchedRequest, now: float) -> Any:
+        """Sort key, lower served first. Default: arrival, then id."""
+        return (req.arrival_s, _tiebreak(req.rid))
+
+    def engine_rank(self, req: SchedRequest) -> float | None:
+        """A scalar form of the request's place in this order. Default: none (None)."""
+        return None
+
+
+class LaneDefaults(OrderDefaults):
+    """:class:`~policies.interfaces.LaneOrder`: a ``LANE_KEY`` policy overrides ``place`` and
+    ``primary`` (and ``flipped`` / ``after_flip`` when a position flips); the defaults declare no
+    lanes."""
+
+    def place(self, req: SchedRequest, now: float) -> LanePosition:
+        """The lane and rank of ``req`` as it enters a queue."""
+        raise NotImplementedError(f"policy {self.name!r} does not declare lanes")
+
+    def primary(self, lane: Hashable, rank: Any, now: float) -> tuple[Any, ...]:
+        """The key, less its first-come-first-served tail, of a request at that position."""
+        raise NotImplementedError(f"policy {self.name!r} does not declare lanes")
+
+    def flipped(self, flip: float, now: float) -> bool:
+        """Has a request whose position carries ``flip`` moved on at ``now``. Default: never."""
+        return False
+
+    def after_flip(self, placed: LanePosition) -> LanePosition:
+        """Where a request placed at ``placed`` goes when it flips."""
+        raise NotImplementedError(f"policy {self.name!r} does not declare flips")
+
+
+class ScreenDefaults:
+    """:class:`~policies.interfaces.Screen` by default: admit everything (no ``SCREEN``)."""
+
+    reject_reasons: ClassVar[frozenset[str]] = frozenset()
+    """``SCREEN`` policies: every REJECT carries one of these reasons."""
+
+    def screen(self, req: SchedRequest, now: float, load: LoadView) -> Screening:
+        """May ``req`` be dispatched now? Default: always."""
+        return ADMIT
+
+
+class EngineDefaults(OrderDefaults):
+    """:class:`~policies.interfaces.EngineKnobs` (and :class:`~policies.interfaces.Displacement`) by
+    default: vLLM's, the memory victim is the largest key, nothing preempted by choice or deferred."""
+
+    max_preempt_share: ClassVar[float] = 1.0
+    """``PREEMPT`` policies: at most this share of the running batch is preempted in one step (in (0, 1])."""
+
+    engine_variant: ClassVar[str | None] = None
+    """Run the engine as this variant (``v1``, ``v0``, ``sarathi``) with ``engine_chunk_size`` as its
+    per-step token budget when set (the engine-variant policies)."""
+    engine_chunk_size: ClassVar[int | None] = None
+
+    def pick_victim(self, running: Sequence[SchedRequest], now: float) -> SchedRequest | None:
+        """Which running request gives way when memory runs out.
+
+        Default (vLLM): the lowest-priority one, i.e. the largest key; for FCFS that is the latest
+        arrival, the last of the running list.
+        """
+        if not running:
+            return None
+        return max(running, key=lambda r: self.key(r, now))
+
+    def may_preempt(self, victim: SchedRequest, now: float) -> bool:
+        """May ``victim`` be displaced by a better waiting one. Default: yes."""
+        return True
+
+    def expected_remaining(self, req: SchedRequest) -> float:
+        """The output tokens ``req`` is expected still to generate (``PREEMPT_PAYS`` policies)."""
+        raise NotImplementedError(f"policy {self.name!r} does not price preemptions")
+
+    def defer_decode(self, req: SchedRequest, now: float) -> bool:
+        """Skip ``req``'s decode token this step. Default: never."""
+        return False
+
+
+class HookDefaults:
+    """:class:`~policies.interfaces.PolicyHooks` by default: keep nothing."""
+
+    def on_arrival(self, req: SchedRequest, now: float) -> None:
+        """A request entered this policy's queue."""
+
+    def on_dispatch(self, req: SchedRequest, now: float) -> None:
+        """It left the queue: dispatched (gateway) or scheduled into the batch (engine)."""
+
+    def on_progress(self, req: SchedRequest, new_tokens: int, now: float) -> None:
+        """It generated ``new_tokens`` more tokens (only reported to ``PROGRESS_HOOK`` policies)."""
+
+    def on_preempt(self, req: SchedRequest, now: float) -> None:
+        """It was preempted or paused and goes back to waiting."""
+
+    def on_finish(self, req: SchedRequest, now: float) -> None:
+        """It completed, failed or was cancelled; forget it."""
+
+    def on_repredict(self, req: SchedRequest, now: float) -> None:
+        """Its prediction was replaced while it waited out of the queue (``USES_PREDICTION``)."""
+
+
+class Policy(LaneDefaults, ScreenDefaults, EngineDefaults, HookDefaults):
+    """The convenient base: every interface of :mod:`policies.interfaces` with its defaults (FCFS).
+    Subclasses override what they change and declare it.
 
     Class attributes describe a policy to drivers and to ``sagegate policies``: ``levels`` where it
     may run; ``capabilities`` what it does beyond a static order (each :class:`Capability` states
@@ -144,12 +255,7 @@ class Policy:
     :meth:`declare` from ``__init__``.
     """
 
-    name: ClassVar[str] = "base"
     levels: ClassVar[frozenset[Level]] = frozenset({GATEWAY, ENGINE})
-    capabilities: frozenset[Capability] = frozenset()
-    """Per class; an instance may narrow or widen its own with :meth:`declare`."""
-    reject_reasons: ClassVar[frozenset[str]] = frozenset()
-    """``SCREEN`` policies: every REJECT carries one of these reasons."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -170,105 +276,6 @@ class Policy:
         """Replace this instance's capabilities (a parameter turned one on or off), checked as a class's."""
         self._check(f"{type(self).__name__} instance", capabilities)
         self.capabilities = capabilities
-
-    def key(self, req: SchedRequest, now: float) -> Any:
-        """Sort key, lower served first. Must be totally ordered among one policy's keys."""
-        return (req.arrival_s, _tiebreak(req.rid))
-
-    def engine_rank(self, req: SchedRequest) -> float | None:
-        """A scalar form of the request's place in this order (lower first), for an engine's own
-        priority scheduler (``policies.engine_priority``); None: the order has none to give."""
-        return None
-
-    def place(self, req: SchedRequest, now: float) -> LanePosition:
-        """``LANE_KEY`` policies: the lane and rank of ``req`` as it enters a queue.
-
-        The contract that lets the queue pick by lane heads and still agree with a scan of every key:
-
-        1. ``key(req, now) == (*self.primary(lane, rank, now), *fcfs_tiebreak(req))``, and within a
-           lane the primary part never decreases as the rank grows;
-        2. ``req`` is in ``p = place(req, now)`` until ``flipped(p.flip, now)``, then in
-           ``after_flip(p)`` for good; ``flipped`` holds for every smaller ``flip`` when it holds for
-           one, and keeps holding as the clock and the policy's state move on (if the clock goes
-           back, the queue places every request afresh);
-        3. what ``place`` reads of ``req`` does not change while it is queued (``on_arrival`` and
-           ``on_preempt`` run before the push).
-        """
-        raise NotImplementedError(f"policy {self.name!r} does not declare lanes")
-
-    def primary(self, lane: Hashable, rank: Any, now: float) -> tuple[Any, ...]:
-        """``LANE_KEY`` policies: the key, less its first-come-first-served tail, of a request at that
-        position."""
-        raise NotImplementedError(f"policy {self.name!r} does not declare lanes")
-
-    def flipped(self, flip: float, now: float) -> bool:
-        """``LANE_KEY`` policies: has a request whose position carries ``flip`` moved on at ``now``."""
-        return False
-
-    def after_flip(self, placed: LanePosition) -> LanePosition:
-        """``LANE_KEY`` policies: where a request placed at ``placed`` goes when it flips."""
-        raise NotImplementedError(f"policy {self.name!r} does not declare flips")
-
-    def screen(self, req: SchedRequest, now: float, load: LoadView) -> Screening:
-        """Gateway level, ``SCREEN`` policies: may ``req`` be dispatched now? Default: always."""
-        return ADMIT
-
-    def pick_victim(self, running: Sequence[SchedRequest], now: float) -> SchedRequest | None:
-        """Engine level: which running request gives way when memory runs out.
-
-        Default (vLLM): the lowest-priority one, i.e. the largest key; for FCFS that is the latest
-        arrival, the last of the running list.
-        """
-        if not running:
-            return None
-        return max(running, key=lambda r: self.key(r, now))
-
-    def may_preempt(self, victim: SchedRequest, now: float) -> bool:
-        """Engine level, ``PREEMPT`` policies: may ``victim`` be displaced by a better waiting one."""
-        return True
-
-    def expected_remaining(self, req: SchedRequest) -> float:
-        """Engine level, ``PREEMPT_PAYS`` policies: the output tokens ``req`` is expected still to
-        generate, as the policy believes; the engine prices preemptions from it
-        (:func:`policies.preemption.pair_gain_s`)."""
-        raise NotImplementedError(f"policy {self.name!r} does not price preemptions")
-
-    max_preempt_share: ClassVar[float] = 1.0
-    """Engine level, ``PREEMPT`` policies: at most this share of the running batch is preempted in one
-    step (in (0, 1])."""
-
-    engine_variant: ClassVar[str | None] = None
-    """Engine level: run the engine as this variant (``v1``, ``v0``, ``sarathi``) with
-    ``engine_chunk_size`` as its per-step token budget when set (the engine-variant policies)."""
-    engine_chunk_size: ClassVar[int | None] = None
-
-    def defer_decode(self, req: SchedRequest, now: float) -> bool:
-        """Engine level, ``DEFER_DECODE`` policies: skip ``req``'s decode token this step."""
-        return False
-
-    # --- life-cycle hooks ----------------------------------------------------------------------
-    def on_arrival(self, req: SchedRequest, now: float) -> None:
-        """A request entered this policy's queue (gateway queue or engine waiting list)."""
-
-    def on_dispatch(self, req: SchedRequest, now: float) -> None:
-        """It left the queue: dispatched to a backend (gateway) or scheduled into the batch (engine)."""
-
-    def on_progress(self, req: SchedRequest, new_tokens: int, now: float) -> None:
-        """It generated ``new_tokens`` more tokens (``req.generated`` already counts them).
-
-        Drivers may skip this unless the policy declares ``PROGRESS_HOOK``."""
-
-    def on_preempt(self, req: SchedRequest, now: float) -> None:
-        """It was preempted (engine level) and goes back to waiting."""
-
-    def on_finish(self, req: SchedRequest, now: float) -> None:
-        """It completed, failed or was cancelled; forget it."""
-
-    def on_repredict(self, req: SchedRequest, now: float) -> None:
-        """Gateway level, ``USES_PREDICTION`` only. While ``req`` waited out of the queue, its
-        ``prediction`` was replaced (a prediction that missed its budget arrived late): drop what was
-        derived from the old one. The queue places it again right after; what the policy keeps that
-        does not depend on the prediction (arrival, time entered, counters) must stay as it was."""
 
 
 def _tiebreak(rid: Any) -> Any:

@@ -22,34 +22,35 @@ class Capability(StrEnum):
     ARRIVAL_ORDER = "arrival-order"
     """The key is arrival order exactly (``fcfs_tiebreak``), and never changes. The engine may then
     keep its running list in arrival order and take the latest arrival as the memory victim without
-    asking :meth:`~policies.base.Policy.pick_victim`."""
+    asking :meth:`~policies.interfaces.EngineKnobs.pick_victim`."""
 
     DYNAMIC_KEY = "dynamic-key"
-    """:meth:`~policies.base.Policy.key` of a queued request may change with the clock or with other
-    requests (their arrival, dispatch or progress). The queue then re-evaluates keys before each pick
-    (or keeps a lane index, with ``LANE_KEY``) instead of a heap, and a driver re-runs the pick when
-    time passes. Without it a request's key is fixed from the moment it is pushed until it is popped."""
+    """:meth:`~policies.interfaces.QueueOrder.key` of a queued request may change with the clock or
+    with other requests (their arrival, dispatch or progress). The queue then re-evaluates keys before
+    each pick (or keeps a lane index, with ``LANE_KEY``) instead of a heap, and a driver re-runs the
+    pick when time passes. Without it a request's key is fixed from the moment it is pushed until it
+    is popped."""
 
     LANE_KEY = "lane-key"
-    """Requires ``DYNAMIC_KEY``. The key has the lane form of :meth:`~policies.base.Policy.place`
+    """Requires ``DYNAMIC_KEY``. The key has the lane form of :class:`~policies.interfaces.LaneOrder`
     (``place`` / ``primary`` / ``flipped`` / ``after_flip`` keep the contract stated there), so the
     queue picks by lane heads (O(lanes · log n)) and still agrees with a scan of every key."""
 
     SCREEN = "screen"
-    """Gateway level only. :meth:`~policies.base.Policy.screen` may answer HOLD or REJECT (a REJECT
-    names one of the class's ``reject_reasons``). Without it the gateway admits without calling
-    ``screen`` and builds no :class:`~policies.base.LoadView`."""
+    """Gateway level only. :meth:`~policies.interfaces.Screen.screen` may answer HOLD or REJECT (a
+    REJECT names one of the class's ``reject_reasons``). Without it the gateway admits without
+    calling ``screen`` and builds no :class:`~policies.base.LoadView`."""
 
     PREEMPT = "preempt"
     """Engine level only. A better-keyed waiting request may displace a running one that
-    :meth:`~policies.base.Policy.may_preempt` allows, at most ``max_preempt_share`` of the batch per
-    step. Without it the engine preempts only when memory runs out."""
+    :meth:`~policies.interfaces.Displacement.may_preempt` allows, at most ``max_preempt_share`` of
+    the batch per step. Without it the engine preempts only when memory runs out."""
 
     PREEMPT_PAYS = "preempt-pays"
-    """Requires ``PREEMPT``. The engine displaces a running request for a waiting one only when
-    :meth:`~policies.base.Policy.preemption_gain_s` exceeds the recompute's cost
-    (:func:`policies.preemption.pays`, from the policy's
-    :meth:`~policies.base.Policy.expected_remaining`) and picks the victim with the widest margin.
+    """Requires ``PREEMPT``. The engine displaces a running request for a waiting one only when the
+    exchange's gain (:func:`policies.preemption.pair_gain_s`, from the policy's
+    :meth:`~policies.interfaces.Displacement.expected_remaining`) exceeds the recompute's cost
+    (:func:`policies.preemption.pays`) and picks the victim with the widest margin.
     Without it a preemption by choice is never priced."""
 
     REKEY_ON_PROGRESS = "rekey-on-progress"
@@ -58,13 +59,13 @@ class Capability(StrEnum):
     rank it was admitted with."""
 
     DEFER_DECODE = "defer-decode"
-    """Engine level only. :meth:`~policies.base.Policy.defer_decode` may hold a decoding request out
-    of a step. Without it every running decode is scheduled and the engine never asks."""
+    """Engine level only. :meth:`~policies.interfaces.EngineKnobs.defer_decode` may hold a decoding
+    request out of a step. Without it every running decode is scheduled and the engine never asks."""
 
     PROGRESS_HOOK = "progress-hook"
-    """:meth:`~policies.base.Policy.on_progress` keeps state the policy reads later (counters,
-    quanta, refined predictions), so drivers must report every token. Without it a driver may skip the
-    call; the policy reads progress only from ``req.generated``."""
+    """:meth:`~policies.interfaces.PolicyHooks.on_progress` keeps state the policy reads later
+    (counters, quanta, refined predictions), so drivers must report every token. Without it a driver
+    may skip the call; the policy reads progress only from ``req.generated``."""
 
     USES_PREDICTION = "uses-prediction"
     """The policy reads ``req.prediction``: a driver must run a predictor for it (at gateway level

@@ -26,7 +26,8 @@ from dataclasses import dataclass, replace
 from typing import Generic, Protocol, TypeVar
 
 from sagegate.policies.admission import AdmissionConfig, BackendLoad, Charge, usage_after
-from sagegate.policies.base import ADMIT, Capability, LoadView, Policy, SchedRequest, Verdict
+from sagegate.policies.base import ADMIT, Capability, LoadView, SchedRequest, Verdict
+from sagegate.policies.interfaces import GatewayPolicy
 from sagegate.policies.pause import PauseConfig, choose_pause
 from sagegate.policies.placement import DEFAULT_PROFILE, CacheView, Placement, PlacementProfile
 
@@ -154,7 +155,7 @@ class DispatchLoop(Generic[R]):
 
     def __init__(
         self,
-        policy: Policy,
+        policy: GatewayPolicy,
         admission: AdmissionConfig,
         queue: DispatchQueue[R],
         driver: AdmissionDriver[R],

@@ -4,10 +4,11 @@ vLLM started with ``--scheduling-policy priority`` orders its waiting queue by t
 ``priority`` (lower first, then arrival) and, when its KV cache runs out, preempts the running request
 with the largest ``(priority, arrival)``. With ``upstream.rank_priority`` the gateway sends each
 request's rank as that integer (:func:`engine_priority`): the client's class first (a higher
-``x-priority`` first), then the policy's rank at dispatch (:meth:`policies.base.Policy.engine_rank`),
-bucketed on a log scale (:data:`STEPS_PER_DOUBLING` buckets a doubling). So inside the engine too,
-work predicted cheap waits less and work predicted expensive is the one preempted (it recomputes when
-it resumes). vLLM cannot change a request's priority once sent: the engine keeps its rank at dispatch.
+``x-priority`` first), then the policy's rank at dispatch
+(:meth:`policies.interfaces.QueueOrder.engine_rank`), bucketed on a log scale
+(:data:`STEPS_PER_DOUBLING` buckets a doubling). So inside the engine too, work predicted cheap waits
+less and work predicted expensive is the one preempted (it recomputes when it resumes). vLLM cannot
+change a request's priority once sent: the engine keeps its rank at dispatch.
 
 Invariants: :func:`engine_priority` never decreases as the rank grows (for one class) and a higher
 class always comes first whatever the ranks; a policy without a rank sends its class alone.

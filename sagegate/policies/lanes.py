@@ -1,6 +1,6 @@
 """The index behind :class:`~policies.queue.PolicyQueue` for dynamic policies that declare lanes.
 
-A ``LANE_KEY`` policy (contract: :meth:`policies.base.Policy.place`) puts each queued request in a lane
+A ``LANE_KEY`` policy (contract: :class:`policies.interfaces.LaneOrder`) puts each queued request in a lane
 at a static rank; its key is ``(*primary(lane, rank, now), arrival, id)``, and the primary never
 decreases along the ranks of a lane, whatever the clock or the policy's counters say. So the best
 request of a lane is the first rank's earliest request, unless the next ranks' primaries tie with it
@@ -20,7 +20,8 @@ import itertools
 from collections.abc import Hashable, Iterable
 from typing import Any, Generic, TypeVar
 
-from sagegate.policies.base import LanePosition, Policy, SchedRequest, fcfs_tiebreak
+from sagegate.policies.base import LanePosition, SchedRequest, fcfs_tiebreak
+from sagegate.policies.interfaces import LaneOrder
 
 R = TypeVar("R", bound=SchedRequest)
 _TIEBREAK = 2  # every key ends with ``fcfs_tiebreak(req)``: (arrival, id)
@@ -47,7 +48,7 @@ class _Lane(Generic[R]):
 class LaneIndex(Generic[R]):
     """Queued requests by lane and rank; :meth:`best` is the request with the least ``policy.key``."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: LaneOrder) -> None:
         self.policy = policy
         self._lanes: dict[Hashable, _Lane[R]] = {}
         self._where: dict[int, tuple[Hashable, Any, int]] = {}  # id(req) -> (lane, rank, token)

@@ -10,7 +10,8 @@ therefore decide alike.
 
 A pause is chosen only when all of these hold, for a victim that has started on a backend:
 
-* the policy prices displacements (``PREEMPT_PAYS``: it states :meth:`expected_remaining`) and ranks
+* the policy prices displacements (``PREEMPT_PAYS``: it states ``expected_remaining``, a
+  :class:`~policies.interfaces.Displacement`) and ranks
   the victim strictly behind the head (its key, recomputed at its rank boundaries, is larger);
 * the policy allows it (``may_preempt``: a resumed request is held until its next rank boundary) and
   it has been paused fewer than ``max_pauses`` times;
@@ -36,7 +37,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from sagegate.policies.admission import AdmissionConfig, BackendLoad, Charge, Holdings
-from sagegate.policies.base import Policy, SchedRequest
+from sagegate.policies.base import SchedRequest
+from sagegate.policies.interfaces import Displacement
 from sagegate.policies.preemption import pair_gain_s
 
 R = TypeVar("R", bound=SchedRequest)
@@ -114,7 +116,7 @@ def resume_cost_steps(
 
 
 def choose_pause(
-    policy: Policy,
+    policy: Displacement,
     head: R,
     head_charge: Charge,
     head_key: object,

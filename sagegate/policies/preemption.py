@@ -4,7 +4,7 @@ A preemption by recompute throws away the victim's KV; what the prefix cache sti
 admitted again is found, the rest is computed again, and that prefill slows every request in the
 batch while it runs. The engine states that price as a :class:`PreemptionCost`; a ``PREEMPT_PAYS``
 policy states what it expects each request still to generate
-(:meth:`~policies.base.Policy.expected_remaining`), from which :func:`pair_gain_s` values the
+(:meth:`~policies.interfaces.Displacement.expected_remaining`), from which :func:`pair_gain_s` values the
 displacement (seconds of latency saved over the pair); it happens only when :func:`pays`. Both sides
 are in engine seconds summed over requests, so neither needs the other's model.
 """

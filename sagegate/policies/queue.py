@@ -12,14 +12,15 @@ import itertools
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
-from sagegate.policies.base import Capability, Policy, SchedRequest
+from sagegate.policies.base import Capability, SchedRequest
+from sagegate.policies.interfaces import LaneOrder, QueueOrder
 from sagegate.policies.lanes import LaneIndex
 
 R = TypeVar("R", bound=SchedRequest)
 
 
 class PolicyQueue(Generic[R]):
-    """Requests in ``policy.key`` order (lower first).
+    """Requests in ``policy.key`` order (lower first), for any :class:`~policies.interfaces.QueueOrder`.
 
     Static policies: each request's key is computed once on push and kept in a heap, so ``peek`` and
     ``pop`` are O(log n). Policies that declare ``DYNAMIC_KEY`` and ``LANE_KEY``: a
@@ -28,7 +29,7 @@ class PolicyQueue(Generic[R]):
     because they depend on the clock or on other requests.
     """
 
-    def __init__(self, policy: Policy, *, scan: bool = False) -> None:
+    def __init__(self, policy: QueueOrder, *, scan: bool = False) -> None:
         self.policy = policy
         self._dynamic = Capability.DYNAMIC_KEY in policy.capabilities
         self._heap: list[tuple[Any, int, R]] = []
@@ -38,7 +39,7 @@ class PolicyQueue(Generic[R]):
         request pushed again are skipped like removed ones."""
         self._counter = itertools.count()
         self._index: LaneIndex[R] | None = (
-            LaneIndex(policy)
+            LaneIndex(lane_order(policy))
             if self._dynamic and Capability.LANE_KEY in policy.capabilities and not scan
             else None
         )
@@ -123,3 +124,11 @@ class PolicyQueue(Generic[R]):
         key = self.policy.key(req, now)
         req.key_cache = key
         return key
+
+
+def lane_order(policy: QueueOrder) -> LaneOrder:
+    """``policy``, which declares ``LANE_KEY``, as the :class:`~policies.interfaces.LaneOrder` it
+    promises to be."""
+    if not isinstance(policy, LaneOrder):
+        raise TypeError(f"policy {policy.name!r} declares LANE_KEY without the lane methods (LaneOrder)")
+    return policy

@@ -27,6 +27,7 @@ from sagegate.policies.admission import AdmissionConfig
 from sagegate.policies.base import ENGINE, GATEWAY, Capability, Policy
 from sagegate.policies.engine_priority import PriorityPolicy, engine_priority
 from sagegate.policies.fifo import FCFS
+from sagegate.policies.interfaces import EngineKnobs
 from sagegate.policies.pause import PauseConfig
 from sagegate.policies.placement import DEFAULT_PROFILE, LEAST_LOADED, PlacementProfile
 from sagegate.policies.queue import PolicyQueue
@@ -339,7 +340,7 @@ class Simulation:
             self.gw.finish(req, self.now)
 
 
-def engine_config_for(cfg: EngineConfig, policy: Policy) -> EngineConfig:
+def engine_config_for(cfg: EngineConfig, policy: EngineKnobs) -> EngineConfig:
     """The engine settings with an engine-variant policy's variant and chunk budget applied."""
     changes: dict[str, object] = {}
     if policy.engine_variant is not None:

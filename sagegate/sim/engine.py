@@ -16,8 +16,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
-from sagegate.policies.base import Capability, Policy
+from sagegate.policies.base import Capability
 from sagegate.policies.fifo import FCFS
+from sagegate.policies.interfaces import EnginePolicy
 from sagegate.policies.queue import PolicyQueue
 from sagegate.sim.config import EngineConfig
 from sagegate.sim.engine_request import ABORTED, FINISHED, PREEMPTED, RUNNING, WAITING, EngineRequest
@@ -42,7 +43,7 @@ class Engine:
         self,
         perf: PerfModel,
         config: EngineConfig | None = None,
-        policy: Policy | None = None,
+        policy: EnginePolicy | None = None,
         *,
         name: str = "engine-0",
         on_preempt: Callable[[EngineRequest], None] | None = None,
@@ -50,7 +51,7 @@ class Engine:
     ) -> None:
         self.perf = perf
         self.config = config = config or EngineConfig()
-        self.policy = policy or FCFS()
+        self.policy: EnginePolicy = policy or FCFS()
         self.fcfs = Capability.ARRIVAL_ORDER in self.policy.capabilities
         self.name = name
         blocks = config.num_gpu_blocks_override or perf.num_gpu_blocks(

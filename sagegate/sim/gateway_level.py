@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sagegate.policies.admission import AdmissionConfig, BackendLoad, Charge, resident_prefix
-from sagegate.policies.base import Policy
 from sagegate.policies.dispatch_loop import DispatchLoop, PassResult
+from sagegate.policies.interfaces import GatewayPolicy
 from sagegate.policies.pause import PauseConfig
 from sagegate.policies.placement import (
     CACHE_AWARE,
@@ -89,7 +89,7 @@ class SimGateway:
 
     def __init__(
         self,
-        policy: Policy,
+        policy: GatewayPolicy,
         admission: AdmissionConfig,
         capacities: Sequence[int],
         *,

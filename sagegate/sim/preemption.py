@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sagegate.policies.base import Capability
+from sagegate.policies.interfaces import Displacement
 from sagegate.policies.preemption import PreemptionCost, pair_gain_s, pays
 from sagegate.sim.engine_request import EngineRequest
 
@@ -78,7 +79,7 @@ def preempt_for_waiting(engine: Engine, now: float) -> int:
 
 
 def _worst(
-    policy: Any, best_key: Any, keyed: list[tuple[Any, EngineRequest]], now: float
+    policy: Displacement, best_key: Any, keyed: list[tuple[Any, EngineRequest]], now: float
 ) -> EngineRequest | None:
     """The worst-keyed running request ranked below ``best`` that the policy allows, or None.
     Usually ``best`` outranks nobody, which the largest key alone shows."""

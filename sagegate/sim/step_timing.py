@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sagegate.policies.base import Capability, Policy
+from sagegate.policies.base import Capability
+from sagegate.policies.interfaces import QueueOrder
 from sagegate.sim.engine_request import EngineRequest
 from sagegate.sim.kv import BlockPool
 from sagegate.sim.perf import PerfModel
@@ -61,7 +62,9 @@ _REORDERS = frozenset({Capability.PREEMPT, Capability.DYNAMIC_KEY, Capability.DE
 deferring decodes to make room for them."""
 
 
-def fold_is_exact(policy: Policy, preempted: int, n_scheduled: int, n_running: int, waiting: bool) -> bool:
+def fold_is_exact(
+    policy: QueueOrder, preempted: int, n_scheduled: int, n_running: int, waiting: bool
+) -> bool:
     """Folding is exact only when nothing could change between the steps: everyone running decodes
     (the caller checked the batch has no prefill), and no waiting request could be admitted or
     preempt anyone."""
