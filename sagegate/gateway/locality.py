@@ -9,8 +9,9 @@ dispatch loop asks how many of its prompt tokens each backend holds (:meth:`Loca
 
 A backend that publishes its KV-cache events (``gateway.kv_events``) and is following them whole is
 *precise*: it answers from the blocks its engine reports cached, matched against the request's token
-ids (keyed at enqueue, only while some backend is precise); the others answer from the approximate
-index, which every backend keeps all along.
+ids (keyed at enqueue, only while some backend is precise), and from the requests sent there and not
+yet left (events report a block only once its prefill has computed it); the others answer from the
+approximate index, which every backend keeps all along.
 
 A client that names its session (``x-session-id``, as vllm-router and llm-d accept) is also credited,
 on the backend its last turn went to, with that turn's prompt, where the index holds less (a
@@ -35,6 +36,7 @@ from sagegate.gateway.settings import PlacementSettings
 from sagegate.gateway.tokens import ExactKeys, backend_keys, exact_keys
 from sagegate.gateway.upstream import Upstream
 from sagegate.policies.placement import CacheView, classify
+from sagegate.policies.prefix_index import InFlight
 
 SESSION_KEY_BYTES = 16
 
@@ -78,6 +80,9 @@ class Locality:
         self.sessions: Lru[str, tuple[int, int]] = Lru(settings.max_sessions)
         """Session (:func:`session_key`) → (the backend its last turn went to, that turn's prompt
         tokens), oldest first."""
+        self.in_flight = [InFlight() for _ in backends]
+        """Per backend, the blocks of the requests sent there and not yet left: what a precise
+        backend will hold before its events say so (kept only for backends that publish events)."""
         self.on_touch: Callable[[int, Sequence[int], str | None, int], None] | None = None
         """Told each touch (backend, keys, session, prompt tokens): ``gateway.shared_prefixes``."""
         for b in backends:
@@ -120,6 +125,9 @@ class Locality:
                 if kv is not None and kv.block_size in exact.keys and kv.precise:
                     bs = kv.block_size
                     hits[i] = min((exact.tokens - 1) // bs, kv.index.match(exact.keys[bs])) * bs
+                    flying = self.in_flight[i]
+                    if flying:  # a prefill in progress there: its blocks are not in the events yet
+                        hits[i] = max(hits[i], int(min(most, flying.match(keys)) * per))
                     known.add(i)
         if req.session is not None:
             last = self.sessions.peek(req.session)
@@ -145,6 +153,7 @@ class Locality:
         req.prefix_claim = b.prefix.claim(req.prefix_keys)
         if b.kv is not None:
             b.kv.note_sent()
+            self.in_flight[backend].add(req.rid, req.prefix_keys)
 
     def computed(self, req: GatewayRequest, backend: int) -> None:
         """``backend`` accepted ``req`` and computed its prompt (its first token, or its whole answer):
@@ -164,6 +173,7 @@ class Locality:
     def left(self, req: GatewayRequest, backend: int) -> None:
         """``req`` left ``backend``: the engine freed its blocks, which join its eviction order last;
         a try that was never computed (refused, failed, cancelled first) leaves nothing cached."""
+        self.in_flight[backend].remove(req.rid)
         claim = req.prefix_claim
         if claim is not None:
             req.prefix_claim = None

@@ -86,3 +86,56 @@ class PrefixIndex:
     def clear(self) -> None:
         """The backend holds nothing (claims stay: their requests settle them)."""
         self._lru.clear()
+
+
+class InFlight:
+    """The prompt blocks of the requests a backend is running or about to run (sent, not yet left).
+
+    A backend's KV-cache events report a block once its prefill has computed it, so an index built
+    from them alone is blind to a prefill in progress: a burst sharing a new prefix would be spread
+    over the fleet, each backend computing it again. These blocks are held there meanwhile (a running
+    request's blocks are never evicted) or about to be, whatever the events say yet.
+
+    Invariants: ``match(keys)`` counts ``keys``' leading blocks carried by some request added and not
+    removed, and changes nothing; ``remove`` of a request never added (or removed already) does
+    nothing, so every way a request leaves may call it.
+    """
+
+    __slots__ = ("_count", "_keys")
+
+    def __init__(self) -> None:
+        self._count: dict[Hashable, int] = {}
+        self._keys: dict[Hashable, Sequence[Hashable]] = {}
+
+    def __len__(self) -> int:
+        """Requests in flight."""
+        return len(self._keys)
+
+    def add(self, rid: Hashable, keys: Sequence[Hashable]) -> None:
+        self.remove(rid)
+        self._keys[rid] = keys
+        count = self._count
+        for key in keys:
+            count[key] = count.get(key, 0) + 1
+
+    def remove(self, rid: Hashable) -> None:
+        keys = self._keys.pop(rid, None)
+        if keys is None:
+            return
+        count = self._count
+        for key in keys:
+            n = count[key] - 1
+            if n:
+                count[key] = n
+            else:
+                del count[key]
+
+    def match(self, keys: Sequence[Hashable]) -> int:
+        """How many of ``keys``' leading blocks some request in flight carries."""
+        count = self._count
+        n = 0
+        for key in keys:
+            if key not in count:
+                break
+            n += 1
+        return n

@@ -23,10 +23,14 @@ from sagegate.core.prefix import token_block_keys
 from sagegate.core.tokens import encode, flatten_messages
 from sagegate.gateway import locality
 from sagegate.gateway.app import create_app
+from sagegate.gateway.backends import BackendPool
 from sagegate.gateway.kv_events import KVEventFollower
 from sagegate.gateway.kv_index import ExactIndex, Malformed, Removed, Stored, decode_batch
+from sagegate.gateway.locality import Locality
+from sagegate.gateway.queue import GatewayRequest
+from sagegate.gateway.settings import GatewaySettings
 from sagegate.gateway.settings_kv_events import BackendKVEvents, KVEventsSettings
-from sagegate.gateway.tokens import backend_keys
+from sagegate.gateway.tokens import backend_keys, keys_of
 from sagegate.harness.procs import child, free_port
 from tests.gateway_support import ServerThread, admin, metric, settings_for, wait_until
 
@@ -139,6 +143,42 @@ def test_a_gap_clears_a_restart_clears_and_silence_after_requests_is_stale() -> 
     assert f.counts.dropped["malformed"] == 1 and f.state == "resync"
     f.receive(2, batch({"type": "AllBlocksCleared"}))
     assert f.precise  # the engine says it holds nothing: exact again at once
+
+
+def test_a_prefill_in_progress_counts_on_a_precise_backend() -> None:
+    """Events report a block once computed: until then the index alone is blind to a request sent
+    there, and a burst sharing a new prefix would be spread over the fleet. A request in flight
+    credits its blocks to its backend until it leaves."""
+    settings = GatewaySettings.model_validate({"backends": ["http://x:8000", "http://y:8000"]})
+    pool = BackendPool(settings, httpx.AsyncClient())
+    loc = Locality(settings.placement, pool.backends)
+    for b in pool.backends:
+        b.load.healthy = True
+        b.kv = follower()
+        b.kv.receive(0, batch(stored([11], None, TOKENS[:16])))  # something else: precise, 16-token blocks
+        assert b.kv.precise
+    prompt = SYSTEM + "When does the last train leave Basel?"
+    ids = encode(prompt)
+    rids = iter(range(1, 100))
+
+    def request() -> GatewayRequest:
+        req = GatewayRequest(
+            next(rids), 0.0, len(ids), body={}, route="completions", model="m", prompt=prompt
+        )
+        loc.describe(req, None, keys_of(ids, frozenset({BS})))
+        return req
+
+    first, second = request(), request()
+    assert list(loc.cached(first).hits) == [0, 0]
+    loc.sent(first, 1)
+    hits = loc.cached(second).hits
+    assert hits[0] == 0 and hits[1] > 0.8 * len(ids), hits
+    loc.sent(second, 1)
+    loc.left(first, 1)
+    assert loc.cached(request()).hits[1] > 0.8 * len(ids)  # the second is still there
+    loc.left(second, 1)  # never computed, and no event came: the engine holds nothing of it
+    assert list(loc.cached(request()).hits) == [0, 0]
+    assert len(loc.in_flight[1]) == 0
 
 
 # --- over real ZMQ ----------------------------------------------------------------------------------------
