@@ -66,9 +66,13 @@ class PrefixIndex:
                 claims.pop(key, None)
 
     def touch(self, keys: Sequence[Hashable]) -> None:
-        """A request with these blocks was computed here, or left: they are the most recently used."""
+        """A request with these blocks was computed here, or left: they are the most recently used,
+        its first block most of all. The engine frees a request's blocks in reverse (vLLM), so that
+        its cache gives up a prompt's tail before its prefix, and a prefix partly evicted still
+        matches; keys touched in order would lose the first block first, and with it the whole
+        match, while the engine still holds all but the tail."""
         lru = self._lru
-        for key in keys:
+        for key in reversed(keys):
             if key in lru:
                 lru.move_to_end(key)
             else:

@@ -34,12 +34,24 @@ def test_the_index_evicts_the_least_recently_used_past_its_capacity() -> None:
     idx.touch([3, 4])
     idx.touch([1, 2])  # used again: now the newest
     idx.touch([5])
-    assert len(idx) == 4
-    assert idx.match([3]) == 0 and idx.match([1, 2]) == 2 and idx.match([5]) == 1
-    idx.resize(2)
-    assert len(idx) == 2 and idx.match([1]) == 0
+    assert len(idx) == 4  # 4 went: the oldest request's tail
+    assert idx.match([3, 4]) == 1 and idx.match([1, 2]) == 2 and idx.match([5]) == 1
+    idx.resize(2)  # 3 then 2 go
+    assert len(idx) == 2 and idx.match([1, 2]) == 1 and idx.match([3]) == 0
     idx.clear()
     assert len(idx) == 0 and idx.match([5]) == 0
+
+
+def test_a_prefix_partly_evicted_still_matches_its_head_as_the_engines_cache_does() -> None:
+    """vLLM frees a request's blocks tail first, so its cache gives up a prompt's tail before its
+    prefix (``sim.kv`` does the same): the index must too, or the first block evicted takes the
+    whole match with it while the engine still holds all but the tail."""
+    idx = PrefixIndex(10)
+    idx.touch([1, 2, 3, 4, 5, 6])  # a group's prefix
+    idx.touch([7, 8, 9, 10, 11, 12])  # another's: two of the first are evicted
+    assert len(idx) == 10
+    assert idx.match([1, 2, 3, 4, 5, 6]) == 4  # its head survives: its tail (5, 6) went first
+    assert idx.match([7, 8, 9, 10, 11, 12]) == 6
 
 
 def test_a_claim_counts_until_settled_and_leaves_nothing_unless_computed() -> None:
@@ -196,12 +208,15 @@ def test_cache_aware_placement_keeps_groups_apart_where_one_cache_cannot_hold_th
 
 def test_under_eviction_the_index_still_predicts_most_hits_right() -> None:
     """A pool of ~2.5 groups' worth of blocks per engine: the engine evicts, and the index (LRU at the
-    same capacity, touched at dispatch and at the end) predicts within a block for most requests."""
+    same capacity, touched at dispatch and at the end, tail first as the engine frees) keeps each
+    group where its prefix is: most of the prompt tokens are hits (an index that evicted a prefix's
+    head first forgot groups the engines still held, and 28% were), and the prediction is within
+    three blocks (it counts prompt blocks only; the engine holds the outputs' too)."""
     work = _shared_prompt_workload(90, gap_s=0.4, groups=6)
     sim = _run(work, CACHE_AWARE, blocks=200)
     assert sim.gw is not None and sim.gw.dispatch_loop.log is not None
     predicted = {d.request.rid: d.placement.cached_tokens for d in sim.gw.dispatch_loop.log if d.placement}
     actual = {r.rid: r.cached_tokens for r in sim.records.values()}
-    close = sum(abs(predicted[rid] - actual[rid]) <= 16 for rid in actual)
-    assert sum(actual.values()) > 0
+    close = sum(abs(predicted[rid] - actual[rid]) <= 3 * 16 for rid in actual)
+    assert sum(actual.values()) >= 0.6 * sum(r.prompt_tokens for r in work)
     assert close >= 0.9 * len(actual)
