@@ -32,6 +32,8 @@ FRONTS = {
     "sg_waits": "sagegate with dispatch_first off: every request waits for its prediction (the A/B)",
     "sg_sticky": "sg_default with placement's prefix_hit weighed 2 (a cached token worth two queued)",
     "sg_precise": "sg_default following the backends' KV-cache events (--kv-events-config): precise hits",
+    "sg_open": "sg_default with admission's bounds lifted (peak target 100, no waiting bound): the A/B",
+    "sg_spread": "sg_default whose new prefixes go to the emptiest cache (benchmarks.pickers): the A/B",
 }
 """The fronts a run can put before the backends, by the name the scripts take."""
 GATEWAYS = {
@@ -47,6 +49,20 @@ GATEWAYS = {
         {"SAGEGATE_PLACEMENT__PROFILE__SCORERS": '{"prefix_hit": 2, "queued_prefill": 1}'},
     ),
     "sg_precise": ("sagesched", "prefix", {"SAGEGATE_PLACEMENT__KV_EVENTS__TOKENIZER": "local"}),
+    "sg_open": (
+        "sagesched",
+        "prefix",
+        {
+            "SAGEGATE_ADMISSION__PEAK_TARGET": "100",
+            "SAGEGATE_ADMISSION__MAX_WAITING_TOKENS": "100000000",
+            "SAGEGATE_ADMISSION__MAX_WAITING": "100000",
+        },
+    ),
+    "sg_spread": (
+        "sagesched",
+        "prefix",
+        {"SAGEGATE_PLACEMENT__PROFILE__PICKER": "benchmarks.pickers:SpreadByCache"},
+    ),
 }
 PUBLISHING = frozenset({"sg_precise"})
 """Fronts whose backends publish their KV-cache events, and which follow them."""
