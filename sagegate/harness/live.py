@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -249,7 +248,7 @@ def publishing_backends(
 ) -> Iterator[list[dict[str, Any]]]:
     """:func:`backends`, each publishing its KV-cache events as vLLM's ``--kv-events-config`` does
     (``kv_events``): entries of the gateway's ``backends`` setting (``url``, ``kv_events``)."""
-    from sagegate.harness.procs import free_port, spawned
+    from sagegate.harness.procs import kv_events_flag, spawned
 
     with contextlib.ExitStack() as stack:
         fleet: list[dict[str, Any]] = []
@@ -257,15 +256,8 @@ def publishing_backends(
             args = backend_args(model, gpu, time_scale)
             entry: dict[str, Any] = {}
             if kv_events:
-                pub, replay = free_port(), free_port()
-                config = {
-                    "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{pub}",
-                    "replay_endpoint": f"tcp://*:{replay}",
-                }  # fmt: skip
-                args += ["--kv-events-config", json.dumps(config)]
-                entry["kv_events"] = {
-                    "endpoint": f"tcp://127.0.0.1:{pub}", "replay_endpoint": f"tcp://127.0.0.1:{replay}"
-                }  # fmt: skip
+                flag, entry["kv_events"] = kv_events_flag()
+                args += flag
             fleet.append({"url": stack.enter_context(spawned("sagegate.cmd_backend", args)), **entry})
         yield fleet
 

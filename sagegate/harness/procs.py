@@ -4,6 +4,7 @@ until it answers, and always stop it (no process is left behind)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -30,6 +31,18 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def kv_events_flag() -> tuple[list[str], dict[str, str]]:
+    """vLLM's ``--kv-events-config`` on two free ports (ZMQ PUB and replay), and the ``kv_events``
+    entry of the gateway's ``backends`` setting that follows them."""
+    pub, replay = free_port(), free_port()
+    config = {
+        "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{pub}",
+        "replay_endpoint": f"tcp://*:{replay}",
+    }  # fmt: skip
+    follow = {"endpoint": f"tcp://127.0.0.1:{pub}", "replay_endpoint": f"tcp://127.0.0.1:{replay}"}
+    return ["--kv-events-config", json.dumps(config)], follow
 
 
 @contextlib.contextmanager

@@ -14,14 +14,13 @@ to start on an idle machine (longer beside other work).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sagegate.harness.procs import ROOT, free_port, running
+from sagegate.harness.procs import ROOT, free_port, kv_events_flag, running
 
 ENV_VAR = "SAGEGATE_VLLM_ENV"
 MODEL_NAME = "tiny"
@@ -155,13 +154,8 @@ def vllm_engine(
         cmd += ["--api-key", api_key]
     events = None
     if kv_events:
-        pub, replay = free_port(), free_port()
-        cfg = {
-            "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{pub}",
-            "replay_endpoint": f"tcp://*:{replay}",
-        }  # fmt: skip
-        cmd += ["--kv-events-config", json.dumps(cfg)]
-        events = {"endpoint": f"tcp://127.0.0.1:{pub}", "replay_endpoint": f"tcp://127.0.0.1:{replay}"}
+        flag, events = kv_events_flag()
+        cmd += flag
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
     if cpus is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
