@@ -427,7 +427,9 @@ def test_a_pause_asked_while_the_client_leaves_is_refused(monkeypatch: pytest.Mo
 
 @pytest.mark.heavy
 def test_a_paused_request_that_waits_too_long_ends_with_an_error_event() -> None:
-    be, gw = _blocked(queue={"max_wait_s": 0.5})
+    # The bound holds B too, queued until A's pause: 2 s leaves that wait room on a loaded machine
+    # (0.5 s did not: B timed out, and A, alone, resumed), and B's 300 tokens take ~4 s at this scale.
+    be, gw = _blocked(queue={"max_wait_s": 2.0})
     with be, gw:
         stream, _, hold = _hold_paused(gw)
         with pytest.raises(openai.APIError, match="waited too long"):
