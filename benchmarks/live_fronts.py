@@ -64,10 +64,11 @@ GATEWAYS = {
         {"SAGEGATE_PLACEMENT__PROFILE__PICKER": "benchmarks.pickers:SpreadByCache"},
     ),
 }
+"""The gateway fronts: (policy, predictor, settings beside ``GATEWAY_ENV``). ``sg_default`` is the
+product as shipped; the A/Bs beside it change one thing of it, and those beside ``sagegate`` keep the
+semantic predictor the earlier live figures ran."""
 PUBLISHING = frozenset({"sg_precise"})
 """Fronts whose backends publish their KV-cache events, and which follow them."""
-"""The gateway fronts: (policy, predictor, settings beside ``GATEWAY_ENV``). The A/B fronts keep the
-semantic predictor the earlier live figures ran; ``sg_default`` is the product as shipped."""
 
 
 def write_jsonl(rows: Sequence[dict[str, Any]], path: Path, time_div: float = 1.0) -> Path:

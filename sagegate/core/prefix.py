@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Container, Hashable, Sequence
 
 CHARS_PER_TOKEN = 4
 
@@ -55,3 +55,14 @@ def token_block_keys(ids: Sequence[int], block_tokens: int, parent: int = 0) -> 
         chain = hashlib.blake2b(chain + data[j * width : (j + 1) * width], digest_size=8).digest()
         keys.append(int.from_bytes(chain, "little"))
     return keys
+
+
+def held_prefix(keys: Sequence[Hashable], held: Container[Hashable]) -> int:
+    """How many of ``keys``' leading blocks ``held`` holds, up to the first it does not: with chained
+    keys a block's key names its whole prefix, so this is the prompt's cached prefix, in blocks."""
+    n = 0
+    for key in keys:
+        if key not in held:
+            break
+        n += 1
+    return n

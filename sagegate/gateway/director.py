@@ -349,9 +349,7 @@ class Director:
         match ended.ending:
             case Ending.QUEUE_TIMEOUT:
                 return errors.busy(ended.reason, "backends are busy; the request waited too long", retry)
-            case Ending.NO_HEALTHY_BACKEND:
-                return errors.unavailable(ended.reason, "no backend is healthy", retry)
-            case Ending.REFUSED if ended.reason == Reason.NO_HEALTHY_BACKEND:
+            case Ending.NO_HEALTHY_BACKEND | Ending.REFUSED if ended.reason == Reason.NO_HEALTHY_BACKEND:
                 return errors.unavailable(ended.reason, "no backend is healthy", retry)
             case Ending.REFUSED:
                 why = f"the scheduling policy refused the request: {ended.reason}"

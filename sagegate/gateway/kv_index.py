@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from sagegate.core.prefix import token_block_keys
+from sagegate.core.prefix import held_prefix, token_block_keys
 
 MAX_HASH_BYTES = 64
 
@@ -189,13 +189,7 @@ class ExactIndex:
 
     def match(self, keys: Sequence[int]) -> int:
         """How many of ``keys``' leading blocks are held."""
-        held = self._keys
-        n = 0
-        for key in keys:
-            if key not in held:
-                break
-            n += 1
-        return n
+        return held_prefix(keys, self._keys)
 
     def stored(self, ev: Stored) -> bool:
         """Follow one ``BlockStored``; False (nothing changes) when its parent is not held, so its

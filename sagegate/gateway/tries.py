@@ -103,8 +103,9 @@ class Tries:
                 return outcome
             if outcome.throttled:
                 self.throttled = outcome
-            blamed = self.budget is not None and outcome.suspect is not None
-            if blamed and outcome.suspect is not None and self.verdicts.failed(outcome.suspect):
+            budget = self.budget
+            suspect = outcome.suspect if budget is not None else None  # a resume weighs no blame
+            if suspect is not None and self.verdicts.failed(suspect):
                 self._suspects("request")
                 raise TriesEnded(Ending.THE_REQUEST, Reason.REQUEST_FAILED_TWICE, outcome)
             req.attempt += 1
@@ -114,7 +115,7 @@ class Tries:
                 if self.throttled is not None:
                     raise TriesEnded(Ending.OUT_OF_TRIES, Reason.UPSTREAM_RATE_LIMITED, outcome)
                 raise TriesEnded(Ending.OUT_OF_TRIES, Reason.UPSTREAM_FAILED, outcome)
-            if blamed and self.budget is not None and not self.budget.take(req.tenant):
+            if suspect is not None and budget is not None and not budget.take(req.tenant):
                 self._suspects("none")
                 raise TriesEnded(Ending.BUDGET_SPENT, Reason.RETRY_BUDGET_SPENT, outcome)
             self.metrics.retries.labels(backend.name).inc()

@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
+from sagegate.core.prefix import held_prefix
+
 
 class PrefixIndex:
     __slots__ = ("_claims", "_lru", "capacity_blocks")
@@ -136,10 +138,4 @@ class InFlight:
 
     def match(self, keys: Sequence[Hashable]) -> int:
         """How many of ``keys``' leading blocks some request in flight carries."""
-        count = self._count
-        n = 0
-        for key in keys:
-            if key not in count:
-                break
-            n += 1
-        return n
+        return held_prefix(keys, self._count)
