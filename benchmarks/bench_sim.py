@@ -1,9 +1,10 @@
 """Simulator speed, in simulated requests per wall-clock second (issue 2's benchmark).
 
 (a) the full Azure 2023 conversation hour on one H100 Llama-3.1-8B engine, at the trace's rate and at
-``--rate-scale 4``; (b) 200-request windows near saturation (rate scale 3.5), median over windows.
+``--rate-scale 4``; (b) 200-request windows near saturation (rate scale 3.5), median over windows. ``--no-lazy`` turns
+the engine's decode cohort off (``sim.decode_cohort``; the results are the same, the speed is not).
 
-    .venv/bin/python -m benchmarks bench_sim [--repeat 3]
+    .venv/bin/python -m benchmarks bench_sim [--repeat 3] [--policy fcfs] [--level engine] [--no-lazy]
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=20)
     ap.add_argument("--policy", default="fcfs")
     ap.add_argument("--level", default="engine")
+    ap.add_argument(
+        "--no-lazy", action="store_true", help="visit every decoding request at every step (the A/B)"
+    )
     args = ap.parse_args()
     from sagegate.policies.registry import parse_policy
     from sagegate.predictor.factory import make_predictor
@@ -42,7 +46,12 @@ def main() -> None:
     def setup() -> SimSetup:
         pred = make_predictor("noisy-oracle", relative_error=0.2, seed=0, truth=answer_key(trace))
         return SimSetup(
-            perf, EngineConfig(), level=args.level, policy=parse_policy(args.policy), predictor=pred
+            perf,
+            EngineConfig(),
+            level=args.level,
+            policy=parse_policy(args.policy),
+            predictor=pred,
+            lazy_decode=not args.no_lazy,
         )
 
     for scale in (1.0, 4.0):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -58,7 +59,7 @@ class LengthDistribution:
     # --- summaries ----------------------------------------------------------------------------
     @property
     def mean(self) -> float:
-        return math.fsum(o * p for o, p in zip(self.support, self.probs, strict=True))
+        return math.fsum(map(operator.mul, self.support, self.probs))  # equal lengths: checked at build
 
     def quantile(self, q: float) -> int:
         """Smallest support point whose cumulative probability reaches ``q``."""

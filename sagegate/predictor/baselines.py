@@ -111,6 +111,7 @@ class NoisyOraclePredictor(InlinePredictor):
         self.point = point
         self.sigma = lognormal_sigma(relative_error)
         self._shape, self._p = _unit_shape(self.sigma, points)
+        self._probs = (self._p,) * points
 
     def noisy_value(self, req: PredictionQuery) -> float:
         """``true × X`` for this request (unrounded)."""
@@ -121,10 +122,13 @@ class NoisyOraclePredictor(InlinePredictor):
         center = self.noisy_value(req)
         if self.point or self.sigma == 0.0:
             return LengthDistribution.point(center)
-        support: list[int] = []
+        support = [round(center * x) for x in self._shape]  # ascending
+        if support[0] >= 1 and len(set(support)) == len(support):  # the common case: nothing merges
+            return LengthDistribution(tuple(support), self._probs)
+        support = []
         probs: list[float] = []
         p = self._p
-        for x in self._shape:  # ascending, so rounded values are non-decreasing: merge equal runs
+        for x in self._shape:  # rounded values are non-decreasing: merge equal runs
             v = max(1, round(center * x))
             if support and support[-1] == v:
                 probs[-1] += p

@@ -60,6 +60,9 @@ class SimSetup:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     fold_decode: bool = True
     """Fold runs of identical decode steps into one event (exact; off only to test that it is)."""
+    lazy_decode: bool = True
+    """Advance decoding requests together, unvisited, where the engine can (``sim.decode_cohort``;
+    exact; off only to test that it is)."""
     cap_at_max_tokens: bool = True
     """Cap each prediction at the request's client cap (``TraceRequest.max_tokens``), as the live
     gateway's ``cap_at_max_tokens`` does."""
@@ -117,7 +120,14 @@ class Simulation:
             engine_policy = PriorityPolicy()  # ordering by each request's ``engine_priority``
         engine_cfg = engine_config_for(setup.engine, engine_policy)
         self.engines = [
-            Engine(setup.perf, engine_cfg, engine_policy, name=f"engine-{i}", fold_decode=setup.fold_decode)
+            Engine(
+                setup.perf,
+                engine_cfg,
+                engine_policy,
+                name=f"engine-{i}",
+                fold_decode=setup.fold_decode,
+                lazy_decode=setup.lazy_decode and not gateway,  # the gateway reads every request's progress
+            )
             for i in range(setup.engines)
         ]
         self.policy = setup.policy
@@ -196,7 +206,7 @@ class Simulation:
         dt = t - self.now
         if dt:
             self.area_system += self.in_system * dt
-            queued = len(self.queue) + sum(e.num_waiting for e in self.engines)
+            queued = len(self.queue) + sum([len(e.waiting) for e in self.engines])
             self.area_queued += queued * dt
         self.now = t
 
@@ -287,7 +297,7 @@ class Simulation:
         if not eng.has_work():
             return
         step = eng.schedule(self.now, self._fold_horizon())
-        if not step.scheduled:
+        if not step.scheduled and not step.cohort:
             raise AssertionError(f"{eng.name} has work but scheduled nothing")
         self.steps[idx] = step
         self.seq += 1

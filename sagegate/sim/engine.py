@@ -8,7 +8,8 @@ produced tokens and which finished. ``schedule`` reads top to bottom like vLLM v
 running requests first (each gets its next chunk or its one decode token), preempting by recompute
 when the KV pool runs dry, then waiting requests in queue order while budget, sequence cap and
 blocks allow; then the step is timed, folding identical decode steps where that is exact
-(:mod:`sim.step_timing`).
+(:mod:`sim.step_timing`). Where nothing reads a running request between steps, the decoding ones
+advance together as one cohort, unvisited (:mod:`sim.decode_cohort`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from sagegate.policies.fifo import FCFS
 from sagegate.policies.interfaces import EnginePolicy
 from sagegate.policies.queue import PolicyQueue
 from sagegate.sim.config import EngineConfig
+from sagegate.sim.decode_cohort import DecodeCohort
 from sagegate.sim.engine_request import ABORTED, FINISHED, PREEMPTED, RUNNING, WAITING, EngineRequest
 from sagegate.sim.kv import BlockPool
 from sagegate.sim.perf import PerfModel
@@ -29,6 +31,11 @@ from sagegate.sim.prefix import BlockKeys, block_keys
 from sagegate.sim.step_apply import apply_step
 from sagegate.sim.step_output import SchedulerOutput, StepOutcome
 from sagegate.sim.step_timing import Batch, fold_is_exact, split_batch, time_step
+
+_READS_RUNNING = frozenset(
+    {Capability.PROGRESS_HOOK, Capability.REKEY_ON_PROGRESS, Capability.DEFER_DECODE, Capability.PREEMPT}
+)
+"""Policies that read running requests' progress between steps: no decode cohort for them."""
 
 
 class Engine:
@@ -48,6 +55,7 @@ class Engine:
         name: str = "engine-0",
         on_preempt: Callable[[EngineRequest], None] | None = None,
         fold_decode: bool = True,
+        lazy_decode: bool = False,
     ) -> None:
         self.perf = perf
         self.config = config = config or EngineConfig()
@@ -77,6 +85,13 @@ class Engine:
         self._on_preempt = on_preempt
         self.fold_decode = fold_decode
         self._progress_hook = Capability.PROGRESS_HOOK in self.policy.capabilities
+        self.cohort: DecodeCohort | None = None
+        """Decoding requests advanced together (``sim.decode_cohort``): with ``lazy_decode``, which a
+        driver asks for when it reads no request's progress between steps (``StepOutcome.emitted``
+        then leaves the cohort out), and where nothing else does: vLLM v1's scheduler and a policy
+        that neither hears of progress nor re-keys or displaces running requests."""
+        if lazy_decode and config.variant == "v1" and not self.policy.capabilities & _READS_RUNNING:
+            self.cohort = DecodeCohort(config.block_size)
 
     # --- public state -------------------------------------------------------------------------
     @property
@@ -114,6 +129,8 @@ class Engine:
     def check_invariants(self) -> None:
         """Raise AssertionError if the KV accounting is inconsistent (tests call this every step)."""
         pool = self.pool
+        if self.cohort is not None:
+            self.cohort.sync_all(self.running)
         assert 0 <= pool.free_blocks <= pool.num_blocks, "free blocks out of range"
         held = sum(r.table.nblocks for r in self.running)
         shared = sum(1 for r in self.running for k in r.table.keys if k is not None)
@@ -144,6 +161,7 @@ class Engine:
     def abort(self, req: EngineRequest, now: float) -> bool:
         """Cancel ``req`` (client gone): its blocks are freed at once. False if it had finished."""
         if req.state is RUNNING:
+            self._leave_cohort(req)
             self.running.remove(req)
             self._cache_output(req)
             self.pool.free(req.table)
@@ -167,6 +185,7 @@ class Engine:
             and req in in_flight.chunked
         ):
             in_flight.chunked.remove(req)
+        self._leave_cohort(req)
         self.running.remove(req)
         self.pool.register_full(req.table, req.num_computed, req.keys)
         self.pool.free(req.table)
@@ -175,6 +194,11 @@ class Engine:
         self.num_pauses += 1
         self.policy.on_finish(req, now)
         return True
+
+    def _leave_cohort(self, req: EngineRequest) -> None:
+        if req.cohort_tick >= 0:
+            assert self.cohort is not None
+            self.cohort.leave(req)
 
     # --- scheduling ---------------------------------------------------------------------------
     def schedule(self, now: float, horizon: float = float("inf")) -> SchedulerOutput:
@@ -189,17 +213,24 @@ class Engine:
         else:
             batch = self._schedule_chunked(now, scheduled, decode_first=variant == "sarathi")
         preempted = self.num_preemptions - preemptions_before
-        if not scheduled:
+        cohort = self.cohort
+        lazy = cohort.size if cohort is not None and cohort.pending else 0  # members decoding unvisited
+        if not scheduled and not lazy:
             return SchedulerOutput(now, 0.0, scheduled, 1, preempted, [])
         if batch is None:  # a preemption took an already scheduled request back out: classify anew
             batch = Batch.of(scheduled)
         foldable = (
             self.fold_decode
             and not batch.prefill
-            and fold_is_exact(self.policy, preempted, len(scheduled), len(self.running), bool(self.waiting))
+            and fold_is_exact(
+                self.policy, preempted, len(scheduled) + lazy, len(self.running), bool(self.waiting)
+            )
         )
-        duration, k = time_step(self.perf, self.pool, batch, scheduled, horizon - now, foldable)
-        return SchedulerOutput(now, duration, scheduled, k, preempted, batch.chunked)
+        members = cohort if lazy else None
+        duration, k = time_step(self.perf, self.pool, batch, scheduled, horizon - now, foldable, members)
+        if members is not None:
+            members.pending = k
+        return SchedulerOutput(now, duration, scheduled, k, preempted, batch.chunked, lazy)
 
     def _schedule_chunked(
         self, now: float, sched: dict[EngineRequest, int], *, decode_first: bool
@@ -214,6 +245,13 @@ class Engine:
             preempt_for_waiting(self, now)
         preemptions_before = self.num_preemptions
         order = self.running
+        n_dec = ctx = 0
+        cohort = self.cohort
+        if cohort is not None and (members := cohort.start_step(order, budget, self.pool)):
+            # The members lead the list and each decodes a token: visit only the tail.
+            n_dec, ctx = members, cohort.context
+            budget -= members
+            order = order[members:]
         if decode_first:
             # decodes first
             order = sorted(order, key=lambda r: r.num_computed + 1 < r.prompt_tokens + r.generated)
@@ -224,7 +262,6 @@ class Engine:
         bs = self.pool.block_size
         prefill: list[tuple[int, int]] = []
         chunked: list[EngineRequest] = []
-        n_dec = ctx = 0
         for req in order if order is not self.running else list(order):
             if budget <= 0:
                 break
@@ -360,6 +397,7 @@ class Engine:
 
     def preempt(self, victim: EngineRequest, now: float) -> None:
         """Preemption by recompute: the victim loses its blocks and computed tokens and waits again."""
+        assert victim.cohort_tick < 0, "a decode cohort member preempted (the cohort dissolves first)"
         self.running.remove(victim)
         # Its computed blocks stay cached (private ones too): recomputing it may find them again.
         self.pool.register_full(victim.table, victim.num_computed, victim.keys)
@@ -381,7 +419,14 @@ class Engine:
         out = apply_step(step, now, self.pool, policy.on_progress if self._progress_hook else None)
         for req in out.first:
             self.prompt_tokens_total += req.prompt_tokens
-        self.generation_tokens_total += step.k * len(out.emitted)
+        emitted = len(out.emitted)
+        cohort = self.cohort
+        if cohort is not None and step.cohort:
+            emitted += cohort.size  # (less any that left while the step ran)
+            done = cohort.end_step(step.k)
+            if done:  # they lead the running list, so the schedule's order has them first
+                out.finished = done + out.finished
+        self.generation_tokens_total += step.k * emitted
         pool = self.pool
         for req in out.finished:
             req.state = FINISHED
@@ -391,4 +436,6 @@ class Engine:
             pool.free(req.table)
             self.finished_total += 1
             policy.on_finish(req, now)
+        if cohort is not None:
+            cohort.take_in(self.running, out.emitted)
         return out

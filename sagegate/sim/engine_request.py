@@ -47,6 +47,7 @@ class EngineRequest(SchedRequest):
     __slots__ = (
         "backend",
         "cached_tokens",
+        "cohort_tick",
         "keys",
         "num_computed",
         "output_tokens",
@@ -81,6 +82,7 @@ class EngineRequest(SchedRequest):
         self.state: RequestStatus = WAITING
         self.preemptions = 0
         self.cached_tokens = 0
+        self.cohort_tick = -1  # in the engine's decode cohort since this tick (``sim.decode_cohort``)
         self.t_dispatch = arrival_s
         self.t_engine = arrival_s
         self.t_first_token: float | None = None

@@ -249,9 +249,14 @@ class PerfModel:
         else:
             k = int(budget_s / first)
         k = max(k, 0)
-        while self.decode_run_time(n_decode, context_sum, k + 1) <= budget_s:
+        kv = self._k_kv * n_decode
+
+        def run(k: int) -> float:  # decode_run_time's expression, ``first`` computed once
+            return k * first + kv * (k * (k - 1) * 0.5)
+
+        while run(k + 1) <= budget_s:
             k += 1
-        while k > 0 and self.decode_run_time(n_decode, context_sum, k) > budget_s:
+        while k > 0 and run(k) > budget_s:
             k -= 1
         return k
 

@@ -30,6 +30,9 @@ class SchedulerOutput:
     """Requests preempted (by recompute) while scheduling this step."""
     chunked: list[EngineRequest]
     """The scheduled requests with a prefill chunk rather than one decode token, in schedule order."""
+    cohort: int = 0
+    """Requests of the engine's decode cohort (``sim.decode_cohort``) that decode ``k`` tokens too, ahead
+    of ``scheduled`` and not in it."""
 
 
 @dataclass(slots=True)
@@ -37,7 +40,8 @@ class StepOutcome:
     """What a completed step produced, for the driver to deliver."""
 
     emitted: list[EngineRequest]
-    """Requests that produced tokens (``k`` each for a folded step), in schedule order."""
+    """Requests that produced tokens (``k`` each for a folded step), in schedule order; the decode
+    cohort's members are left out (an engine with ``lazy_decode`` does not list them)."""
     finished: list[EngineRequest]
     """Of ``emitted``, those that produced their last token (the engine has freed them)."""
     first: list[EngineRequest]

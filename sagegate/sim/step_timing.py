@@ -9,11 +9,12 @@ into one, timed in closed form (``PerfModel.decode_run_time``), and the block ta
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from sagegate.policies.base import Capability
 from sagegate.policies.interfaces import QueueOrder
+from sagegate.sim.decode_cohort import DecodeCohort
 from sagegate.sim.engine_request import EngineRequest
 from sagegate.sim.kv import BlockPool
 from sagegate.sim.perf import PerfModel
@@ -90,14 +91,15 @@ def time_step(
     scheduled: dict[EngineRequest, int],
     window: float,
     foldable: bool,
+    cohort: DecodeCohort | None = None,
 ) -> tuple[float, int]:
     """The step's duration and its number of folded decode steps ``k`` (1 unless ``foldable``).
     A fold takes the blocks its ``k`` steps need from ``pool`` and lasts at most ``window`` seconds
-    (or one step)."""
+    (or one step); ``cohort``'s members (counted in ``batch``) decode with ``scheduled``."""
     if batch.prefill or not foldable:
         return perf.step_time(batch.prefill, batch.n_decode, batch.decode_context), 1
     n_dec, ctx = batch.n_decode, batch.decode_context
-    k = fold_decode_steps(perf, pool, scheduled, n_dec, ctx, window)
+    k = fold_decode_steps(perf, pool, scheduled, n_dec, ctx, window, cohort)
     return perf.decode_run_time(n_dec, ctx, k), k
 
 
@@ -108,42 +110,49 @@ def fold_decode_steps(
     n_dec: int,
     ctx: int,
     window: float,
+    cohort: DecodeCohort | None = None,
 ) -> int:
     """How many decode steps to fold (until the first request finishes, the ``window`` of seconds
-    closes, or the blocks run out); grows every table for them."""
-    k = min([r.output_tokens - r.generated for r in scheduled])  # a list: faster than a generator
+    closes, or the blocks run out); grows every table for them (the ``cohort``'s members by its
+    count alone: their tables are synced when read)."""
+    left = [r.output_tokens - r.generated for r in scheduled]  # a list: faster than a generator
+    if cohort is not None:
+        left.append(cohort.steps_left())
+    k = min(left)
     if window != float("inf"):
         k = min(k, max(1, perf.decode_steps_within(n_dec, ctx, window)))
     if k <= 1:
         return 1
     bs = pool.block_size
-    needs = [-(-(r.num_computed + k) // bs) - r.table.nblocks for r in scheduled]
-    if sum(needs) > pool.free_blocks:
-        k = blocks_allow(pool, scheduled, k)
+    due = 0 if cohort is None else cohort.due()  # the first step's blocks, already taken
+
+    def members_need(steps: int) -> int:
+        return 0 if cohort is None else cohort.blocks_for(steps) - due
+
+    def need(steps: int) -> int:
+        tables = sum([-(-(r.num_computed + steps) // bs) - r.table.nblocks for r in scheduled])
+        return tables + members_need(steps)
+
+    total = members_need(k)
+    if (need(k) if scheduled else total) > pool.free_blocks:
+        k = blocks_allow(pool.free_blocks, k, need)
         if k <= 1:
             return 1
-        needs = [-(-(r.num_computed + k) // bs) - r.table.nblocks for r in scheduled]
+        total = members_need(k)
     # Every table grows to hold k more tokens; the pool hands the blocks out as that many
     # ``grow`` calls would (they fit: ``blocks_allow``).
-    total = 0
-    for req, need in zip(scheduled, needs, strict=True):
-        if need > 0:
-            req.table.nblocks += need
-            total += need
+    for req in scheduled:
+        grow = -(-(req.num_computed + k) // bs) - req.table.nblocks
+        if grow > 0:
+            req.table.nblocks += grow
+            total += grow
     pool.take_fresh(total)
     return k
 
 
-def blocks_allow(pool: BlockPool, scheduled: dict[EngineRequest, int], k: int) -> int:
-    """Largest ``k' ≤ k`` decode steps whose new blocks fit in the free pool (the first step's
-    blocks are already taken)."""
-    bs = pool.block_size
-    free = pool.free_blocks
-    reqs = list(scheduled)
-
-    def need(steps: int) -> int:
-        return sum(-(-(r.num_computed + steps) // bs) - r.table.nblocks for r in reqs)
-
+def blocks_allow(free: int, k: int, need: Callable[[int], int]) -> int:
+    """Largest ``k' ≤ k`` decode steps whose new blocks, ``need(k')``, fit in ``free`` blocks (the
+    first step's blocks are already taken, so ``need(1) == 0``)."""
     if need(k) <= free:
         return k
     lo, hi = 1, k  # need(lo) == 0 ≤ free; need(hi) > free

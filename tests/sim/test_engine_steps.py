@@ -129,11 +129,10 @@ def test_blocks_allow_is_the_largest_fold_that_fits() -> None:
     for r in reqs:
         r.num_computed = 40
         assert pool.grow(r.table, 41)  # three blocks each: one free block left
-    sched = dict.fromkeys(reqs, 1)
 
-    def fits(k: int) -> bool:
-        return sum(-(-(r.num_computed + k) // 16) - r.table.nblocks for r in reqs) <= pool.free_blocks
+    def need(k: int) -> int:
+        return sum(-(-(r.num_computed + k) // 16) - r.table.nblocks for r in reqs)
 
-    k = blocks_allow(pool, sched, 100)
-    assert fits(k) and not fits(k + 1)
-    assert blocks_allow(pool, sched, k) == k
+    k = blocks_allow(pool.free_blocks, 100, need)
+    assert need(k) <= pool.free_blocks < need(k + 1)
+    assert blocks_allow(pool.free_blocks, k, need) == k
