@@ -106,10 +106,12 @@ class DecodeCohort:
     def dissolve(self, running: Sequence[EngineRequest]) -> None:
         """Everyone leaves, synced (``running``: the engine's running list, whose head they are); they
         join again after the step (:meth:`take_in`)."""
-        for req in running[: self.size]:
-            self.sync(req)
-            req.cohort_tick = -1
+        for req in running:  # all of it: a broken invariant must not sync a non-member
+            if req.cohort_tick >= 0:
+                self.sync(req)
+                req.cohort_tick = -1
         self.size = 0
+        self.pending = 0
         self._finishing.clear()
         self._ends.clear()
         self._due = [0] * self._bs
@@ -138,6 +140,7 @@ class DecodeCohort:
         """The scheduler's first move: how many members (the head of ``running``) decode a token
         this step, their blocks taken from ``pool``; 0 with no members, or when the step cannot be
         taken lazily (the cohort dissolves, and the scheduler visits everyone)."""
+        self.pending = 0  # (a driver that dropped a step it scheduled holds no blocks for it)
         if not self.step_fits(running, budget, pool.free_blocks):
             self.dissolve(running)
             return 0

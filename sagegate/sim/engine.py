@@ -218,6 +218,7 @@ class Engine:
         if not scheduled and not lazy:
             return SchedulerOutput(now, 0.0, scheduled, 1, preempted, [])
         if batch is None:  # a preemption took an already scheduled request back out: classify anew
+            assert not lazy, "a step with decode cohort members never preempts"
             batch = Batch.of(scheduled)
         foldable = (
             self.fold_decode

@@ -43,6 +43,7 @@ class StepOutcome:
     """Requests that produced tokens (``k`` each for a folded step), in schedule order; the decode
     cohort's members are left out (an engine with ``lazy_decode`` does not list them)."""
     finished: list[EngineRequest]
-    """Of ``emitted``, those that produced their last token (the engine has freed them)."""
+    """Those that produced their last token, in schedule order (the engine has freed them); decode
+    cohort members among them, though ``emitted`` leaves them out."""
     first: list[EngineRequest]
     """Of ``emitted``, those whose first token this was."""
