@@ -87,6 +87,35 @@ class InlinePredictor(ABC):
         return None
 
 
+class AtOnce:
+    """A predictor asked and told on the caller's own clock (the simulator's): :func:`settle` of its
+    coroutines, except that an :class:`InlinePredictor` keeping the interface's coroutines is called
+    directly, with the same answers and without a coroutine per request."""
+
+    __slots__ = ("_inline", "predictor")
+
+    def __init__(self, predictor: LengthPredictor) -> None:
+        self.predictor = predictor
+        kind = type(predictor)
+        self._inline = (
+            isinstance(predictor, InlinePredictor)
+            and kind.predict is InlinePredictor.predict
+            and kind.observe is InlinePredictor.observe
+        )
+
+    def predict(self, query: PredictionQuery) -> Prediction:
+        if self._inline:
+            inline: InlinePredictor = self.predictor  # type: ignore[assignment]
+            return Prediction(inline.predict_inline(query), inline.name)
+        return settle(self.predictor.predict(query))
+
+    def observe(self, query: PredictionQuery, output_tokens: int, memo: object = None) -> None:
+        if self._inline:
+            self.predictor.observe_inline(query, output_tokens)  # type: ignore[attr-defined]
+        else:
+            settle(self.predictor.observe(query, output_tokens, memo))
+
+
 def settle(step: Coroutine[Any, Any, T]) -> T:
     """The result of a predictor's coroutine that does not wait (the simulator's clock is its own,
     so nothing may wait on the wall clock): it runs to its end in one step, or this raises."""

@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sagegate.core.predictor import Asked, LengthPredictor, settle
+from sagegate.core.predictor import Asked, AtOnce, LengthPredictor
 from sagegate.core.record import RequestRecord
 from sagegate.core.request import PredictionQuery, TraceRequest
 from sagegate.core.summary import summarize
@@ -149,6 +149,7 @@ class Simulation:
             )
         self.queue: PolicyQueue[EngineRequest] = self.gw.queue if self.gw is not None else PolicyQueue(FCFS())
         """The gateway's queue (always empty at engine level)."""
+        self.predictor = None if setup.predictor is None else AtOnce(setup.predictor)
         self.records: dict[int, RequestRecord] = {}
         self.asked: dict[EngineRequest, Asked] = {}
         """What the predictor was asked about each request and answered (it is told the outcome under
@@ -216,9 +217,9 @@ class Simulation:
         setup = self.setup
         asked: Asked | None = None
         pred = None
-        if setup.predictor is not None:
+        if self.predictor is not None:
             query = PredictionQuery.of(tr)
-            asked = Asked(query, settle(setup.predictor.predict(query)))
+            asked = Asked(query, self.predictor.predict(query))
             pred = asked.prediction.distribution
         if pred is not None and setup.cap_at_max_tokens:
             pred = pred.capped(tr.max_tokens)
@@ -344,8 +345,8 @@ class Simulation:
         rec.cached_tokens = req.cached_tokens
         self.in_system -= 1
         asked = self.asked.pop(req, None)
-        if self.setup.predictor is not None and asked is not None:
-            settle(self.setup.predictor.observe(asked.query, req.generated, asked.prediction.memo))
+        if self.predictor is not None and asked is not None:
+            self.predictor.observe(asked.query, req.generated, asked.prediction.memo)
         if self.gw is not None:
             self.gw.finish(req, self.now)
 
