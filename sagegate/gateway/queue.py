@@ -189,5 +189,8 @@ class BoundedQueue:
     def peek(self, now: float) -> GatewayRequest | None:
         return self.q.peek(now)
 
+    def place_again(self, req: GatewayRequest, now: float) -> None:
+        self.q.place_again(req, now)
+
     def ordered(self, now: float, limit: int | None = None) -> list[GatewayRequest]:
         return self.q.ordered(now, limit)

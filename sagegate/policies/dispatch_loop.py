@@ -50,6 +50,8 @@ class DispatchQueue(Protocol[R]):
     * ``remove(req)`` takes ``req`` out (the loop only removes the head it peeked, so this is the
       queue's pop without a second ranking) and returns whether it was queued.
     * ``ordered(now)`` is every queued request, best first (read only when nothing can serve).
+    * ``place_again(req, now)`` ranks a queued ``req`` afresh (a no-op if it is not queued): the
+      policy heard of its pause after the driver queued it again.
     """
 
     def __len__(self) -> int: ...
@@ -59,6 +61,8 @@ class DispatchQueue(Protocol[R]):
     def remove(self, req: R) -> bool: ...
 
     def ordered(self, now: float) -> Sequence[R]: ...
+
+    def place_again(self, req: R, now: float) -> None: ...
 
 
 class AdmissionDriver(Protocol[R]):
@@ -283,6 +287,7 @@ class DispatchLoop(Generic[R]):
         victim.pauses += 1
         self.pauses += 1
         self.policy.on_preempt(victim, now)
+        self.queue.place_again(victim, now)  # what on_preempt changed may move its rank
         if self.log is not None:
             self.log.append(Decision(DecisionKind.PAUSE, victim, charge, choice.backend))
         return True

@@ -75,7 +75,8 @@ class LaneOrder(QueueOrder, Protocol):
        one, and keeps holding as the clock and the policy's state move on (if the clock goes
        back, the queue places every request afresh);
     3. what ``place`` reads of ``req`` does not change while it is queued (``on_arrival`` and
-       ``on_preempt`` run before the push).
+       ``on_preempt`` run before the push, or the queue places it again after them: a gateway
+       pause queues the continuation first).
     """
 
     def place(self, req: SchedRequest, now: float) -> LanePosition: ...

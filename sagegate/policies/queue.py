@@ -66,6 +66,12 @@ class PolicyQueue(Generic[R]):
             seq = self._live[id(req)] = next(self._counter)
             heapq.heappush(self._heap, (key, seq, req))
 
+    def place_again(self, req: R, now: float) -> None:
+        """What ``req``'s key reads changed while it was queued (a hook that ran after its push):
+        rank it afresh, if it is queued."""
+        if self.remove(req):
+            self.push(req, now)
+
     def remove(self, req: R) -> bool:
         """Take ``req`` out wherever it is (cancellation). Returns whether it was queued."""
         if self._members.pop(id(req), None) is None:

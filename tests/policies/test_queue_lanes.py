@@ -64,6 +64,7 @@ ops = st.lists(
         st.tuples(st.just("progress"), st.integers(0, 1 << 16), st.sampled_from([1, 5, 50])),
         st.tuples(st.just("finish"), st.integers(0, 1 << 16)),
         st.tuples(st.just("preempt"), st.integers(0, 1 << 16)),
+        st.tuples(st.just("pause"), st.integers(0, 1 << 16)),
     ),
     max_size=150,
 )
@@ -150,6 +151,13 @@ def drive(spec: str, program: list[Op]) -> int:
             for w in worlds:
                 w.policy.on_preempt(w.reqs[rid], now)
                 w.queue.push(w.reqs[rid], now)
+            queued.append(rid)
+        elif kind == "pause" and running:  # the gateway's order: queued again, then the policy told
+            rid = running.pop(op[1] % len(running))
+            for w in worlds:
+                w.queue.push(w.reqs[rid], now)
+                w.policy.on_preempt(w.reqs[rid], now)
+                w.queue.place_again(w.reqs[rid], now)
             queued.append(rid)
     while queued:  # drain: every remaining request in the same order
         rid = same_pick(now, True)
