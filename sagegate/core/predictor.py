@@ -98,20 +98,22 @@ class AtOnce:
         self.predictor = predictor
         kind = type(predictor)
         self._inline = (
-            isinstance(predictor, InlinePredictor)
+            predictor
+            if isinstance(predictor, InlinePredictor)
             and kind.predict is InlinePredictor.predict
             and kind.observe is InlinePredictor.observe
+            else None
         )
 
     def predict(self, query: PredictionQuery) -> Prediction:
-        if self._inline:
-            inline: InlinePredictor = self.predictor  # type: ignore[assignment]
+        inline = self._inline
+        if inline is not None:
             return Prediction(inline.predict_inline(query), inline.name)
         return settle(self.predictor.predict(query))
 
     def observe(self, query: PredictionQuery, output_tokens: int, memo: object = None) -> None:
-        if self._inline:
-            self.predictor.observe_inline(query, output_tokens)  # type: ignore[attr-defined]
+        if self._inline is not None:
+            self._inline.observe_inline(query, output_tokens)
         else:
             settle(self.predictor.observe(query, output_tokens, memo))
 

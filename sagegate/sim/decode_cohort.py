@@ -52,15 +52,14 @@ class DecodeCohort:
         self._rejoin = False  # dissolved for the step in flight: every decoding request joins after it
 
     # --- membership ---------------------------------------------------------------------------
-    @staticmethod
-    def can_join(req: EngineRequest, block_size: int) -> bool:
+    def can_join(self, req: EngineRequest) -> bool:
         """Decoding, with a table that holds exactly its computed tokens (as growing step by step
         leaves it)."""
         c = req.num_computed
         return (
             req.generated > 0
             and c + 1 == req.prompt_tokens + req.generated
-            and req.table.nblocks == -(-c // block_size)
+            and req.table.nblocks == -(-c // self._bs)
         )
 
     def join(self, req: EngineRequest) -> None:
@@ -123,9 +122,8 @@ class DecodeCohort:
         dissolved step), in running order."""
         candidates = running if self._rejoin else emitted
         self._rejoin = False
-        bs = self._bs
         for req in candidates:
-            if req.state is RUNNING and req.cohort_tick < 0 and self.can_join(req, bs):
+            if req.state is RUNNING and req.cohort_tick < 0 and self.can_join(req):
                 self.join(req)
 
     def sync_all(self, running: Sequence[EngineRequest]) -> None:
@@ -161,7 +159,7 @@ class DecodeCohort:
             if req.cohort_tick >= 0:
                 return False
         bs = self._bs
-        need = self._due[self.tick % bs]
+        need = self.due()
         budget -= n
         for req in tail:  # as the scheduling loop will, in order
             if budget <= 0:

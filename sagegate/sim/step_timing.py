@@ -129,20 +129,21 @@ def fold_decode_steps(
     def members_need(steps: int) -> int:
         return 0 if cohort is None else cohort.blocks_for(steps) - due
 
-    def need(steps: int) -> int:
-        tables = sum([-(-(r.num_computed + steps) // bs) - r.table.nblocks for r in scheduled])
-        return tables + members_need(steps)
+    def needs(steps: int) -> list[int]:
+        return [-(-(r.num_computed + steps) // bs) - r.table.nblocks for r in scheduled]
 
-    total = members_need(k)
-    if (need(k) if scheduled else total) > pool.free_blocks:
+    def need(steps: int) -> int:
+        return sum(needs(steps)) + members_need(steps)
+
+    grows, total = needs(k), members_need(k)
+    if sum(grows) + total > pool.free_blocks:
         k = blocks_allow(pool.free_blocks, k, need)
         if k <= 1:
             return 1
-        total = members_need(k)
+        grows, total = needs(k), members_need(k)
     # Every table grows to hold k more tokens; the pool hands the blocks out as that many
     # ``grow`` calls would (they fit: ``blocks_allow``).
-    for req in scheduled:
-        grow = -(-(req.num_computed + k) // bs) - req.table.nblocks
+    for req, grow in zip(scheduled, grows, strict=True):
         if grow > 0:
             req.table.nblocks += grow
             total += grow

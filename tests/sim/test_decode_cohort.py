@@ -119,7 +119,7 @@ def test_blocks_for_counts_each_members_block_boundaries() -> None:
         r.generated = rng.randrange(1, 30)
         r.num_computed = r.prompt_tokens + r.generated - 1
         r.table.nblocks = -(-r.num_computed // bs)
-        assert cohort.can_join(r, bs)
+        assert cohort.can_join(r)
         cohort.join(r)
         members.append(r)
     for steps in (1, 2, 15, 16, 17, 100):
