@@ -34,8 +34,15 @@ FRONTS = {
     "sg_precise": "sg_default following the backends' KV-cache events (--kv-events-config): precise hits",
     "sg_open": "sg_default with admission's bounds lifted (peak target 100, no waiting bound): the A/B",
     "sg_spread": "sg_default whose new prefixes go to the emptiest cache (benchmarks.pickers): the A/B",
+    "sg_stick": "sg_open whose placement scores the cached prefix alone: a warm backend is never left",
 }
 """The fronts a run can put before the backends, by the name the scripts take."""
+OPEN_ENV = {
+    "SAGEGATE_ADMISSION__PEAK_TARGET": "100",
+    "SAGEGATE_ADMISSION__MAX_WAITING_TOKENS": "100000000",
+    "SAGEGATE_ADMISSION__MAX_WAITING": "100000",
+}
+"""Admission's bounds lifted: every request goes at once, as through a router."""
 GATEWAYS = {
     "sagegate": ("sagesched", "semantic", {}),
     "sg_default": ("sagesched", "prefix", {}),
@@ -49,14 +56,11 @@ GATEWAYS = {
         {"SAGEGATE_PLACEMENT__PROFILE__SCORERS": '{"prefix_hit": 2, "queued_prefill": 1}'},
     ),
     "sg_precise": ("sagesched", "prefix", {"SAGEGATE_PLACEMENT__KV_EVENTS__TOKENIZER": "local"}),
-    "sg_open": (
+    "sg_open": ("sagesched", "prefix", OPEN_ENV),
+    "sg_stick": (
         "sagesched",
         "prefix",
-        {
-            "SAGEGATE_ADMISSION__PEAK_TARGET": "100",
-            "SAGEGATE_ADMISSION__MAX_WAITING_TOKENS": "100000000",
-            "SAGEGATE_ADMISSION__MAX_WAITING": "100000",
-        },
+        {**OPEN_ENV, "SAGEGATE_PLACEMENT__PROFILE__SCORERS": '{"prefix_hit": 1}'},
     ),
     "sg_spread": (
         "sagesched",

@@ -15,8 +15,10 @@ from sagegate.loadgen.records import scale_rate
 if TYPE_CHECKING:
     from sagegate.core.predictor import LengthPredictor
     from sagegate.gateway.settings_predictor import AnyPredictorSettings
+    from sagegate.policies.placement import PlacementProfile
     from sagegate.predictor.semantic import SemanticConfig
     from sagegate.sim.des import SimResult
+    from sagegate.sim.engine import Engine
 
 
 def perf_and_engine(model: str, gpu: str, step_time_scale: float | None = None) -> tuple[Any, Any]:
@@ -73,6 +75,8 @@ def simulate_run(
     engine_rank: bool = False,
     predictor_override: LengthPredictor | None = None,
     admission: Mapping[str, Any] | None = None,
+    profile: PlacementProfile | None = None,
+    route: Callable[[TraceRequest, Sequence[Engine]], int] | None = None,
 ) -> SimResult:
     """``policy`` at the gateway (None: vLLM alone, round robin) in the simulator, with the live
     gateway's admission settings, its queue limits (``max_wait_s`` in engine seconds; None: no
@@ -83,7 +87,8 @@ def simulate_run(
     (None: its default). ``engine_rank``: the gateway's ``upstream.rank_priority`` to engines in vLLM's
     priority mode. ``predictor_override``: a predictor built by the caller (an oracle handed the
     answer key) in place of ``predictor``. ``admission``: the gateway's ``admission`` settings given
-    (the rest its defaults)."""
+    (the rest its defaults). ``profile``: the placement plugins (None: the default profile).
+    ``route``: with no ``policy``, the router before the engines (None: round robin)."""
     from sagegate.gateway.settings import AdmissionSettings, PauseSettings, PlacementSettings, QueueSettings
     from sagegate.policies.registry import parse_policy
     from sagegate.predictor.semantic_face import SemanticLengthPredictor
@@ -91,7 +96,9 @@ def simulate_run(
 
     perf, engine = perf_and_engine(model, gpu, step_time_scale)
     if policy is None:
-        setup = SimSetup(perf, engine, engines=engines, level="engine", policy=parse_policy("fcfs"))
+        setup = SimSetup(
+            perf, engine, engines=engines, level="engine", policy=parse_policy("fcfs"), route=route
+        )
     else:
         pred = predictor_override or sim_predictor(predictor, seed, options=predictor_options)
         if isinstance(pred, SemanticLengthPredictor):
@@ -111,6 +118,8 @@ def simulate_run(
             placement=placement or PlacementSettings().mode,
             engine_rank=engine_rank,
         )
+        if profile is not None:
+            setup.profile = profile
     result = simulate(work, setup)
     client_view(result, perf.frontend_s)
     return result

@@ -49,7 +49,12 @@ def _splitmix64(x: int) -> int:
 
 def unit_normal(seed: int, key: int) -> float:
     """A standard normal draw that is a pure function of ``(seed, key)`` (order-independent)."""
-    x = _splitmix64(_splitmix64(seed & _MASK64) ^ (key & _MASK64))
+    return _draw(_splitmix64(seed & _MASK64), key)
+
+
+def _draw(mixed_seed: int, key: int) -> float:
+    """:func:`unit_normal` with its seed already mixed (a predictor mixes its own once)."""
+    x = _splitmix64(mixed_seed ^ (key & _MASK64))
     u = ((x >> 11) + 0.5) / 9007199254740992.0  # 53 bits, strictly inside (0, 1)
     return _STD_NORMAL.inv_cdf(u)
 
@@ -110,13 +115,15 @@ class NoisyOraclePredictor(InlinePredictor):
         self.seed = seed
         self.point = point
         self.sigma = lognormal_sigma(relative_error)
+        self._mixed_seed = _splitmix64(seed & _MASK64)
+        self._shift = 0.5 * self.sigma * self.sigma
         self._shape, self._p = _unit_shape(self.sigma, points)
         self._probs = (self._p,) * points
 
     def noisy_value(self, req: PredictionQuery) -> float:
         """``true × X`` for this request (unrounded)."""
-        z = unit_normal(self.seed, req.rid)
-        return truth_of(self.truth, req) * math.exp(self.sigma * z - 0.5 * self.sigma * self.sigma)
+        z = _draw(self._mixed_seed, req.rid)
+        return truth_of(self.truth, req) * math.exp(self.sigma * z - self._shift)
 
     def predict_inline(self, req: PredictionQuery) -> LengthDistribution:
         center = self.noisy_value(req)

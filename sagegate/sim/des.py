@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from sagegate.core.predictor import Asked, AtOnce, LengthPredictor
@@ -80,6 +80,9 @@ class SimSetup:
     were) is the most-room rule alone."""
     profile: PlacementProfile = DEFAULT_PROFILE
     """Gateway level: the placement plugins (``policies.placement``; the live ``placement.profile``)."""
+    route: Callable[[TraceRequest, Sequence[Engine]], int] | None = None
+    """Engine level: the engine each arriving request goes to, chosen from what its client sent (a
+    router in front of the engines, such as a model of another project's; None: round robin)."""
 
     def __post_init__(self) -> None:
         if self.level not in (ENGINE, GATEWAY):
@@ -89,6 +92,8 @@ class SimSetup:
             raise ValueError(f"policy {self.policy.name!r} runs at {levels} level, not {self.level}")
         if self.engines < 1:
             raise ValueError("engines must be at least 1")
+        if self.route is not None and self.level != ENGINE:
+            raise ValueError("route places requests at engine level; the gateway level places them itself")
 
 
 @dataclass
@@ -262,6 +267,8 @@ class Simulation:
         if gw is not None:
             gw.enqueue(req, now)
             gw.dispatch(now, self.engines)
+        elif setup.route is not None:
+            self._send(req, setup.route(tr, self.engines))
         else:
             idx = self.rr
             self.rr = (self.rr + 1) % len(self.engines)

@@ -206,3 +206,28 @@ def test_the_simulated_gateway_applies_the_live_queue_limits():
     full = run(QueueLimits(max_requests=50, max_wait_s=1e9))
     assert {r.reason for r in full if r.status == "rejected"} == {"queue_full_requests"}
     assert sum(r.status == "ok" for r in full) + sum(r.status == "rejected" for r in full) == len(work)
+
+
+def test_a_route_places_each_request_at_engine_level_from_what_its_client_sent():
+    """``SimSetup.route`` sees the trace request (its prompt) and the engines, and its answer is where
+    the request runs; without one, requests alternate (round robin)."""
+    work = [
+        TraceRequest(0.1 * i, 500, 20, rid=i, prompt=("even " if i % 4 < 2 else "odd ") * 100)
+        for i in range(16)
+    ]
+    seen: list[tuple[int, int]] = []
+
+    def route(req: TraceRequest, engines) -> int:
+        seen.append((req.rid, len(engines)))
+        return 0 if (req.prompt or "").startswith("even") else 1
+
+    res = simulate(work, SimSetup(PERF, engines=2, route=route))
+    assert seen == [(i, 2) for i in range(16)]  # once per request, on arrival, in order
+    assert [r.backend for r in res.records] == ["engine-0" if i % 4 < 2 else "engine-1" for i in range(16)]
+    plain = simulate(work, SimSetup(PERF, engines=2))
+    assert [r.backend for r in plain.records] == [f"engine-{i % 2}" for i in range(16)]
+
+
+def test_a_route_is_refused_at_gateway_level():
+    with pytest.raises(ValueError, match="engine level"):
+        SimSetup(PERF, level="gateway", route=lambda req, engines: 0)
