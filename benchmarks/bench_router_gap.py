@@ -71,6 +71,23 @@ def classify(
     return out
 
 
+def figures(s: Mapping[str, float], base: Mapping[str, float] | None) -> str:
+    """A row's hit rate, TTFT and TTLT cells: its own figures (``base`` None), else ratios to ``base``."""
+    if base is None:
+        return (
+            f"{s['prefix_hit_rate']:.3f} | {s['ttft_mean_s']:.3f} / {s['ttft_p50_s']:.3f} "
+            f"| {s['ttlt_mean_s']:.2f} / {s['ttlt_p99_s']:.2f}"
+        )
+    r = {
+        k: s[k] / base[k]
+        for k in ("prefix_hit_rate", "ttft_mean_s", "ttft_p50_s", "ttlt_mean_s", "ttlt_p99_s")
+    }
+    return (
+        f"{r['prefix_hit_rate']:.3f} | {r['ttft_mean_s']:.2f} / {r['ttft_p50_s']:.2f} "
+        f"| {r['ttlt_mean_s']:.3f} / {r['ttlt_p99_s']:.3f}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="0,1,2")
@@ -112,17 +129,8 @@ def main() -> None:
                 rows.append((name, res, summarize(res.records)))
             for name, res, s in rows:
                 kinds = classify(res.records, work, args.system_tokens)
-                cells = (
-                    [f"{s['prefix_hit_rate']:.3f}"]
-                    + [f"{s[f'ttft_{q}_s']:.3f}" for q in ("mean", "p50")]
-                    + [f"{s[f'ttlt_{q}_s']:.2f}" for q in ("mean", "p99")]
-                    if res is router
-                    else [f"{s['prefix_hit_rate'] / base['prefix_hit_rate']:.3f}"]
-                    + [f"{s[f'ttft_{q}_s'] / base[f'ttft_{q}_s']:.2f}" for q in ("mean", "p50")]
-                    + [f"{s[f'ttlt_{q}_s'] / base[f'ttlt_{q}_s']:.3f}" for q in ("mean", "p99")]
-                )
                 print(
-                    f"| {seed} | {load:g} | {name} | {cells[0]} | {cells[1]} / {cells[2]} | {cells[3]} / {cells[4]} | "
+                    f"| {seed} | {load:g} | {name} | {figures(s, None if res is router else base)} | "
                     + " / ".join(str(kinds[c]) for c in CLASSES)
                     + " |",
                     flush=True,

@@ -90,6 +90,7 @@ def simulate_run(
     (the rest its defaults). ``profile``: the placement plugins (None: the default profile).
     ``route``: with no ``policy``, the router before the engines (None: round robin)."""
     from sagegate.gateway.settings import AdmissionSettings, PauseSettings, PlacementSettings, QueueSettings
+    from sagegate.policies.placement import DEFAULT_PROFILE
     from sagegate.policies.registry import parse_policy
     from sagegate.predictor.semantic_face import SemanticLengthPredictor
     from sagegate.sim.des import QueueLimits, SimSetup, client_view, simulate
@@ -117,9 +118,8 @@ def simulate_run(
             pause=PauseSettings.model_validate({"enabled": pause, **(pause_options or {})}).config(),
             placement=placement or PlacementSettings().mode,
             engine_rank=engine_rank,
+            profile=DEFAULT_PROFILE if profile is None else profile,
         )
-        if profile is not None:
-            setup.profile = profile
     result = simulate(work, setup)
     client_view(result, perf.frontend_s)
     return result

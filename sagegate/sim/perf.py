@@ -232,8 +232,7 @@ class PerfModel:
         """Total time of ``k`` decode-only steps of the same requests; each step adds ``n_decode`` to S."""
         if k <= 0 or n_decode <= 0:
             return 0.0
-        first = self.decode_step_time(n_decode, context_sum)
-        return k * first + self._k_kv * n_decode * (k * (k - 1) * 0.5)
+        return _run_time(self.decode_step_time(n_decode, context_sum), self._k_kv * n_decode, k)
 
     def decode_steps_within(self, n_decode: int, context_sum: int, budget_s: float) -> int:
         """The largest ``k >= 0`` with ``decode_run_time(n_decode, context_sum, k) <= budget_s``."""
@@ -250,13 +249,9 @@ class PerfModel:
             k = int(budget_s / first)
         k = max(k, 0)
         kv = self._k_kv * n_decode
-
-        def run(k: int) -> float:  # decode_run_time's expression, ``first`` computed once
-            return k * first + kv * (k * (k - 1) * 0.5)
-
-        while run(k + 1) <= budget_s:
+        while _run_time(first, kv, k + 1) <= budget_s:
             k += 1
-        while k > 0 and run(k) > budget_s:
+        while k > 0 and _run_time(first, kv, k) > budget_s:
             k -= 1
         return k
 
@@ -281,3 +276,10 @@ class PerfModel:
     def ridge_batch(self) -> float:
         """Decode batch size where the compute bound meets the weight-read bound."""
         return self._w / (self._a_tok + self._a_seq)
+
+
+def _run_time(first: float, kv: float, k: int) -> float:
+    """``k`` decode steps of a batch whose first step takes ``first``, each later one ``kv`` longer than
+    the one before (a token more of KV read per request): :meth:`PerfModel.decode_run_time` once
+    ``first`` is known."""
+    return k * first + kv * (k * (k - 1) * 0.5)
