@@ -120,7 +120,9 @@ class Gateway:
         )
         """The prefix index shared with other replicas through Redis (``placement.share``)."""
         self.recorder = Recorder(self.predictor)
-        self.limiter = RateLimiter(settings.rate_limits, settings.api_keys, settings.redis_url)
+        self.limiter = RateLimiter(
+            settings.rate_limits, settings.api_keys, settings.redis_url, settings.limits.max_tokens
+        )
         self.tracing = Tracing(settings.tracing, span_exporter)
         self.proxy = Proxy(
             settings,
@@ -145,6 +147,7 @@ class Gateway:
             self.tracing,
         )
         self.metrics.attach_state(StateGauges(self.queue, self.pool))
+        self.metrics.attach_state(self.limiter.collect)
         if self.kv_events is not None:
             self.metrics.attach_state(self.kv_events.collect)
         cfg = self.dispatcher.cfg

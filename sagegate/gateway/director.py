@@ -231,7 +231,7 @@ class Director:
         """Within the tenant's rate limits (``429`` past one), into the queue; the permit is given
         back when the request ends, however it ends."""
         try:
-            permit = await self.limiter.admit(req.tenant, req.prompt_tokens)
+            permit = await self.limiter.admit(req.tenant, req.prompt_tokens, req.max_tokens)
         except errors.GatewayError:
             self.metrics.rejected(Reason.RATE_LIMIT_EXCEEDED)
             raise
@@ -242,7 +242,6 @@ class Director:
         except BaseException:
             permit.end(None)
             raise
-        req.on_generated = permit.streamed
         lc.on_end = lambda: permit.end(lc.req.output_tokens)
         return lc
 

@@ -306,8 +306,6 @@ class Dispatcher:
             return
         new = generated - req.generated
         req.generated = generated
-        if req.on_generated is not None:
-            req.on_generated(generated)
         b = self.pool.backends[req.backend]
         b.progressed(new)
         if b.load.progress(req.charge, generated) > 0 and self.ledger is not None:

@@ -94,8 +94,9 @@ def rate_limited(message: str, retry_after: str | None) -> GatewayError:
     )
 
 
-def limit_exceeded(message: str, retry_after_s: int) -> GatewayError:
-    """The tenant is over one of its rate limits (OpenAI's shape: ``rate_limit_exceeded``)."""
+def limit_exceeded(message: str, retry_after_s: int | None) -> GatewayError:
+    """The tenant is over one of its rate limits (OpenAI's shape: ``rate_limit_exceeded``; no
+    ``Retry-After`` when no wait would help)."""
     return GatewayError(
         429, message, type="rate_limit_error", reason=Reason.RATE_LIMIT_EXCEEDED, retry_after=retry_after_s
     )

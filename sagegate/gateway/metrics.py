@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from sagegate.core.distribution import LengthDistribution
@@ -197,8 +197,8 @@ class GatewayMetrics:
             self.ratio.observe(actual / prediction.mean)
         self.telemetry.completed(ttlt_s, prediction, actual)
 
-    def attach_state(self, read: Callable[[], Iterable[GaugeMetricFamily]]) -> None:
-        """Gauges computed at scrape time by ``read``."""
+    def attach_state(self, read: Callable[[], Iterable[Metric]]) -> None:
+        """Gauges (or counters kept elsewhere) computed at scrape time by ``read``."""
         self.registry.register(_StateCollector(read))
 
     def render(self) -> bytes:
@@ -238,11 +238,11 @@ class RateLimitedLog:
 
 
 class _StateCollector(Collector):
-    def __init__(self, read: Callable[[], Iterable[GaugeMetricFamily]]) -> None:
+    def __init__(self, read: Callable[[], Iterable[Metric]]) -> None:
         self.read = read
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[Metric]:
         return self.read()
 
-    def describe(self) -> Iterable[GaugeMetricFamily]:
+    def describe(self) -> Iterable[Metric]:
         return []

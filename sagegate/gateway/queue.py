@@ -7,7 +7,7 @@ and prompt tokens) and the future a waiting handler sleeps on.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 from sagegate.core.distribution import LengthDistribution
@@ -55,7 +55,6 @@ class GatewayRequest(SchedRequest):
         "future",
         "max_tokens",
         "model",
-        "on_generated",
         "output_tokens",
         "pauses",
         "predicted_cached",
@@ -126,8 +125,6 @@ class GatewayRequest(SchedRequest):
         """Its spans (``tracing.enabled``)."""
         self.output_tokens: int | None = None
         """The output the client was sent, once it ended (rate limits count it)."""
-        self.on_generated: Callable[[int], None] | None = None
-        """Told the tokens the client has been sent so far, as they stream (its rate-limit permit)."""
         self.request_id = request_id or str(rid)
         """The client's id for it (``gateway.access_log``): answers, upstream tries and the access log."""
         self.pauses = 0

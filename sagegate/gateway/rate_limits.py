@@ -2,17 +2,21 @@
 
 A request is checked once, after its prompt is counted and before it is queued
 (:meth:`RateLimiter.admit`); over a limit it is refused with ``429`` (``rate_limit_exceeded``) and a
-``Retry-After``. Admitted, it holds a :class:`Permit` until it ends (its ``Lifecycle``'s end, however
-that comes), which gives its concurrency back and counts its output tokens. With a ``redis_url`` the
-counts live in Redis (``gateway.rate_limit_script``: atomic, so N replicas hold one limit between
-them, not N); Redis unreachable, each replica counts alone (:class:`LocalCounts`) until it answers
-again. The limits, and the key → tenant map, can live in a file re-read when it changes.
+``Retry-After``. Admitted, it is charged its prompt and its output cap, and holds a :class:`Permit`
+(a lease on one of its tenant's places) until it ends (its ``Lifecycle``'s end, however that comes),
+which gives the place and the unused output back. With a ``redis_url`` the counts live in Redis
+(``gateway.rate_limit_script``: atomic, so N replicas hold one limit between them, not N). Nothing
+there can leak: a lease not renewed lapses within ``lease_s``; a give-back Redis did not take is kept
+and sent again until it does; a key not written for two minutes (a lease) expires. Redis unreachable,
+each replica counts alone (:class:`LocalCounts`) until it answers again. The limits, and the key →
+tenant map, can live in a file re-read when it changes (fail closed: :meth:`RateLimiter.reload`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 import os
@@ -23,190 +27,246 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from sagegate.gateway import errors
-from sagegate.gateway.rate_limit_rule import WINDOW_S, Refusal, Window, decide
-from sagegate.gateway.rate_limit_script import ACQUIRE_LUA, RELEASE_LUA, RENEW_LUA
+from sagegate.gateway.metrics import RateLimitedLog
+from sagegate.gateway.rate_limit_rule import TOO_LARGE, WINDOW_S, Refusal, Window, decide
+from sagegate.gateway.rate_limit_script import ACQUIRE_LUA, RENEW_LUA, SETTLE_LUA
 from sagegate.gateway.settings_rate_limits import LimitsFile, RateLimitSettings, TenantLimits
 
 log = logging.getLogger("sagegate.gateway")
+
+RETRY_S = 1.0
+"""How often a replica retries the settlements Redis did not take (and renews its leases meanwhile)."""
+REDIS_LOG_EVERY_S = 10.0
 
 
 @dataclass
 class _Tenant:
     minutes: dict[int, list[float]] = field(default_factory=dict)
     """minute → [requests, tokens]"""
-    running: int = 0
+    slots: dict[str, float] = field(default_factory=dict)
+    """lease → expiry"""
 
 
 class LocalCounts:
-    """The rule over this replica's own counts (no Redis, or Redis unreachable)."""
+    """The rule over this replica's own counts (no Redis, or Redis unreachable): the script's state
+    and steps, in Python (a test holds the two equal)."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
         self._tenants: dict[str, _Tenant] = {}
 
-    def acquire(self, tenant: str, limits: TenantLimits, prompt_tokens: int) -> Refusal | None:
-        now = self.clock()
+    def acquire(
+        self,
+        tenant: str,
+        limits: TenantLimits,
+        prompt_tokens: int,
+        charge: int,
+        slot: str,
+        lease_s: float,
+        now: float | None = None,
+    ) -> tuple[Refusal | None, int]:
+        """(The refusal or None, the minute ``charge`` went to)."""
+        now = self.clock() if now is None else now
         t = self._tenants.setdefault(tenant, _Tenant())
         minute = math.floor(now / WINDOW_S)
+        self._forget_old(t, minute)
         prev, curr = t.minutes.get(minute - 1, [0.0, 0.0]), t.minutes.get(minute, [0.0, 0.0])
-        w = Window(now, (prev[0], curr[0]), (prev[1], curr[1]), t.running)
-        refused = decide(limits, w)
+        self._lapse(t, now)
+        w = Window(now, (prev[0], curr[0]), (prev[1], curr[1]), len(t.slots))
+        refused = decide(limits, w, prompt_tokens)
         if refused is None:
             counts = t.minutes.setdefault(minute, [0.0, 0.0])
             counts[0] += 1
-            counts[1] += prompt_tokens
-            t.running += 1
-            for old in [m for m in t.minutes if m < minute - 1]:
-                del t.minutes[old]
-        return refused
+            counts[1] += charge
+            t.slots[slot] = now + lease_s
+        return refused, minute
 
-    def release(self, tenant: str, output_tokens: int, done: bool = True) -> None:
-        """``output_tokens`` more generated; ``done``: the request ended (its place given back)."""
+    def settle(self, tenant: str, slot: str, refund: int, minute: int, now: float | None = None) -> None:
+        """``slot``'s lease given back and, if it still held it, ``refund`` tokens of the charge made
+        in ``minute`` (a negative refund: an overrun, charged now)."""
         t = self._tenants.get(tenant)
-        if t is None:
+        now = self.clock() if now is None else now
+        if t is None or self._lapse(t, now) or t.slots.pop(slot, None) is None:
             return
-        if done:
-            t.running = max(0, t.running - 1)
-        if output_tokens > 0:
-            t.minutes.setdefault(math.floor(self.clock() / WINDOW_S), [0.0, 0.0])[1] += output_tokens
+        current = math.floor(now / WINDOW_S)
+        self._forget_old(t, current)
+        if refund > 0 and minute >= current - 1:
+            counts = t.minutes.get(minute)
+            if counts is not None and counts[1] > 0:
+                counts[1] -= min(refund, counts[1])
+        elif refund < 0:
+            t.minutes.setdefault(current, [0.0, 0.0])[1] -= refund
+        if not t.slots and not t.minutes:
+            del self._tenants[tenant]
+
+    def renew(self, tenant: str, slots: list[str], lease_s: float, now: float | None = None) -> None:
+        now = self.clock() if now is None else now
+        t = self._tenants.setdefault(tenant, _Tenant())
+        self._lapse(t, now)
+        for slot in slots:
+            t.slots[slot] = now + lease_s
+
+    def minutes_of(self, tenant: str) -> dict[int, list[float]]:
+        """``tenant``'s counts by minute (``[requests, tokens]``), as the rule reads them."""
+        t = self._tenants.get(tenant)
+        return dict(t.minutes) if t is not None else {}
+
+    @staticmethod
+    def _lapse(t: _Tenant, now: float) -> None:
+        """Leases not renewed in time are gone (their holder's refunds with them)."""
+        for gone in [s for s, expiry in t.slots.items() if expiry <= now]:
+            del t.slots[gone]
+
+    @staticmethod
+    def _forget_old(t: _Tenant, minute: int) -> None:
+        for old in [m for m in t.minutes if m < minute - 1]:
+            del t.minutes[old]
 
 
 class RedisCounts:
-    """The rule in Redis over every replica's counts; :class:`LocalCounts` while Redis fails."""
+    """The rule in Redis over every replica's counts (``gateway.rate_limit_script``). Each call
+    raises when Redis fails or is slower than ``timeout_s``: the limiter decides what then."""
 
-    def __init__(self, url: str, settings: RateLimitSettings, local: LocalCounts) -> None:
+    def __init__(self, url: str, settings: RateLimitSettings) -> None:
         import redis.asyncio as aioredis
 
         self.settings = settings
-        self.local = local
-        self.replica = uuid.uuid4().hex[:12]
         self._redis = aioredis.Redis.from_url(url, socket_timeout=settings.timeout_s)
         self._acquire = self._redis.register_script(ACQUIRE_LUA)
-        self._release = self._redis.register_script(RELEASE_LUA)
+        self._settle = self._redis.register_script(SETTLE_LUA)
         self._renew = self._redis.register_script(RENEW_LUA)
-        self.failures = 0
 
-    def _keys(self, tenant: str) -> list[str]:
+    def keys(self, tenant: str) -> list[str]:
         p = self.settings.redis_prefix
-        return [f"{p}:{{{tenant}}}:counts", f"{p}:{{{tenant}}}:live"]
+        return [f"{p}:{{{tenant}}}:counts", f"{p}:{{{tenant}}}:slots"]
+
+    def _head(self, now: float | None) -> list[Any]:
+        return ["" if now is None else repr(now), self.settings.lease_s]
+
+    async def _call(self, script: Any, tenant: str, args: list[Any]) -> Any:
+        return await asyncio.wait_for(script(keys=self.keys(tenant), args=args), self.settings.timeout_s)
 
     async def acquire(
-        self, tenant: str, limits: TenantLimits, prompt_tokens: int, now: float | None = None
-    ) -> tuple[Refusal | None, bool]:
-        """(The refusal or None, whether Redis decided)."""
-        args: list[Any] = [self.replica, "" if now is None else repr(now), self.settings.lease_s]
-        args += [limits.requests_per_minute or 0, limits.tokens_per_minute or 0, limits.concurrent or 0]
-        args.append(prompt_tokens)
-        try:
-            got = await asyncio.wait_for(
-                self._acquire(keys=self._keys(tenant), args=args), self.settings.timeout_s
-            )
-        except Exception as exc:  # Redis down or slow: this replica counts alone
-            self._failed(exc)
-            return self.local.acquire(tenant, limits, prompt_tokens), False
+        self,
+        tenant: str,
+        limits: TenantLimits,
+        prompt_tokens: int,
+        charge: int,
+        slot: str,
+        now: float | None = None,
+    ) -> tuple[Refusal | None, int]:
+        args = [*self._head(now), slot, limits.requests_per_minute or 0, limits.tokens_per_minute or 0]
+        args += [limits.concurrent or 0, prompt_tokens, charge]
+        got = await self._call(self._acquire, tenant, args)
         if int(got[0]) == 1:
-            return None, True
+            return None, int(got[1])
         kind = got[1].decode() if isinstance(got[1], bytes) else str(got[1])
-        return Refusal(kind, int(got[2])), True
+        return Refusal(kind, int(got[2])), -1
 
-    async def release(
-        self, tenant: str, output_tokens: int, now: float | None = None, done: bool = True
+    async def settle(
+        self, tenant: str, slot: str, refund: int, minute: int, now: float | None = None
     ) -> None:
-        args: list[Any] = [
-            self.replica,
-            "" if now is None else repr(now),
-            self.settings.lease_s,
-            output_tokens,
-            "1" if done else "0",
-        ]
-        try:
-            await asyncio.wait_for(self._release(keys=self._keys(tenant), args=args), self.settings.timeout_s)
-        except Exception as exc:
-            self._failed(exc)
+        await self._call(self._settle, tenant, [*self._head(now), slot, refund, minute])
 
-    async def renew(self, tenants: set[str]) -> None:
-        """Keep this replica's lease (its requests in flight count) while it holds any."""
-        for tenant in tenants:
-            args: list[Any] = [self.replica, "", self.settings.lease_s]
-            try:
-                await asyncio.wait_for(
-                    self._renew(keys=self._keys(tenant), args=args), self.settings.timeout_s
-                )
-            except Exception as exc:
-                self._failed(exc)
-                return
-
-    def _failed(self, exc: Exception) -> None:
-        self.failures += 1
-        if self.failures == 1 or self.failures % 1000 == 0:
-            log.warning(
-                "rate limits: Redis failed (%s); this replica counts alone meanwhile", type(exc).__name__
-            )
+    async def renew(self, tenant: str, slots: list[str], now: float | None = None) -> None:
+        await self._call(self._renew, tenant, [*self._head(now), *slots])
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
             await self._redis.aclose()
 
 
-STREAM_CHARGE_TOKENS = 64
-"""A stream's output is counted against its tenant's tokens per minute each time this many more
-tokens have been relayed (and the rest when it ends): a long answer counts as it streams, not all at
-its end, at one Redis call per this many tokens."""
+@dataclass(frozen=True, slots=True)
+class _Unsettled:
+    """A settlement Redis did not take: retried until it does (or its lease lapses there)."""
+
+    tenant: str
+    slot: str
+    refund: int
+    minute: int
 
 
 class Permit:
-    """An admitted request's hold on its tenant's counts: output counted as it streams
-    (:meth:`streamed`), given back once (:meth:`end`)."""
+    """An admitted request's lease on its tenant's counts, and the output it was charged for
+    (``reserved``): :meth:`end` gives the lease back and the unused output once."""
 
-    __slots__ = ("_charged", "_done", "limiter", "shared", "tenant")
+    __slots__ = ("_done", "limiter", "minute", "reserved", "shared", "slot", "tenant")
 
-    def __init__(self, limiter: RateLimiter, tenant: str, shared: bool) -> None:
+    def __init__(
+        self, limiter: RateLimiter, tenant: str, slot: str, minute: int, reserved: int, shared: bool
+    ) -> None:
         self.limiter = limiter
         self.tenant = tenant
+        self.slot = slot
+        self.minute = minute
+        self.reserved = reserved
         self.shared = shared
         self._done = False
-        self._charged = 0
-
-    def streamed(self, generated: int) -> None:
-        """``generated`` output tokens relayed so far."""
-        if self._done or generated - self._charged < STREAM_CHARGE_TOKENS:
-            return
-        more, self._charged = generated - self._charged, generated
-        self.limiter.counted(self, more, done=False)
 
     def end(self, output_tokens: int | None) -> None:
         if self._done:
             return
         self._done = True
-        self.limiter.counted(self, max(0, (output_tokens or 0) - self._charged), done=True)
+        self.limiter.settle(self, self.reserved - max(0, output_tokens or 0))
+
+
+class LimitsFileError(ValueError):
+    """``rate_limits.file`` cannot be put in force (the reason is the message)."""
 
 
 class RateLimiter:
     """The gateway's rate limits: :meth:`admit` before a request is queued."""
 
     def __init__(
-        self, settings: RateLimitSettings, api_keys: dict[str, str], redis_url: str | None = None
+        self,
+        settings: RateLimitSettings,
+        api_keys: dict[str, str],
+        redis_url: str | None = None,
+        max_output: int = 32_768,
     ) -> None:
         self.settings = settings
+        self.max_output = max_output
+        """The output charged for a request that names no cap (the gateway's ``limits.max_tokens``)."""
         self.api_keys = dict(api_keys)
         """Key → tenant in force (the file's, once read)."""
         self._base = (settings.default, settings.tenants, dict(api_keys))
         self.default, self.tenants = settings.default, dict(settings.tenants)
+        self.replica = uuid.uuid4().hex[:12]
+        self._seq = itertools.count()
         self.local = LocalCounts()
-        self.redis = RedisCounts(redis_url, settings, self.local) if redis_url else None
+        self.redis = RedisCounts(redis_url, settings) if redis_url else None
+        self.redis_errors = 0
+        """Redis calls that failed or timed out (``sagegate_limits_redis_errors_total``)."""
+        self._redis_log = RateLimitedLog(
+            log,
+            "rate limits: %d Redis call(s) failed (%s); this replica counts alone and settles what it "
+            "could not give back once Redis answers",
+            every_s=REDIS_LOG_EVERY_S,
+        )
+        self.unsettled: list[_Unsettled] = []
+        """Leases and refunds Redis did not take, oldest first."""
+        self._held: dict[str, Permit] = {}
+        self._keeper: asyncio.Task[None] | None = None
         self._file_state: tuple[int, ...] | None = None
+        """The file as last read (applied or refused); None before the first read."""
+        self._seen: tuple[int, ...] | None = None
+        """The file as last looked at (a change is applied once it is seen twice)."""
         self._checked = -math.inf
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._renewer: asyncio.Task[None] | None = None
-        self._holding: dict[str, int] = {}
+        self._wake = asyncio.Event()
         self.reload()
+        if not self.api_keys:
+            log.warning("no api_keys: the gateway is open (any client may call, as any tenant it names)")
 
     # --- the limits in force ------------------------------------------------------------------
     def reload(self, force: bool = False) -> bool:
-        """Re-read ``rate_limits.file`` if it changed (at most every ``reload_s``); True if it did. A
-        file that cannot be read or parsed keeps the limits in force (and says why in the log)."""
+        """Re-read ``rate_limits.file`` if it changed (at most every ``reload_s``); True if the limits
+        in force changed. Fails closed: a file that is gone, empty, unparsable, invalid or that would
+        remove every key without saying ``open: true`` keeps the limits in force (logged once per
+        change of the file); a change is applied once the file has stayed as it is for one check
+        (a file being written is not read half-way). At start-up such a file is an error."""
         path = self.settings.file
         now = time.monotonic()
         if path is None or (not force and now - self._checked < self.settings.reload_s):
@@ -217,21 +277,48 @@ class RateLimiter:
             state: tuple[int, ...] = (st.st_mtime_ns, st.st_size, st.st_ino)
         except OSError:
             state = ()
+        first = self._file_state is None
         if state == self._file_state:
             return False
-        self._file_state = state  # a bad file is reported once, not at every check
+        if not first and state != self._seen:  # changed since the last look: let the writer finish
+            self._seen = state
+            return False
+        self._file_state = self._seen = state  # a bad file is reported once, not at every check
+        try:
+            default, tenants, keys = self._read(path)
+        except LimitsFileError as exc:
+            if first:
+                raise
+            log.error("%s; the limits and keys in force stay", exc)
+            return False
+        self.default, self.tenants, self.api_keys = default, tenants, keys
+        log.info("rate limits read from %s: %d tenants, %d keys", path, len(tenants), len(keys))
+        return True
+
+    def _read(self, path: str) -> tuple[TenantLimits, dict[str, TenantLimits], dict[str, str]]:
+        """The limits and keys ``path`` puts in force, or :class:`LimitsFileError` saying why not."""
         try:
             with open(path, encoding="utf-8") as fh:
-                parsed = LimitsFile.model_validate(yaml.safe_load(fh) or {})
+                text = fh.read()
+        except OSError as exc:
+            raise LimitsFileError(f"rate_limits.file {path} cannot be read ({exc.strerror})") from None
+        if not text.strip():
+            raise LimitsFileError(f"rate_limits.file {path} is empty")
+        try:
+            raw = yaml.safe_load(text)
+            if not isinstance(raw, dict):
+                raise ValueError("not a mapping of api_keys, default, tenants")
+            parsed = LimitsFile.model_validate(raw)
         except Exception as exc:
-            log.error("rate_limits.file %s: %s; the limits in force stay", path, exc)
-            return False
+            raise LimitsFileError(f"rate_limits.file {path}: {exc}") from None
         default, tenants, keys = self._base
-        self.default = parsed.default or default
-        self.tenants = dict(parsed.tenants if parsed.tenants is not None else tenants)
-        self.api_keys = dict(parsed.api_keys if parsed.api_keys is not None else keys)
-        log.info("rate limits read from %s: %d tenants, %d keys", path, len(self.tenants), len(self.api_keys))
-        return True
+        keys = dict(parsed.api_keys if parsed.api_keys is not None else keys)
+        if not keys and (self.api_keys or self._base[2]) and not parsed.open:
+            raise LimitsFileError(
+                f"rate_limits.file {path} would remove every API key; write open: true to mean it"
+            )
+        tenants = dict(parsed.tenants if parsed.tenants is not None else tenants)
+        return parsed.default or default, tenants, keys
 
     def limits_of(self, tenant: str) -> TenantLimits:
         return self.tenants.get(tenant, self.default)
@@ -244,59 +331,140 @@ class RateLimiter:
         return "other"
 
     # --- a request ---------------------------------------------------------------------------
-    async def admit(self, tenant: str, prompt_tokens: int) -> Permit | None:
-        """A permit (None when the tenant has no limits), or ``429`` over a limit."""
+    async def admit(self, tenant: str, prompt_tokens: int, max_output: int | None = None) -> Permit | None:
+        """A permit (None when the tenant has no limits), or ``429`` over a limit. The request is
+        charged its prompt and its output cap (``max_output``, else the gateway's) now; the unused
+        part comes back when it ends."""
         limits = self.limits_of(tenant)
         if not limits.limited:
             return None
+        reserved = max_output if max_output is not None else self.max_output
+        charge = prompt_tokens + reserved
+        slot = f"{self.replica}:{next(self._seq)}"
+        shared = False
         if self.redis is not None:
-            refused, shared = await self.redis.acquire(tenant, limits, prompt_tokens)
-        else:
-            refused, shared = self.local.acquire(tenant, limits, prompt_tokens), False
-        if refused is not None:
-            wait = refused.retry_after_s
-            raise errors.limit_exceeded(
-                f"tenant {tenant!r} is over its {_NAMES[refused.kind]}; retry after {wait} s", wait
+            try:
+                refused, minute = await self.redis.acquire(tenant, limits, prompt_tokens, charge, slot)
+                shared = True
+            except Exception as exc:  # Redis down or slow: this replica counts alone
+                self._failed(exc)
+                # the call may still run once Redis answers: its lease is given back then
+                self.unsettled.append(_Unsettled(tenant, slot, 0, -1))
+                self._keep_going()
+                slot = f"{self.replica}:{next(self._seq)}"
+        if not shared:
+            refused, minute = self.local.acquire(
+                tenant, limits, prompt_tokens, charge, slot, self.settings.lease_s
             )
-        self._holding[tenant] = self._holding.get(tenant, 0) + 1
-        if shared and self.redis is not None and (self._renewer is None or self._renewer.done()):
-            self._renewer = asyncio.get_running_loop().create_task(self._renew_while_holding())
-        return Permit(self, tenant, shared)
+        if refused is not None:
+            raise _refusal(tenant, refused, prompt_tokens, limits)
+        permit = Permit(self, tenant, slot, minute, reserved, shared)
+        self._held[slot] = permit
+        self._keep_going()
+        return permit
 
-    def counted(self, permit: Permit, output_tokens: int, done: bool) -> None:
-        """``output_tokens`` more of ``permit``'s output; ``done``: its request ended."""
-        tenant = permit.tenant
-        if done:
-            left = self._holding.get(tenant, 1) - 1
-            if left > 0:
-                self._holding[tenant] = left
-            else:
-                self._holding.pop(tenant, None)
+    def settle(self, permit: Permit, refund: int) -> None:
+        """``permit``'s request ended: its lease back, and ``refund`` tokens of its charge."""
+        self._held.pop(permit.slot, None)
         if permit.shared and self.redis is not None:
-            self._spawn(self.redis.release(tenant, output_tokens, done=done))
+            self.unsettled.append(_Unsettled(permit.tenant, permit.slot, refund, permit.minute))
+            self._keep_going(now=True)
         else:
-            self.local.release(tenant, output_tokens, done)
+            self.local.settle(permit.tenant, permit.slot, refund, permit.minute)
 
-    async def _renew_while_holding(self) -> None:
+    # --- leases kept, settlements retried --------------------------------------------------------
+    def _keep_going(self, now: bool = False) -> None:
+        """Make sure the keeper runs (``now``: it has a settlement to send at once)."""
+        if self._keeper is None or self._keeper.done():
+            self._keeper = asyncio.get_running_loop().create_task(self._keep())
+        elif now:
+            self._wake.set()
+
+    async def _keep(self) -> None:
+        """While this replica holds leases or owes settlements: send the settlements (oldest first,
+        until one fails), and renew the leases every third of ``lease_s``."""
+        renew_every = self.settings.lease_s / 3
+        next_renewal = time.monotonic() + renew_every
+        while self._held or self.unsettled:
+            if self.unsettled:
+                await self._settle_owed()  # a failure leaves the rest for RETRY_S later
+            if time.monotonic() >= next_renewal:
+                await self._renew()
+                next_renewal = time.monotonic() + renew_every
+            if not self._held and not self.unsettled:
+                return
+            wait = max(0.0, next_renewal - time.monotonic())
+            if self.unsettled:
+                wait = min(wait, RETRY_S)
+            self._wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), wait)
+
+    async def _settle_owed(self) -> bool:
+        """Send what is owed, oldest first; False at the first failure (the rest wait)."""
         assert self.redis is not None
-        while self._holding:
-            await asyncio.sleep(self.settings.lease_s / 3)
-            await self.redis.renew(set(self._holding))
+        while self.unsettled:
+            u = self.unsettled[0]
+            try:
+                await self.redis.settle(u.tenant, u.slot, u.refund, u.minute)
+            except Exception as exc:
+                self._failed(exc)
+                return False
+            self.unsettled.pop(0)
+        return True
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    async def _renew(self) -> None:
+        by_tenant: dict[tuple[str, bool], list[str]] = {}
+        for slot, p in self._held.items():
+            by_tenant.setdefault((p.tenant, p.shared), []).append(slot)
+        for (tenant, shared), slots in by_tenant.items():
+            if not shared or self.redis is None:
+                self.local.renew(tenant, slots, self.settings.lease_s)
+                continue
+            try:
+                await self.redis.renew(tenant, slots)
+            except Exception as exc:
+                self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        self.redis_errors += 1
+        self._redis_log.note(type(exc).__name__)
+
+    def collect(self) -> list[Metric]:
+        """The limiter's own metrics, read at scrape time (``GatewayMetrics.attach_state``)."""
+        errors_ = CounterMetricFamily(
+            "sagegate_limits_redis_errors", "Rate limits: Redis calls that failed or timed out."
+        )
+        errors_.add_metric([], self.redis_errors)
+        owed = GaugeMetricFamily(
+            "sagegate_limits_unsettled", "Rate limits: leases and refunds Redis has not taken yet."
+        )
+        owed.add_metric([], len(self.unsettled))
+        return [errors_, owed]
 
     async def close(self) -> None:
-        if self._renewer is not None:
-            self._renewer.cancel()
-        for task in list(self._tasks):
-            if not task.done():
-                with contextlib.suppress(asyncio.TimeoutError, Exception):
-                    await asyncio.wait_for(asyncio.shield(task), 1.0)
+        """Settle what can be settled within a second, then stop."""
+        if self._keeper is not None and not self._keeper.done():
+            self._held.clear()  # the process is ending: its leases lapse by themselves
+            self._wake.set()
+            with contextlib.suppress(asyncio.TimeoutError, Exception):
+                await asyncio.wait_for(asyncio.shield(self._keeper), 1.0)
+            self._keeper.cancel()
         if self.redis is not None:
             await self.redis.close()
+
+
+def _refusal(tenant: str, refused: Refusal, prompt_tokens: int, limits: TenantLimits) -> errors.GatewayError:
+    if refused.kind == TOO_LARGE:
+        return errors.limit_exceeded(
+            f"request too large for tenant {tenant!r}: its prompt of {prompt_tokens} tokens is over the "
+            f"tenant's {limits.tokens_per_minute} tokens per minute",
+            None,
+        )
+    wait = refused.retry_after_s
+    return errors.limit_exceeded(
+        f"tenant {tenant!r} is over its {_NAMES[refused.kind]}; retry after {wait} s", wait
+    )
 
 
 _NAMES = {
