@@ -67,6 +67,7 @@ def live(work: list[TraceRequest], opts: dict[str, Any]) -> list[Any]:
 
     env = {f"SAGEGATE_ADMISSION__{k.upper()}": str(v) for k, v in (opts.get("admission") or {}).items()}
     env["SAGEGATE_QUEUE__MAX_WAIT_S"] = str(MAX_WAIT_S)  # the simulated rows' queue bound and aging
+    env["SAGEGATE_RATE_LIMITS__DEFAULT__MAX_PRIORITY"] = "2"  # the high band, open to the loader
     ns = argparse.Namespace(model=MODEL, gpu=GPU, time_scale=1.0, predictor="prefix")
     return list(run_live(work, Setup("gateway", "sagesched"), ns, env)["records"])
 

@@ -134,9 +134,18 @@ class Director:
 
     def authenticate(self, request: Request, now: float, body_priority: object = None) -> Identity:
         """Tenant, priority band and deadline (401 for a bad key, 400 for a bad priority), by the
-        keys in force (``rate_limits.file`` may replace them without a restart)."""
+        keys in force (``rate_limits.file`` may replace them without a restart); a band above what
+        the tenant may claim is lowered to it (or ``403``: ``rate_limits.priority_over``)."""
         self.limiter.reload()
-        return identify(request.headers, self.limiter.api_keys, now, body_priority)
+        who = identify(request.headers, self.limiter.api_keys, now, body_priority)
+        ceiling = self.limiter.band_ceiling(who.tenant)
+        if who.priority > ceiling:
+            if self.settings.rate_limits.priority_over == "reject":
+                raise errors.forbidden(
+                    f"priority band {who.priority} is above this key's {ceiling}", "priority"
+                )
+            return replace(who, priority=ceiling, band_ceiling=ceiling)
+        return replace(who, band_ceiling=ceiling)
 
     def session(self, request: Request) -> str | None:
         """The client's session (``placement.session_header``) as a fixed-size key, when placement
@@ -217,6 +226,7 @@ class Director:
             max_tokens=max_tokens,
             request_id=request_id,
         )
+        req.band_ceiling = who.band_ceiling
         locality = self.dispatcher.locality
         if locality is not None:
             locality.describe(req, session, exact)

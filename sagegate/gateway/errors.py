@@ -78,6 +78,11 @@ def unauthorized() -> GatewayError:
     )
 
 
+def forbidden(message: str, param: str | None = None) -> GatewayError:
+    """The client's key does not allow what it asked for."""
+    return GatewayError(403, message, type="permission_error", reason=Reason.FORBIDDEN, param=param)
+
+
 def busy(reason: str, message: str, retry_after: int) -> GatewayError:
     """Backends healthy but full, or the queue full: come back later."""
     return GatewayError(429, message, type="rate_limit_error", reason=reason, retry_after=retry_after)

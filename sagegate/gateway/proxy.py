@@ -224,6 +224,8 @@ class Proxy:
             body = {**body, "priority": engine_priority(rank, req.priority)}  # the band first
         elif up.forward_priority:
             body = {**body, "priority": -req.priority}
+        elif "priority" in body:  # the gateway's band alone: a backend not in priority mode refuses it
+            body = {k: v for k, v in body.items() if k != "priority"}
         tries = req.attempt + req.pauses
         headers = {"content-type": "application/json", REQUEST_ID_HEADER: upstream_id(req.request_id, tries)}
         if req.trace is not None:

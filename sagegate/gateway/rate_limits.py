@@ -323,6 +323,11 @@ class RateLimiter:
     def limits_of(self, tenant: str) -> TenantLimits:
         return self.tenants.get(tenant, self.default)
 
+    def band_ceiling(self, tenant: str) -> int:
+        """The highest priority band ``tenant`` may claim: its own ``max_priority`` when keys name
+        tenants, else ``default``'s (without keys a tenant is only the client's claim)."""
+        return (self.limits_of(tenant) if self.api_keys else self.default).max_priority
+
     def tenant_label(self, tenant: str) -> str:
         """``tenant`` if the configuration names it (a key's tenant, or one with limits), else
         ``other``: a client-chosen ``x-tenant`` cannot grow a metric's label set."""

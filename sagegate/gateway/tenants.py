@@ -7,6 +7,7 @@ taken says nothing about which key, or how much of one, matched.
 from __future__ import annotations
 
 import hmac
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -17,6 +18,10 @@ PRIORITY_HEADER = "x-priority"
 DEADLINE_HEADER = "x-deadline-ms"
 SLO_TTFT_HEADER = "x-slo-ttft-ms"
 MAX_TENANT_LEN = 128
+PRIORITY_BOUND = 1_000_000
+"""A band is an integer in ``[-PRIORITY_BOUND, PRIORITY_BOUND]`` (``x-priority`` or the body's)."""
+_INTEGER = re.compile(r"-?[0-9]{1,10}")
+"""What an integer header may be: an optional minus and digits (no ``+7``, ``1_000``, spaces)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +30,8 @@ class Identity:
     priority: int
     deadline_s: float | None
     """Absolute, on the gateway's clock."""
+    band_ceiling: int | None = None
+    """The highest band the tenant may claim (set once the limits are read); None: unbounded."""
 
 
 def bearer(headers: Mapping[str, str]) -> str | None:
@@ -69,12 +76,14 @@ def identify(
         tenant = headers.get(TENANT_HEADER) or "default"
         if len(tenant) > MAX_TENANT_LEN:
             raise bad_request(f"{TENANT_HEADER} longer than {MAX_TENANT_LEN} characters", TENANT_HEADER)
-    priority = _int_header(headers, PRIORITY_HEADER, 1, lo=-1_000_000, hi=1_000_000)
+    priority = _int_header(headers, PRIORITY_HEADER, 1, lo=-PRIORITY_BOUND, hi=PRIORITY_BOUND)
     if PRIORITY_HEADER not in headers and body_priority is not None:
         if isinstance(body_priority, bool) or not isinstance(body_priority, int):
             raise bad_request("priority must be an integer", "priority")
-        if not -1_000_000 <= body_priority <= 1_000_000:
-            raise bad_request("priority must be between -1000000 and 1000000", "priority")
+        if not -PRIORITY_BOUND < body_priority <= PRIORITY_BOUND:
+            raise bad_request(
+                f"priority must be between {1 - PRIORITY_BOUND} and {PRIORITY_BOUND}", "priority"
+            )
         priority = 1 - body_priority
     deadline = None
     for name in (DEADLINE_HEADER, SLO_TTFT_HEADER):
@@ -89,10 +98,9 @@ def _int_header(headers: Mapping[str, str], name: str, default: int, *, lo: int,
     raw = headers.get(name)
     if raw is None:
         return default
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise bad_request(f"header {name} must be an integer", name) from None
+    if _INTEGER.fullmatch(raw) is None:
+        raise bad_request(f"header {name} must be an integer (digits, an optional minus)", name)
+    value = int(raw)
     if not lo <= value <= hi:
         raise bad_request(f"header {name} must be between {lo} and {hi}", name)
     return value

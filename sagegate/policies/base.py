@@ -39,6 +39,7 @@ class SchedRequest:
 
     __slots__ = (
         "arrival_s",
+        "band_ceiling",
         "deadline_s",
         "engine_priority",
         "generated",
@@ -82,6 +83,10 @@ class SchedRequest:
         self.engine_priority: int | None = None
         """The ``priority`` an engine in vLLM's priority mode orders it by when the gateway sent one
         (``policies.engine_priority``); None: its ``priority``. Its band stays ``priority``."""
+        self.band_ceiling: int | None = None
+        """The highest band its tenant may claim (the gateway's ``max_priority``); a request of
+        another tenant pauses it only from a band above that (``policies.pause``). None: any higher
+        band may (the simulator's requests)."""
         self.shared_tokens = 0
         """Its leading prompt tokens a request in flight already holds where it would run (set at
         arrival by a driver whose charges know prompt blocks, ``policies.admission.resident_prefix``):

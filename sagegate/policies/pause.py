@@ -182,6 +182,9 @@ def _band_pause(
         for victim, charge in started:
             if victim.priority >= head.priority or victim.pauses >= cfg.max_pauses:
                 continue
+            ceiling = victim.band_ceiling
+            if ceiling is not None and head.priority <= ceiling and victim.tenant != head.tenant:
+                continue  # another tenant may pause it only from a band its own tenant cannot claim
             key = (victim.priority, float(charge.held))
             if best_key is not None and key >= best_key:
                 continue

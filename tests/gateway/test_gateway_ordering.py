@@ -101,7 +101,11 @@ def test_x_priority_and_tenant_reach_the_policy() -> None:
     backend = backend_app(BackendSettings(engine=engine, served_model_name="sim", time_scale=1.0))
     with ServerThread(backend) as be:
         settings = settings_for(
-            [be.url], policy="wfs", admission={"max_waiting": 1}, queue={"max_wait_s": 0.5}
+            [be.url],
+            policy="wfs",
+            admission={"max_waiting": 1},
+            queue={"max_wait_s": 0.5},
+            rate_limits={"default": {"max_priority": 7}},
         )
         with ServerThread(create_app(settings)) as gw:
             headers = {"x-priority": "7", "x-tenant": "acme", "x-slo-ttft-ms": "60000"}

@@ -5,22 +5,31 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from sagegate.gateway.app import create_app
 from sagegate.gateway.tenants import identify
 from tests.gateway.test_pause_resume import client, pauses, settled, sim_backend
-from tests.gateway_support import ServerThread, settings_for, wait_until
+from tests.gateway_support import ServerThread, fleet, settings_for, wait_until
+
+OPEN_BANDS = {"default": {"max_priority": 3}}
+"""Rate limits that let any client claim bands up to 3 (the default allows the default band alone)."""
 
 
 @contextlib.contextmanager
-def one_backend(capacity: int, admission: dict[str, Any], pause: dict[str, Any]) -> Iterator[ServerThread]:
-    """A ready gateway (``sagesched``, the ``sum`` rule at 1.0 and ``admission``) before one simulated
-    backend it charges ``capacity`` tokens."""
+def one_backend(
+    capacity: int, admission: dict[str, Any], pause: dict[str, Any], **kw: Any
+) -> Iterator[ServerThread]:
+    """A ready gateway (``sagesched``, the ``sum`` rule at 1.0 and ``admission``; ``kw``: more
+    settings, bands up to 3 open to all unless told) before one simulated backend it charges
+    ``capacity`` tokens."""
+    kw.setdefault("rate_limits", OPEN_BANDS)
     with sim_backend(time_scale=0.5) as be:
         settings = settings_for(
             [],
@@ -28,6 +37,7 @@ def one_backend(capacity: int, admission: dict[str, Any], pause: dict[str, Any])
             policy="sagesched",
             admission={"rule": "sum", "target": 1.0, **admission},
             pause=pause,
+            **kw,
         )
         with ServerThread(create_app(settings)) as gw:
             wait_until(lambda: httpx.get(gw.url + "/ready").status_code == 200, what="gateway ready")
@@ -39,9 +49,89 @@ def test_the_band_is_the_header_else_the_body_priority_as_vllm_reads_it() -> Non
     assert identify({"x-priority": "5"}, {}, 0.0, body_priority=-9).priority == 5  # the header wins
     assert identify({}, {}, 0.0, body_priority=-3).priority == 4  # vLLM: lower first
     assert identify({}, {}, 0.0, body_priority=0).priority == 1  # vLLM's default is the default band
-    for bad in ("high", 1.5, True):
+    for bad in ("high", 1.5, True, -1_000_000, 1_000_001):
         with pytest.raises(Exception, match="priority"):
             identify({}, {}, 0.0, body_priority=bad)
+    for header in ("+7", "1_000", " 7", "7 ", "0x10", "", "1e3", "٣", "-", "12345678901"):
+        with pytest.raises(Exception, match="x-priority"):
+            identify({"x-priority": header}, {}, 0.0)
+    assert identify({"x-priority": "-3"}, {}, 0.0).priority == -3
+
+
+def low_stream(url: str, key: str, out: dict[str, Any]) -> threading.Thread:
+    """A long default-band stream sent with ``key``, running in a thread (its text lands in ``out``)."""
+
+    def run() -> None:
+        c = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=60)
+        stream = c.completions.create(
+            model="sim", prompt="Tell me a long story.", max_tokens=400, stream=True
+        )
+        out["text"] = "".join(ch.choices[0].text for ch in stream if ch.choices)
+        out["ended"] = time.monotonic()
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def urgent(url: str, **headers: str) -> tuple[httpx.Response, float]:
+    r = httpx.post(
+        url + "/v1/completions",
+        json={"model": "sim", "prompt": "urgent", "max_tokens": 20},
+        headers=headers,
+        timeout=60,
+    )
+    return r, time.monotonic()
+
+
+def streaming(gw: ServerThread) -> bool:
+    return any(lc.state == "streaming" for lc in gw.app.state.gateway.director.lifecycles.values())
+
+
+@pytest.mark.heavy
+def test_a_client_claiming_a_band_it_may_not_neither_jumps_nor_pauses() -> None:
+    """Defaults (no keys, so every client's highest band is the default one): ``x-priority:
+    1000000`` from another tenant is served in the default band: it waits for the stream holding the
+    room instead of pausing it. With ``priority_over: reject`` the same claim is ``403``."""
+    with one_backend(700, {"unknown_output": 400}, {"bands": True}, rate_limits={}) as gw:
+        low: dict[str, Any] = {}
+        t = low_stream(gw.url, "unused", low)
+        wait_until(lambda: streaming(gw), what="the low band streaming")
+        high, high_ended = urgent(gw.url, **{"x-priority": "1000000", "x-tenant": "intruder"})
+        t.join(60)
+        assert high.status_code == 200
+        assert pauses(gw.url, "paused") == 0
+        assert low["ended"] < high_ended and len(low["text"].split()) == 400
+    with one_backend(700, {}, {}, rate_limits={"priority_over": "reject"}) as gw:
+        refused, _ = urgent(gw.url, **{"x-priority": "2"})
+        assert refused.status_code == 403
+        assert refused.json()["error"]["param"] == "priority"
+        assert urgent(gw.url, **{"x-priority": "1"})[0].status_code == 200
+
+
+@pytest.mark.heavy
+def test_another_tenant_pauses_a_stream_only_from_a_band_its_owner_cannot_claim() -> None:
+    """``ops`` and ``gold`` may claim band 3, ``low`` only the default. ``ops`` at band 3 does not
+    pause ``gold``'s stream (gold may claim 3 itself) but does pause ``low``'s (which resumes whole)."""
+    rl = {"tenants": {"gold": {"max_priority": 3}, "ops": {"max_priority": 3}}}
+    keys = {"k-low": "low", "k-gold": "gold", "k-ops": "ops"}
+    ops = {"authorization": "Bearer k-ops", "x-priority": "3"}
+    with one_backend(700, {"unknown_output": 400}, {"bands": True}, rate_limits=rl, api_keys=keys) as gw:
+        gold: dict[str, Any] = {}
+        t = low_stream(gw.url, "k-gold", gold)
+        wait_until(lambda: streaming(gw), what="gold streaming")
+        high, high_ended = urgent(gw.url, **ops)
+        t.join(60)
+        assert high.status_code == 200 and pauses(gw.url, "paused") == 0
+        assert gold["ended"] < high_ended
+        wait_until(lambda: settled(gw), what="every reservation released")
+        low: dict[str, Any] = {}
+        t = low_stream(gw.url, "k-low", low)
+        wait_until(lambda: streaming(gw), what="low streaming")
+        high, high_ended = urgent(gw.url, **ops)
+        t.join(60)
+        assert high.status_code == 200 and pauses(gw.url, "paused") == 1
+        assert high_ended < low["ended"] and len(low["text"].split()) == 400  # resumed, whole
 
 
 @pytest.mark.heavy
@@ -130,3 +220,15 @@ def test_room_kept_for_a_higher_band_serves_it_while_the_default_band_floods(res
         else:
             assert ended[0].startswith("low"), ended  # it waited for one of the flood to end
         wait_until(lambda: settled(gw), what="every reservation released")
+
+
+def test_a_body_priority_reaches_a_backend_only_in_priority_mode() -> None:
+    """A backend not started in vLLM's priority mode refuses a ``priority``: the gateway reads it as a
+    band and strips it; with ``upstream.forward_priority`` it sends the band it granted (clamped)."""
+    body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "priority": -5}
+    with fleet({}) as (fakes, url):
+        assert httpx.post(url + "/v1/chat/completions", json=body, timeout=30).status_code == 200
+        assert "priority" not in fakes[0].state.bodies[-1]
+    with fleet({}, upstream={"forward_priority": True}, rate_limits=OPEN_BANDS) as (fakes, url):
+        assert httpx.post(url + "/v1/chat/completions", json=body, timeout=30).status_code == 200
+        assert fakes[0].state.bodies[-1]["priority"] == -3  # asked for band 6, granted 3

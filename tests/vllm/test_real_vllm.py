@@ -324,6 +324,7 @@ def test_a_forwarded_priority_orders_vllms_own_queue(one_at_a_time: Engine, forw
                 backends=[{"url": one_at_a_time.url}],
                 upstream={"forward_priority": forward},
                 health={"scrape_interval_s": 0.5},
+                rate_limits={"default": {"max_priority": 3}},  # bands up to 3 open to any client
             )
         )
     ) as gw:
