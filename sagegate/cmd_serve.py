@@ -127,7 +127,9 @@ def run(settings: Any, *, reuse_port: bool = False) -> None:
         access_log=False,
         **uvicorn_options(settings, gateway.metrics.connection_event),
     )
-    names = ", ".join(b.url for b in settings.backends)
+    from sagegate.gateway.redact import redact_url
+
+    names = ", ".join(redact_url(b.url) for b in settings.backends)
     typer.echo(
         f"sagegate serve: policy {settings.policy}, predictor {settings.predictor}, backends {names} "
         f"at http://{settings.host}:{settings.port}",

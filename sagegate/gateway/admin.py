@@ -63,7 +63,7 @@ def _queued(rank: int, r: GatewayRequest, now: float) -> dict[str, Any]:
 def _backend(b: Backend) -> dict[str, Any]:
     return {
         "name": b.name,
-        "url": b.url,
+        "url": b.shown_url,
         "healthy": b.healthy,
         "inflight": b.inflight,
         "reserved_tokens": b.load.charged_tokens,

@@ -42,6 +42,7 @@ from sagegate.gateway.predict import Recorder, build_predictor
 from sagegate.gateway.proxy import Proxy
 from sagegate.gateway.queue import BoundedQueue
 from sagegate.gateway.rate_limits import RateLimiter
+from sagegate.gateway.redact import redact_client_logs
 from sagegate.gateway.settings import GatewaySettings, OpenEndpoint
 from sagegate.gateway.shared_prefixes import shared_prefixes
 from sagegate.gateway.state_metrics import StateGauges
@@ -84,7 +85,7 @@ class Gateway:
                 settings.ledger,
                 settings.redis_url,
                 self.pool.loads,
-                [b.url for b in self.pool.backends],
+                [b.shown_url for b in self.pool.backends],
                 admission,
                 on_change=self._on_change,
                 clock=self.clock,
@@ -210,6 +211,7 @@ def create_app(
 ) -> FastAPI:
     """The gateway app. ``policy``/``predictor`` override the ones ``settings`` names, and
     ``span_exporter`` receives every span at once with tracing on (tests)."""
+    redact_client_logs()
     gw = Gateway(settings, policy, predictor, span_exporter)
 
     @asynccontextmanager

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from sagegate.gateway.metrics import RateLimitedLog
+from sagegate.gateway.redact import redact_url
 from sagegate.gateway.scrape import EngineMetrics, parse_metrics, restarted
 from sagegate.gateway.settings import BackendSettings, GatewaySettings, HealthSettings
 from sagegate.gateway.upstream import Upstream
@@ -82,8 +83,11 @@ class Backend:
     def __init__(
         self, cfg: BackendSettings, default_capacity: int, health: HealthSettings, clock: Clock
     ) -> None:
-        self.name = cfg.name or cfg.url
         self.url = cfg.url
+        """Where requests go, credentials included (never shown: :attr:`shown_url`)."""
+        self.shown_url = redact_url(cfg.url)
+        """The URL as routes, logs, labels and other replicas see it (``gateway.redact``)."""
+        self.name = cfg.name or self.shown_url
         self.configured_capacity = cfg.capacity_tokens
         self.breaker = CircuitBreaker(health.failure_threshold, health.open_s, clock)
         self.load = BackendLoad(cfg.capacity_tokens or default_capacity, healthy=False)

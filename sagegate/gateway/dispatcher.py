@@ -133,7 +133,7 @@ class Dispatcher:
     def _over(self, url: str) -> None:
         """The shared ledger found a backend, where this replica sent first, over the limit."""
         if self.metrics is not None:
-            name = next((b.name for b in self.pool.backends if b.url == url), url)
+            name = next((b.name for b in self.pool.backends if b.shown_url == url), url)
             self.metrics.ledger_over.labels(name).inc()
 
     # --- entry points -------------------------------------------------------------------------

@@ -78,6 +78,11 @@ class Counts:
         self.dropped[why] = self.dropped.get(why, 0) + n
 
 
+WARN_EVERY_S = 60.0
+"""A follower's warning about its subscription breaking is written at most this often (with how many
+breaks it stands for): a publisher that keeps refusing cannot flood the log."""
+
+
 class KVEventFollower:
     """One backend's events and exact index (see the module docstring). :meth:`receive` is the
     protocol; :meth:`run` feeds it from ZMQ and fills gaps from the replay socket."""
@@ -110,6 +115,8 @@ class KVEventFollower:
             log,
             "KV events: %d broken subscription(s) (backend %s): a message over max_message_bytes, or "
             "the publisher went away; resubscribed, placing by the approximate index until a batch comes",
+            every_s=WARN_EVERY_S,
+            clock=clock,
         )
 
     # --- what placement reads -----------------------------------------------------------------

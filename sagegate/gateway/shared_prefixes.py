@@ -88,8 +88,8 @@ class SharedPrefixes:
         """The stream's key in Redis."""
         self.locality = locality
         self.backends = backends
-        self.ids = [b.url for b in backends]
-        """How replicas name a backend (its URL, as the shared ledger does)."""
+        self.ids = [b.shown_url for b in backends]
+        """How replicas name a backend (its URL without credentials, as the shared ledger does)."""
         self.index_of = {url: i for i, url in enumerate(self.ids)}
         self.block_tokens = locality.block_tokens
         self.clock = clock
@@ -328,7 +328,7 @@ def shared_prefixes(
     share = settings.placement.share
     if locality is None or not settings.redis_url or not share.enabled:
         return None
-    if len(backends) > MAX_BACKENDS or any(len(b.url.encode()) > MAX_NAME_BYTES for b in backends):
+    if len(backends) > MAX_BACKENDS or any(len(b.shown_url.encode()) > MAX_NAME_BYTES for b in backends):
         log.warning(
             "prefix sharing off: over %d backends, or a URL over %d bytes", MAX_BACKENDS, MAX_NAME_BYTES
         )

@@ -560,3 +560,16 @@ def test_a_backend_names_its_events_beside_its_url(monkeypatch: Any) -> None:
     assert s.backends[1].kv_events is None and s.placement.kv_events.tokenizer == "backend"
     with pytest.raises(ValidationError, match="to connect to"):
         GatewaySettings(backends=[{"url": "http://a:8000", "kv_events": "tcp://*:5557"}])
+
+
+def test_a_subscription_that_keeps_breaking_is_warned_of_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    f = follower(clock=clock)
+    for _ in range(7):  # a break every 20 s for two minutes
+        f.disconnected()
+        clock.t += 20.0
+    lines = [r.getMessage() for r in caplog.records if "broken subscription" in r.getMessage()]
+    assert len(lines) == 3  # at 0, 60 and 120 s
+    assert lines[1].startswith("KV events: 3 broken")  # the ones held back are counted

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from sagegate.gateway.app import create_app
+from sagegate.gateway.rate_limit_counts import LocalCounts, RedisCounts
 from sagegate.gateway.rate_limit_rule import Refusal, Window, decide
-from sagegate.gateway.rate_limits import LocalCounts, RedisCounts
 from sagegate.gateway.settings_rate_limits import RateLimitSettings, TenantLimits
 from tests.gateway_support import FakeBackend, ServerThread, fleet, metric, settings_for, wait_until
 
