@@ -97,7 +97,10 @@ class Transcript:
         """``id``, ``created``, ``model`` of the first try's first chunk: every chunk carries them."""
         self.text = ""
         self.tokens = 0
-        """Token chunks sent (one per generated token)."""
+        """Tokens generated for the text sent: the backends' own running counts where they send
+        them (:meth:`counted`), else one per token chunk."""
+        self.leg_start = 0
+        """:attr:`tokens` when the current try started."""
         self.leg = 0
         """Tries so far less one: 0 until the first resume."""
         self.prompt_offset = 0
@@ -160,6 +163,11 @@ class Transcript:
         self._unread.clear()
         self._unread_bytes = 0
 
+    def counted(self, leg_tokens: int) -> None:
+        """The current try's backend says it generated ``leg_tokens`` for the text relayed so far
+        (its running usage): more than its chunks when it held a token back until its text was whole."""
+        self.tokens = self.leg_start + leg_tokens
+
     def _take(self, obj: dict[str, Any]) -> bool:
         """Count a chunk's token and text; False for a chunk that carries neither (a chat role)."""
         if self.ident is None and "id" in obj:
@@ -214,6 +222,9 @@ class Transcript:
             prompt = max(1, prompt - self.prompt_offset)
         else:
             prompt = None
+        own = leg.get("completion_tokens")
+        if isinstance(own, int) and not isinstance(own, bool) and own >= 0:
+            self.tokens = self.leg_start + own  # the backend's count of this try, not its chunks
         usage = {**leg, "prompt_tokens": prompt, "completion_tokens": self.tokens}
         usage["total_tokens"] = (prompt or 0) + self.tokens
         usage.pop("prompt_tokens_details", None)  # the cached share described the resumed prompt
@@ -248,6 +259,7 @@ class Transcript:
         """A new try starts; its prompt holds ``prompt_offset`` tokens beyond the client's (as the
         gateway counts), and the client's prompt is ``prompt_tokens`` as the backend counts it."""
         self.leg += 1
+        self.leg_start = self.tokens
         self.prompt_offset = prompt_offset
         self.prompt_tokens = prompt_tokens
 

@@ -108,8 +108,19 @@ class Proxy:
 
     def scanner(self, req: GatewayRequest) -> SseScanner:
         """A scanner for ``req``'s upstream stream: the usage the gateway asked for is kept only for a
-        client that asked for it too (or one whose whole answer is assembled from the stream)."""
-        return SseScanner(req.stream and not req.want_usage, self.settings.upstream.max_sse_event_bytes)
+        client that asked for it too (or one whose whole answer is assembled from the stream), and
+        the running usage on every chunk (:meth:`counts_running`) only for one that asked for that."""
+        strip_running = self.counts_running(req) and not _asked_running(req.body)
+        return SseScanner(
+            req.stream and not req.want_usage, self.settings.upstream.max_sse_event_bytes, strip_running
+        )
+
+    def counts_running(self, req: GatewayRequest) -> bool:
+        """Whether ``req``'s stream is asked for the backend's running token count on every chunk
+        (``continuous_usage_stats``): an answer that may be continued elsewhere must know how many
+        tokens its text so far took, which is more than the chunks relayed when the engine holds a
+        token back until its text is whole."""
+        return self.transcribes(req)
 
     def pause_on(self, req: GatewayRequest) -> bool:
         """Whether ``req`` may be paused (``pause.enabled``, and it can be continued from its text)."""
@@ -219,6 +230,10 @@ class Proxy:
                 **body,
                 "stream_options": {**(opts if isinstance(opts, dict) else {}), "include_usage": True},
             }
+        if stream and self.counts_running(req):
+            opts = body.get("stream_options")
+            running = {"include_usage": True, "continuous_usage_stats": True}
+            body = {**body, "stream_options": {**(opts if isinstance(opts, dict) else {}), **running}}
         if up.rank_priority:
             rank = self.dispatcher.policy.engine_rank(req)
             body = {**body, "priority": engine_priority(rank, req.priority)}  # the band first
@@ -305,6 +320,16 @@ async def _head_of_body(resp: httpx.Response) -> bytes:
     finally:
         await close_quietly(resp)
     return b"".join(parts)
+
+
+def _asked_running(body: dict[str, Any]) -> bool:
+    """The client itself asked for the running usage on every chunk."""
+    opts = body.get("stream_options")
+    return (
+        isinstance(opts, dict)
+        and opts.get("continuous_usage_stats") is True
+        and opts.get("include_usage") is True
+    )
 
 
 def _completion_tokens(body: bytes) -> object:

@@ -42,12 +42,14 @@ REDIS_LOG_EVERY_S = 10.0
 
 @dataclass(frozen=True, slots=True)
 class _Unsettled:
-    """A settlement Redis did not take: retried until it does (or its lease lapses there)."""
+    """A settlement Redis did not take: retried until it does, or until its lease has lapsed there
+    (``moot_at``, on the monotonic clock: nothing is left to give back), so the list stays bounded."""
 
     tenant: str
     slot: str
     refund: int
     minute: int
+    moot_at: float
 
 
 class Permit:
@@ -215,7 +217,7 @@ class RateLimiter:
             except Exception as exc:  # Redis down or slow: this replica counts alone
                 self._failed(exc)
                 # the call may still run once Redis answers: its lease is given back then
-                self.unsettled.append(_Unsettled(tenant, slot, 0, -1))
+                self.unsettled.append(_Unsettled(tenant, slot, 0, -1, self._moot_at()))
                 self._keep_going()
                 slot = f"{self.replica}:{next(self._seq)}"
         if not shared:
@@ -233,12 +235,17 @@ class RateLimiter:
         """``permit``'s request ended: its lease back, and ``refund`` tokens of its charge."""
         self._held.pop(permit.slot, None)
         if permit.shared and self.redis is not None:
-            self.unsettled.append(_Unsettled(permit.tenant, permit.slot, refund, permit.minute))
+            self.unsettled.append(
+                _Unsettled(permit.tenant, permit.slot, refund, permit.minute, self._moot_at())
+            )
             self._keep_going(now=True)
         else:
             self.local.settle(permit.tenant, permit.slot, refund, permit.minute)
 
     # --- leases kept, settlements retried --------------------------------------------------------
+    def _moot_at(self) -> float:
+        return time.monotonic() + self.settings.lease_s
+
     def _keep_going(self, now: bool = False) -> None:
         """Make sure the keeper runs (``now``: it has a settlement to send at once)."""
         if self._keeper is None or self._keeper.done():
@@ -251,9 +258,10 @@ class RateLimiter:
         until one fails), and renew the leases every third of ``lease_s``."""
         renew_every = self.settings.lease_s / 3
         next_renewal = time.monotonic() + renew_every
+        retry_at = -math.inf
         while self._held or self.unsettled:
-            if self.unsettled:
-                await self._settle_owed()  # a failure leaves the rest for RETRY_S later
+            if self.unsettled and time.monotonic() >= retry_at and not await self._settle_owed():
+                retry_at = time.monotonic() + RETRY_S  # the rest wait, however many more come
             if time.monotonic() >= next_renewal:
                 await self._renew()
                 next_renewal = time.monotonic() + renew_every
@@ -269,6 +277,8 @@ class RateLimiter:
     async def _settle_owed(self) -> bool:
         """Send what is owed, oldest first; False at the first failure (the rest wait)."""
         assert self.redis is not None
+        now = time.monotonic()
+        self.unsettled = [u for u in self.unsettled if u.moot_at > now]
         while self.unsettled:
             u = self.unsettled[0]
             try:

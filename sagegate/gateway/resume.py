@@ -133,6 +133,8 @@ class Resumer:
         sse = self.sse
         lc, req, t = sse.lc, sse.req, self.transcript
         t.read()  # what the client has been sent (an unfinished event is dropped: it comes again)
+        if sse.scanner.running is not None:
+            t.counted(sse.scanner.running)
         req.body = t.continuation()
         lc.pause(t.tokens)
         if exclude is not None:

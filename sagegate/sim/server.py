@@ -247,8 +247,10 @@ class SimulatedBackend:
         stream = self.runner.submit(prompt.tokens, output_tokens, key, body.priority, content)
         shape = ResponseShape(self.model_name, chat, prompt.tokens, prompt.written)
         if body.stream:
-            usage = body.stream_options is not None and body.stream_options.include_usage
-            return StreamingResponse(self._sse(stream, shape, usage), media_type="text/event-stream")
+            opts = body.stream_options
+            usage = opts is not None and opts.include_usage
+            running = usage and opts is not None and opts.continuous_usage_stats
+            return StreamingResponse(self._sse(stream, shape, usage, running), media_type="text/event-stream")
         collect = asyncio.ensure_future(_drain(stream))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
@@ -265,8 +267,16 @@ class SimulatedBackend:
         """What usage reports as the prompt's cached tokens (None: not reported, vLLM's default)."""
         return stream.req.cached_tokens if self.settings.prompt_tokens_details else None
 
-    async def _sse(self, stream: Stream, shape: ResponseShape, usage: bool) -> AsyncIterator[bytes]:
-        """Server-sent events, one chunk per token, written when the step that made it ends."""
+    async def _sse(
+        self, stream: Stream, shape: ResponseShape, usage: bool, running: bool = False
+    ) -> AsyncIterator[bytes]:
+        """Server-sent events, one chunk per token, written when the step that made it ends
+        (``running``: each with the usage so far)."""
+
+        def chunk(text: str | None, finish: str | None, n: int) -> bytes:
+            body = shape.chunk(text, finish)
+            return json_event(shape.with_usage(body, n) if running else body)
+
         try:
             sent = 0
             done = False
@@ -277,7 +287,7 @@ class SimulatedBackend:
                 # Chat opens with a role chunk, sent with the first token (as vLLM does) so that a
                 # client timing its first chunk measures the time to first token.
                 opening = shape.chat and sent == 0 and items[0] is not None
-                parts = [json_event(shape.chunk(None, None))] if opening else []
+                parts = [chunk(None, None, 0)] if opening else []
                 for item in items:
                     if item is None:
                         done = True
@@ -285,11 +295,8 @@ class SimulatedBackend:
                     for _ in range(item):
                         sent += 1
                         last = sent >= stream.req.output_tokens
-                        parts.append(
-                            json_event(
-                                shape.chunk(filler_word(shape.written + sent - 1), "length" if last else None)
-                            )
-                        )
+                        word = filler_word(shape.written + sent - 1)
+                        parts.append(chunk(word, "length" if last else None, sent))
                 if parts:
                     yield b"".join(parts)
             if not stream.finished:

@@ -48,6 +48,8 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False
+    """With ``include_usage``: every chunk carries the usage so far too (vLLM's option)."""
 
 
 class GenerationBody(BaseModel):
@@ -180,6 +182,11 @@ class ResponseShape:
         choice.update(logprobs=None, finish_reason=finish)
         body["choices"] = [choice]
         return body
+
+    def with_usage(self, chunk: dict[str, Any], n: int) -> dict[str, Any]:
+        """``chunk`` carrying the running usage after ``n`` tokens (``continuous_usage_stats``)."""
+        chunk["usage"] = self._usage(n, None)
+        return chunk
 
     def usage_chunk(self, n: int, cached: int | None = None) -> dict[str, Any]:
         body = self._head("chat.completion.chunk" if self.chat else "text_completion")

@@ -106,6 +106,45 @@ def test_sse_scanner_keeps_usage_on_a_token_chunk() -> None:
     assert sc.feed(ev) == ev and sc.events == 1 and sc.usage == 1
 
 
+def _running(i: int, details: bool = False) -> bytes:
+    """A token event as vLLM writes it with ``continuous_usage_stats`` (the usage last)."""
+    usage = {"prompt_tokens": 5, "total_tokens": 5 + i + 2, "completion_tokens": i + 2}
+    if details:
+        usage["prompt_tokens_details"] = {"cached_tokens": 0}
+    obj = {"id": "x", "choices": [{"index": 0, "delta": {"content": f" w{i}"}}], "usage": usage}
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _without_usage(event: bytes) -> bytes:
+    obj = json.loads(event[6:])
+    del obj["usage"]
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 12), st.lists(st.integers(1, 400), max_size=30), st.booleans(), st.booleans())
+def test_sse_scanner_reads_and_strips_the_running_usage_wherever_reads_split(
+    n: int, cuts: list[int], strip: bool, details: bool
+) -> None:
+    """The backend's running count (``continuous_usage_stats``: the tokens so far on every chunk,
+    more than the chunks when it held a token back) is read off each token event; the gateway,
+    having asked for it for itself, takes it off again (``strip_running``) so the client gets the
+    bytes it would have got without it, however the reads split the events."""
+    events = [_running(i, details) for i in range(n)]
+    stream = b"".join(events) + USAGE + DONE
+    pieces, pos = [], 0
+    for c in cuts:
+        pieces.append(stream[pos : pos + c])
+        pos += c
+    pieces.append(stream[pos:])
+    sc = SseScanner(strip_usage=strip, strip_running=True)
+    out = b"".join(sc.feed(p) for p in pieces) + sc.flush()
+    assert sc.events == n and sc.running == n + 1 and sc.usage == 7 and sc.done
+    assert out == b"".join(_without_usage(e) for e in events) + (b"" if strip else USAGE) + DONE
+    kept = SseScanner(strip_usage=False, strip_running=False)  # the client asked for it: kept
+    assert kept.feed(stream) == stream and kept.running == n + 1
+
+
 def test_sse_scanner_reads_fields_by_line_not_inside_generated_text() -> None:
     """A model that writes about SSE: its text holds ``data:``, ``data: [DONE]`` and ``"usage":{``,
     inside JSON strings. They are one token each, the stream is not done, and nothing is stripped."""

@@ -17,6 +17,7 @@ import yaml
 from sagegate.gateway.app import create_app
 from sagegate.gateway.rate_limits import LimitsFileError, RateLimiter
 from sagegate.gateway.settings_rate_limits import RateLimitSettings
+from sagegate.harness.procs import free_port
 from tests.gateway_support import FakeBackend, ServerThread, fleet, metric, settings_for, until, wait_until
 
 BODY = {"model": "fake", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4}
@@ -305,3 +306,27 @@ def test_an_emptied_limits_file_keeps_keys_and_limits_in_force_at_the_gateway(tm
         for _ in range(10):  # several checks of the file
             assert post(url).status_code == 401
             assert post(url, "k1").status_code == 429
+
+
+def test_what_redis_never_took_is_forgotten_once_its_lease_has_lapsed_there() -> None:
+    """Redis unreachable: each admission counts locally and owes Redis a give-back of the lease its
+    call may still have taken; once that lease has lapsed there is nothing left to give back, so
+    the list of what is owed stays bounded however long Redis stays away."""
+    dead = f"redis://127.0.0.1:{free_port()}"
+    settings = RateLimitSettings(default={"concurrent": 100}, lease_s=1.0, timeout_s=0.2)
+
+    async def run() -> None:
+        limiter = RateLimiter(settings, {}, dead)
+        try:
+            permits = [await limiter.admit("t", 5, 5) for _ in range(20)]
+            assert all(p is not None and not p.shared for p in permits)  # counted here meanwhile
+            assert len(limiter.unsettled) == 20 and limiter.redis_errors >= 20
+            await until(lambda: not limiter.unsettled, what="the owed give-backs forgotten", timeout=5)
+            for p in permits:
+                assert p is not None
+                p.end(1)
+            assert limiter.local.minutes_of("t")  # the local counts took them
+        finally:
+            await limiter.close()
+
+    asyncio.run(run())

@@ -528,6 +528,30 @@ def test_a_continuation_carries_the_text_and_the_rest_of_the_caps() -> None:
     )
 
 
+def test_tokens_an_engine_held_back_are_counted_by_its_own_running_usage() -> None:
+    """An engine sends no chunk for a token whose text is not yet whole (a character split over two
+    tokens): 2 chunks relayed, 3 tokens generated. Told the backend's running count, the
+    continuation asks for 50 − 3 more and the usage the client sees counts every token of both
+    tries, the second by its own backend's count."""
+    chat = Transcript("chat", {"model": "m", "messages": MESSAGES, "max_tokens": 50})
+    role = {"role": "assistant", "content": ""}
+    chat.relay(_chunks("x", 1, role, {"content": " a"}, {"content": " éb"}))
+    chat.read()
+    assert chat.tokens == 2  # the chunks alone
+    chat.counted(3)
+    assert chat.continuation()["max_tokens"] == 47
+    chat.resumed(4)
+    usage = {
+        "id": "y",
+        "created": 2,
+        "model": "m",
+        "choices": [],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 5},
+    }
+    chat.relay(_chunks("y", 2, role, {"content": " c"}, {"content": " d"}) + _sse(usage))
+    assert chat.usage is not None and chat.usage["completion_tokens"] == 8  # 3 + the second's 5
+
+
 def test_a_continuation_is_charged_as_the_request_it_continues() -> None:
     cfg = AdmissionConfig()
     dist = LengthDistribution.from_samples([10, 50, 200])
