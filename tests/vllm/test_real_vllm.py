@@ -254,7 +254,7 @@ def test_a_stream_whose_engine_dies_goes_on_from_another_engine(small: Engine, r
             assert raw.headers["x-sagegate-backend"] == "backend-0"
             text, before_kill, finish, usage = [], 0, None, None
             for i, chunk in enumerate(raw.parse()):
-                if i == 30 + 17 * run:
+                if i == 12 + 9 * run:
                     before_kill = len(text)
                     os.kill(doomed.proc.pid, signal.SIGKILL)
                 if chunk.choices:
