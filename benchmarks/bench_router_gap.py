@@ -11,14 +11,17 @@ The workload is the live comparison's (``bench_routers --workloads shared-prefix
 * ``bounds lifted``: the same with admission's bounds lifted (peak target 100, no waiting bound);
 * ``always sticky``: the placement scores the cached prefix alone (``prefix_hit: 1``, no
   ``queued_prefill``): a warm backend is never left for a cold one that the filters keep;
-* ``both``: bounds lifted and always sticky.
+* ``both``: bounds lifted and always sticky;
+* ``forecast``: the ``forecast`` picker (``policies.placement.forecast``: the backend where the last
+  token is forecast soonest, counting what it costs the requests already there), with the live
+  admission, with its bounds lifted, and with only its waiting bounds lifted (the memory rule kept).
 
 Each request is classed by the backend its group's earlier requests went to: ``hit`` (its system
 prompt came from the cache), ``first`` (its group's first), ``elsewhere`` (sent to a backend none of
 its group had gone to), ``evicted`` (its group had been there and finished prefilling), ``racing``
 (its group's earlier request there had not yet finished its prefill). Ratios ÷ the router model.
 
-    .venv/bin/python -m benchmarks bench_router_gap [--seeds 0,1,2] [--loads 0.5,1.0,1.3]
+    .venv/bin/python -m benchmarks bench_router_gap [--seeds 0,1,2] [--loads 0.5,1.0,1.3] [--setups a,b]
 """
 
 from __future__ import annotations
@@ -35,13 +38,18 @@ from sagegate.core.request import TraceRequest
 from sagegate.core.summary import summarize
 
 MODEL, GPU = "llama-3.1-8b", "h100"
-LIFTED = {"max_waiting_tokens": 100_000_000, "peak_target": 100, "max_waiting": 100_000}
+WAITING_LIFTED = {"max_waiting_tokens": 100_000_000, "max_waiting": 100_000}
+LIFTED = {**WAITING_LIFTED, "peak_target": 100}
 STICKY = {"prefix_hit": 1.0}
-SETUPS: dict[str, tuple[Mapping[str, Any], Mapping[str, float] | None]] = {
+FORECAST = "forecast"
+SETUPS: dict[str, tuple[Mapping[str, Any], Mapping[str, float] | str | None]] = {
     "gateway": ({}, None),
     "bounds lifted": (LIFTED, None),
     "always sticky": ({}, STICKY),
     "both": (LIFTED, STICKY),
+    "forecast": ({}, FORECAST),
+    "forecast lifted": (LIFTED, FORECAST),
+    "forecast memory rule": (WAITING_LIFTED, FORECAST),
 }
 CLASSES = ("hit", "first", "elsewhere", "evicted", "racing")
 
@@ -88,6 +96,16 @@ def figures(s: Mapping[str, float], base: Mapping[str, float] | None) -> str:
     )
 
 
+def _profile(spec: Mapping[str, float] | str | None, build: Any) -> Any:
+    """A set-up's placement profile: the default (None), scorers with the incumbent picker, or a
+    picker by name (its profile's scorers unused)."""
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        return build({"prefix_hit": 1.0}, picker=spec)
+    return build(spec)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="0,1,2")
@@ -97,7 +115,9 @@ def main() -> None:
     ap.add_argument("--system-tokens", type=int, default=6144)
     ap.add_argument("--question-tokens", type=int, default=1024)
     ap.add_argument("--output-tokens", type=int, default=200)
+    ap.add_argument("--setups", default=",".join(SETUPS), help="which set-ups beside the router model")
     args = ap.parse_args()
+    chosen = [s for s in args.setups.split(",") if s]
 
     from sagegate.harness.simtwin import bulk_rate, capacity, scale_at, simulate_run
     from sagegate.policies.placement import build_profile
@@ -120,11 +140,12 @@ def main() -> None:
             router = simulate_run(work, None, model=MODEL, gpu=GPU, route=CacheAwareRouter())
             base = summarize(router.records)
             rows = [("router model", router, base)]
-            for name, (admission, scorers) in SETUPS.items():
+            for name in chosen:
+                admission, scorers = SETUPS[name]
                 res = simulate_run(
                     work, "sagesched", model=MODEL, gpu=GPU, predictor="length-bucket",
                     placement="cache_aware", max_wait_s=1e9, admission=admission,
-                    profile=None if scorers is None else build_profile(scorers),
+                    profile=_profile(scorers, build_profile),
                 )  # fmt: skip
                 rows.append((name, res, summarize(res.records)))
             for name, res, s in rows:

@@ -32,6 +32,22 @@ def perf_and_engine(model: str, gpu: str, step_time_scale: float | None = None) 
     return perf, EngineConfig(model=model, gpu=gpu)
 
 
+def engine_speed(model: str, gpu: str) -> Any:
+    """The ``forecast`` placement's :class:`~sagegate.policies.placement.forecast.EngineSpeed` of
+    ``model`` on ``gpu`` as the engine model has it: a prefill token's time over prompts of 1-8k
+    tokens, and a decode step's time at batches 1-64 of 4,000 tokens of context each (least squares
+    on ``step_s + per_seq_s · batch``)."""
+    from sagegate.policies.placement.forecast import EngineSpeed
+
+    perf, _ = perf_and_engine(model, gpu)
+    prefill = sum(perf.prefill_time(t) / t for t in (1024, 4096, 8192)) / 3
+    xs = list(range(1, 65))
+    ys = [perf.decode_step_time(n, n * 4000) for n in xs]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return EngineSpeed(prefill_s=prefill, step_s=my - slope * mx, per_seq_s=slope)
+
+
 def sim_predictor(
     name: str,
     seed: int = 0,

@@ -9,6 +9,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from sagegate.policies.placement.forecast import Forecast
 from sagegate.policies.placement.pickers import Incumbent, MaxScore
 from sagegate.policies.placement.scorers.fewest_running import FewestRunning
 from sagegate.policies.placement.scorers.least_held import LeastHeld
@@ -26,6 +27,7 @@ SCORERS: dict[str, Callable[[], Any]] = {
 PICKERS: dict[str, Callable[[], Any]] = {
     "incumbent": Incumbent,
     "max_score": MaxScore,
+    "forecast": Forecast,
 }
 FILTERS: dict[str, Callable[[], Any]] = {}
 """Filters a profile may add to the admission rule's own (none are built in yet)."""

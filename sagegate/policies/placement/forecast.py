@@ -1,0 +1,117 @@
+"""The ``forecast`` picker: the backend where the request's last token is forecast soonest (issue 64,
+first step; opt-in while it is measured).
+
+For each backend the filters keep (its cached prompt counted), the request's time to its last token
+there is forecast from what the gateway already knows, in seconds of an engine of one speed
+(:class:`EngineSpeed`):
+
+* its first token after the prefill queued ahead of it there (``queued_prefill``: uncached prompt
+  tokens waiting) and its own uncached tokens (prompt less what the prefix index predicts cached);
+* its decode at the batch it joins (the requests running and waiting there, itself included), for
+  its predicted mean output.
+
+Recomputing a prefix another backend holds also leaves a second copy of it, which crowds that
+cache: ``copy_cost`` charges each uncached token that some other backend holds as that many more
+prefill tokens (0 prices the request alone). The lowest forecast wins, the first on ties. Pure and
+O(backends), as every plugin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sagegate.policies.placement.plugins import Candidates
+
+
+@dataclass(frozen=True)
+class EngineSpeed:
+    """How fast one engine goes, as the forecast reads it: a prefill token's time, and a decode
+    step's time at a batch of ``n`` (``step_s + per_seq_s · n``). The defaults are a Llama-3.1-8B on
+    an H100 as the simulator's engine model has it (``sim.perf``: prefill of 1-7k tokens, decode at
+    batches 1-64 of 4,000 tokens of context each, least squares)."""
+
+    prefill_s: float = 2.7e-5
+    step_s: float = 0.0062
+    per_seq_s: float = 0.00019
+
+    def decode_s(self, tokens: float, batch: int) -> float:
+        return tokens * (self.step_s + self.per_seq_s * batch)
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """The backend where the request's last token is forecast soonest (module docstring)."""
+
+    speed: EngineSpeed = field(default_factory=EngineSpeed)
+    copy_cost: float = 0.0
+    """Extra prefill tokens charged for each uncached token another backend already holds."""
+    wait: bool = True
+    """Weigh a backend that cannot take the request now (its memory or its waiting bound) by the
+    forecast plus the wait for it; if it still forecasts soonest, the request waits for it (the
+    picker answers None: the head waits) rather than going where it would finish later."""
+    delay_others: bool = True
+    """Count what the request costs the requests already on the backend: its prefill delays each of
+    them by its length (a step that prefills is a longer step), and its place in the batch slows each
+    running one's steps. At full load this is what recomputing a shared prefix really costs."""
+
+    def forecast(self, c: Candidates, i: int, held_elsewhere: int) -> float:
+        """Seconds: the request's own time to its last token on backend ``i``, plus the time its
+        prefill and its place in the batch add to the requests already there (``delay_others``)."""
+        q = c.query
+        load = q.loads[i]
+        cached = q.hits[i] if q.hits is not None else 0
+        uncached = max(0, q.prompt_tokens - cached)
+        copied = max(0, min(uncached, held_elsewhere - cached))
+        prefill = (uncached + self.copy_cost * copied) * self.speed.prefill_s
+        out = _predicted_output(q.request)
+        there = load.running + load.waiting + load.foreign_waiting
+        own = load.queued_prefill * self.speed.prefill_s + prefill + self.speed.decode_s(out, there + 1)
+        if not self.delay_others:
+            return own
+        others = prefill * there + out * self.speed.per_seq_s * load.running
+        return own + others
+
+    def pick(self, c: Candidates) -> int | None:
+        q = c.query
+        hits = q.hits
+        most = max(hits) if hits is not None else 0
+        best: int | None = None
+        best_t = float("inf")
+        best_now = False
+        for i in range(len(q.loads)):
+            load = q.loads[i]
+            cached = hits[i] if hits is not None else 0
+            if c.kept(i, cached if cached > 0 else None):
+                t, now = self.forecast(c, i, most), True
+            elif self.wait and load.healthy and (q.allowed is None or q.allowed[i]):
+                t, now = self.forecast(c, i, most) + self.wait_s(c, i, cached), False
+            else:
+                continue
+            if t < best_t:
+                best, best_t, best_now = i, t, now
+        return best if best_now else None
+
+    def wait_s(self, c: Candidates, i: int, cached: int) -> float:
+        """Seconds until backend ``i`` takes the request: its backlog over the waiting bound drained,
+        and enough of its running requests (the predicted shortest first) gone for the charge to fit."""
+        q = c.query
+        load, cfg, speed = q.loads[i], q.cfg, self.speed
+        backlog = load.queued_prefill + q.prompt_tokens - cached
+        wait = max(0.0, backlog - cfg.max_waiting_tokens) * speed.prefill_s
+        share = cfg.target if cfg.rule == "sum" else cfg.peak_target
+        need = load.charged_tokens + q.charge_on(i).value - share * load.capacity_tokens
+        if need <= 0.0:
+            return wait
+        step = speed.step_s + speed.per_seq_s * max(1, load.running)
+        freed = 0.0
+        for held in sorted(load.holdings, key=lambda h: h.remaining):
+            freed += held.value
+            if freed >= need:
+                return wait + held.remaining * step
+        return float("inf")
+
+
+def _predicted_output(request: object) -> float:
+    """The request's predicted mean output (1 token without a prediction)."""
+    predicted = getattr(request, "predicted_output", None)
+    return float(predicted()) if callable(predicted) else 1.0
