@@ -116,21 +116,23 @@ def test_another_tenant_pauses_a_stream_only_from_a_band_its_owner_cannot_claim(
     rl = {"tenants": {"gold": {"max_priority": 3}, "ops": {"max_priority": 3}}}
     keys = {"k-low": "low", "k-gold": "gold", "k-ops": "ops"}
     ops = {"authorization": "Bearer k-ops", "x-priority": "3"}
+
+    def ops_behind(gw: ServerThread, key: str) -> tuple[dict[str, Any], float]:
+        """``key``'s stream running, then ops' band-3 request: the stream's outcome, when ops' ended."""
+        out: dict[str, Any] = {}
+        t = low_stream(gw.url, key, out)
+        wait_until(lambda: streaming(gw), what=f"{key}'s stream running")
+        high, high_ended = urgent(gw.url, **ops)
+        t.join(60)
+        assert high.status_code == 200
+        return out, high_ended
+
     with one_backend(700, {"unknown_output": 400}, {"bands": True}, rate_limits=rl, api_keys=keys) as gw:
-        gold: dict[str, Any] = {}
-        t = low_stream(gw.url, "k-gold", gold)
-        wait_until(lambda: streaming(gw), what="gold streaming")
-        high, high_ended = urgent(gw.url, **ops)
-        t.join(60)
-        assert high.status_code == 200 and pauses(gw.url, "paused") == 0
-        assert gold["ended"] < high_ended
+        gold, high_ended = ops_behind(gw, "k-gold")
+        assert pauses(gw.url, "paused") == 0 and gold["ended"] < high_ended
         wait_until(lambda: settled(gw), what="every reservation released")
-        low: dict[str, Any] = {}
-        t = low_stream(gw.url, "k-low", low)
-        wait_until(lambda: streaming(gw), what="low streaming")
-        high, high_ended = urgent(gw.url, **ops)
-        t.join(60)
-        assert high.status_code == 200 and pauses(gw.url, "paused") == 1
+        low, high_ended = ops_behind(gw, "k-low")
+        assert pauses(gw.url, "paused") == 1
         assert high_ended < low["ended"] and len(low["text"].split()) == 400  # resumed, whole
 
 
