@@ -29,6 +29,9 @@ class EngineMetrics:
     """``vllm:prefix_cache_hits_total`` (tokens found there)."""
     prompt_tokens: float | None = None
     """``vllm:prompt_tokens_total``: with the two above, a counter that falls says the engine restarted."""
+    generation_tokens: float | None = None
+    """``vllm:generation_tokens_total``: with the prompt and cache counters, the engine's speed
+    (``policies.engine_speed``)."""
 
 
 _NAMES = {
@@ -41,6 +44,7 @@ _NAMES = {
     "vllm:prefix_cache_queries_total": "prefix_queries",
     "vllm:prefix_cache_hits_total": "prefix_hits",
     "vllm:prompt_tokens_total": "prompt_tokens",
+    "vllm:generation_tokens_total": "generation_tokens",
 }
 
 
@@ -84,6 +88,7 @@ def parse_metrics(text: str) -> EngineMetrics:
     out.prefix_queries = sums.get("prefix_queries")
     out.prefix_hits = sums.get("prefix_hits")
     out.prompt_tokens = sums.get("prompt_tokens")
+    out.generation_tokens = sums.get("generation_tokens")
     return out
 
 

@@ -37,7 +37,7 @@ def engine_speed(model: str, gpu: str) -> Any:
     ``model`` on ``gpu`` as the engine model has it: a prefill token's time over prompts of 1-8k
     tokens, and a decode step's time at batches 1-64 of 4,000 tokens of context each (least squares
     on ``step_s + per_seq_s · batch``)."""
-    from sagegate.policies.placement.forecast import EngineSpeed
+    from sagegate.policies.engine_speed import EngineSpeed
 
     perf, _ = perf_and_engine(model, gpu)
     prefill = sum(perf.prefill_time(t) / t for t in (1024, 4096, 8192)) / 3

@@ -22,6 +22,7 @@ from typing import Literal, get_args
 
 from sagegate.core.distribution import LengthDistribution
 from sagegate.core.request import DEFAULT_PRIORITY
+from sagegate.policies.engine_speed import EngineSpeed
 from sagegate.policies.holdings import Holdings
 from sagegate.policies.resident import PromptBlocks, ResidentBlocks
 
@@ -273,6 +274,9 @@ class BackendLoad:
     prefix_hit_ratio: float = 0.0
     """The share of prompt tokens the backend's prefix cache has served (its own counters): how much of
     a waiting prompt it will not compute (``policies.placement`` discounts queued work by it)."""
+    speed: EngineSpeed | None = None
+    """How fast it goes, as learned from its counters (``policies.engine_speed``); None: not known
+    (the ``forecast`` placement's own assumption stands)."""
     holdings: Holdings = field(default_factory=Holdings)
     resident: ResidentBlocks = field(default_factory=ResidentBlocks)
     """The prompt blocks its charged requests hold, each charged once (``charged_tokens`` includes

@@ -495,3 +495,25 @@ def test_a_counter_that_falls_between_scrapes_is_a_restart() -> None:
     assert not restarted(before, later) and restarted(later, fresh) and not restarted(None, fresh)
     silent = parse_metrics('vllm:num_requests_waiting{model_name="m"} 0\n')  # a backend without counters
     assert silent.prefix_queries is None and not restarted(before, silent)
+
+
+def test_a_backend_learns_its_speed_from_the_counters_of_busy_intervals() -> None:
+    """Scrapes of an engine that prefills 2,000 tokens and decodes 10 steps of a batch of 20 every
+    0.3 s: the backend's learned speed accounts for that time; idle intervals teach nothing."""
+    now = [0.0]
+    b = Backend(BackendSettings(url="http://x"), 10_000, HealthSettings(), lambda: now[0])
+    assert b.load.speed is None
+    prompt = gen = 0.0
+    for _ in range(100):
+        b.scraped(EngineMetrics(running=20, waiting=1, prompt_tokens=prompt, generation_tokens=gen))
+        now[0] += 0.3
+        prompt, gen = prompt + 2000, gen + 200
+    s = b.load.speed
+    assert s is not None
+    forecast = 2000 * s.prefill_s + 10 * (s.step_s + 20 * s.per_seq_s)
+    assert abs(forecast / 0.3 - 1) < 0.05
+    learned = b.speed.intervals
+    b.scraped(EngineMetrics(running=0, waiting=0, prompt_tokens=prompt, generation_tokens=gen))
+    now[0] += 5.0
+    b.scraped(EngineMetrics(running=0, waiting=0, prompt_tokens=prompt, generation_tokens=gen))
+    assert b.speed.intervals == learned and b.load.speed == s  # idle: nothing learned

@@ -7,8 +7,9 @@ from __future__ import annotations
 from sagegate.core.distribution import LengthDistribution
 from sagegate.policies.admission import AdmissionConfig, BackendLoad, Charge
 from sagegate.policies.base import SchedRequest
+from sagegate.policies.engine_speed import EngineSpeed
 from sagegate.policies.placement import CacheView, build_profile
-from sagegate.policies.placement.forecast import EngineSpeed, Forecast
+from sagegate.policies.placement.forecast import Forecast
 from sagegate.policies.placement.profile import PlacementProfile
 
 CFG = AdmissionConfig(max_waiting=1000, max_waiting_tokens=10**9)
@@ -98,3 +99,12 @@ def test_the_engine_speed_sets_the_break_even() -> None:
 
 def test_it_is_named_in_a_profile() -> None:
     assert isinstance(build_profile({"prefix_hit": 1.0}, picker="forecast").picker, Forecast)
+
+
+def test_a_backends_learned_speed_stands_over_the_assumed_one() -> None:
+    """Two backends alike but for their speed as learned from their counters: the faster one."""
+    slow, fast = busy(10), busy(10)
+    slow.speed = EngineSpeed(prefill_s=1e-4, step_s=0.03, per_seq_s=0.0005)
+    assert place([slow, fast], view=None) == 1
+    fast.speed = EngineSpeed(prefill_s=2e-4, step_s=0.06, per_seq_s=0.001)
+    assert place([slow, fast], view=None) == 0

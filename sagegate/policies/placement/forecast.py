@@ -20,22 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sagegate.policies.engine_speed import EngineSpeed
 from sagegate.policies.placement.plugins import Candidates
-
-
-@dataclass(frozen=True)
-class EngineSpeed:
-    """How fast one engine goes, as the forecast reads it: a prefill token's time, and a decode
-    step's time at a batch of ``n`` (``step_s + per_seq_s · n``). The defaults are a Llama-3.1-8B on
-    an H100 as the simulator's engine model has it (``sim.perf``: prefill of 1-7k tokens, decode at
-    batches 1-64 of 4,000 tokens of context each, least squares)."""
-
-    prefill_s: float = 2.7e-5
-    step_s: float = 0.0062
-    per_seq_s: float = 0.00019
-
-    def decode_s(self, tokens: float, batch: int) -> float:
-        return tokens * (self.step_s + self.per_seq_s * batch)
 
 
 @dataclass(frozen=True)
@@ -43,6 +29,8 @@ class Forecast:
     """The backend where the request's last token is forecast soonest (module docstring)."""
 
     speed: EngineSpeed = field(default_factory=EngineSpeed)
+    """The engines' speed where a backend's own is not known (``BackendLoad.speed``: the gateway
+    learns each backend's from its counters, ``policies.engine_speed.SpeedFit``)."""
     copy_cost: float = 0.0
     """Extra prefill tokens charged for each uncached token another backend already holds."""
     wait: bool = True
@@ -59,16 +47,17 @@ class Forecast:
         prefill and its place in the batch add to the requests already there (``delay_others``)."""
         q = c.query
         load = q.loads[i]
+        speed = load.speed or self.speed
         cached = q.hits[i] if q.hits is not None else 0
         uncached = max(0, q.prompt_tokens - cached)
         copied = max(0, min(uncached, held_elsewhere - cached))
-        prefill = (uncached + self.copy_cost * copied) * self.speed.prefill_s
+        prefill = (uncached + self.copy_cost * copied) * speed.prefill_s
         out = _predicted_output(q.request)
         there = load.running + load.waiting + load.foreign_waiting
-        own = load.queued_prefill * self.speed.prefill_s + prefill + self.speed.decode_s(out, there + 1)
+        own = load.queued_prefill * speed.prefill_s + prefill + speed.decode_s(out, there + 1)
         if not self.delay_others:
             return own
-        others = prefill * there + out * self.speed.per_seq_s * load.running
+        others = prefill * there + out * speed.per_seq_s * load.running
         return own + others
 
     def pick(self, c: Candidates) -> int | None:
@@ -95,7 +84,8 @@ class Forecast:
         """Seconds until backend ``i`` takes the request: its backlog over the waiting bound drained,
         and enough of its running requests (the predicted shortest first) gone for the charge to fit."""
         q = c.query
-        load, cfg, speed = q.loads[i], q.cfg, self.speed
+        load, cfg = q.loads[i], q.cfg
+        speed = load.speed or self.speed
         backlog = load.queued_prefill + q.prompt_tokens - cached
         wait = max(0.0, backlog - cfg.max_waiting_tokens) * speed.prefill_s
         share = cfg.target if cfg.rule == "sum" else cfg.peak_target
