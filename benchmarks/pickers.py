@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sagegate.policies.placement.forecast import Forecast
 from sagegate.policies.placement.pickers import Incumbent
 from sagegate.policies.placement.plugins import Scorer
 from sagegate.policies.placement.scorers.least_held import LeastHeld
@@ -16,3 +17,11 @@ class SpreadByCache(Incumbent):
     that matches too little to its smallest tree; one cached somewhere goes there as before."""
 
     baseline: Scorer = field(default_factory=LeastHeld)
+
+
+@dataclass(frozen=True)
+class ForecastAssumedSpeed(Forecast):
+    """The ``forecast`` picker reading every backend at its assumed speed (a Llama-3.1-8B/H100 as the
+    engine model has it), not the speed learned from its counters: the A/B of the learning."""
+
+    learned: bool = False

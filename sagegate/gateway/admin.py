@@ -73,4 +73,16 @@ def _backend(b: Backend) -> dict[str, Any]:
         "prompt_share_samples": b.prompt_share.samples,
         "circuit_open": b.breaker.is_open,
         "kv_events": b.kv.state if b.kv is not None else None,
+        "speed": _speed(b),
+    }
+
+
+def _speed(b: Backend) -> dict[str, float]:
+    """Its speed as learned from its counters (``policies.engine_speed``), and from how many intervals."""
+    s = b.speed.speed
+    return {
+        "prefill_s_per_token": s.prefill_s,
+        "step_s": s.step_s,
+        "step_s_per_running": s.per_seq_s,
+        "intervals": b.speed.intervals,
     }

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sagegate.policies.admission import BackendLoad
 from sagegate.policies.engine_speed import EngineSpeed
 from sagegate.policies.placement.plugins import Candidates
 
@@ -31,6 +32,8 @@ class Forecast:
     speed: EngineSpeed = field(default_factory=EngineSpeed)
     """The engines' speed where a backend's own is not known (``BackendLoad.speed``: the gateway
     learns each backend's from its counters, ``policies.engine_speed.SpeedFit``)."""
+    learned: bool = True
+    """Read a backend's learned speed where it has one (False: ``speed`` for every backend)."""
     copy_cost: float = 0.0
     """Extra prefill tokens charged for each uncached token another backend already holds."""
     wait: bool = True
@@ -47,7 +50,7 @@ class Forecast:
         prefill and its place in the batch add to the requests already there (``delay_others``)."""
         q = c.query
         load = q.loads[i]
-        speed = load.speed or self.speed
+        speed = self.speed_of(load)
         cached = q.hits[i] if q.hits is not None else 0
         uncached = max(0, q.prompt_tokens - cached)
         copied = max(0, min(uncached, held_elsewhere - cached))
@@ -59,6 +62,9 @@ class Forecast:
             return own
         others = prefill * there + out * speed.per_seq_s * load.running
         return own + others
+
+    def speed_of(self, load: BackendLoad) -> EngineSpeed:
+        return load.speed if self.learned and load.speed is not None else self.speed
 
     def pick(self, c: Candidates) -> int | None:
         q = c.query
@@ -85,7 +91,7 @@ class Forecast:
         and enough of its running requests (the predicted shortest first) gone for the charge to fit."""
         q = c.query
         load, cfg = q.loads[i], q.cfg
-        speed = load.speed or self.speed
+        speed = self.speed_of(load)
         backlog = load.queued_prefill + q.prompt_tokens - cached
         wait = max(0.0, backlog - cfg.max_waiting_tokens) * speed.prefill_s
         share = cfg.target if cfg.rule == "sum" else cfg.peak_target
