@@ -17,9 +17,10 @@ Shapes (loads as utilisation of round robin's measured capacity on the same mix)
 Set-ups, every one on the same draws: ``router``: each request routed on arrival by
 ``router_model.CacheAwareRouter`` at engine level (vLLM alone behind it); ``default``: the gateway
 as shipped (``sagesched``, the ``prefix`` predictor, its admission, the default placement profile);
-``forecast``: the same with the ``forecast`` picker (``policies.placement.forecast``) at the engine
-speed the engine model has for the shape's model (``harness.simtwin.engine_speed``). No set-up sees
-an output length. Cells: ratios ÷ the router's TTLT mean and p99, TTFT p50, prefix hit rate, and
+``forecast``: the same with the ``forecast`` picker (``policies.placement.forecast``) as shipped (it
+assumes a Llama-3.1-8B/H100's speed); ``forecast, speed known``: told the speed the engine model has
+for the shape's model (``harness.simtwin.engine_speed``; the same for the shared shapes, which run
+that model). No set-up sees an output length. Cells: ratios ÷ the router's TTLT mean and p99, TTFT p50, prefix hit rate, and
 the preemptions of each.
 """
 
@@ -85,8 +86,13 @@ def run_cell(work: list[TraceRequest], model: str, gpu: str) -> dict[str, dict[s
     out: dict[str, dict[str, float]] = {}
     router = simulate_run(work, None, model=model, gpu=gpu, route=CacheAwareRouter())
     out["router"] = summarize(router.records)
-    forecast = PlacementProfile(picker=Forecast(speed=engine_speed(model, gpu)))
-    for name, profile in (("default", None), ("forecast", forecast)):
+    known = PlacementProfile(picker=Forecast(speed=engine_speed(model, gpu)))
+    profiles = (
+        ("default", None),
+        ("forecast", PlacementProfile(picker=Forecast())),
+        ("forecast, speed known", known),
+    )
+    for name, profile in profiles:
         res = simulate_run(
             work, "sagesched", model=model, gpu=gpu, predictor="prefix", placement="cache_aware",
             max_wait_s=1e9, profile=profile,
@@ -131,7 +137,7 @@ def main() -> None:
                     f"{base.get('prefix_hit_rate', 0.0):.3f} | {base['preemptions']:.0f} |",
                     flush=True,
                 )
-                for name in ("default", "forecast"):
+                for name in ("default", "forecast", "forecast, speed known"):
                     print(
                         f"| {shape} | {seed} | {util:.2f} | {name} | {cells(rows[name], base)} |", flush=True
                     )

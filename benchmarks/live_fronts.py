@@ -36,7 +36,7 @@ FRONTS = {
     "sg_spread": "sg_default whose new prefixes go to the emptiest cache (benchmarks.pickers): the A/B",
     "sg_stick": "sg_open whose placement scores the cached prefix alone: a warm backend is never left",
     "sg_forecast": "sg_default with the forecast picker (policies.placement.forecast), its admission kept",
-    "sg_forecast_assumed": "sg_forecast reading the assumed engine speed, not the learned (the A/B)",
+    "sg_forecast_learned": "sg_forecast reading each backend's learned speed, not the assumed (the A/B)",
 }
 """The fronts a run can put before the backends, by the name the scripts take."""
 OPEN_ENV = {
@@ -70,10 +70,10 @@ GATEWAYS = {
         {"SAGEGATE_PLACEMENT__PROFILE__PICKER": "benchmarks.pickers:SpreadByCache"},
     ),
     "sg_forecast": ("sagesched", "prefix", {"SAGEGATE_PLACEMENT__PROFILE__PICKER": "forecast"}),
-    "sg_forecast_assumed": (
+    "sg_forecast_learned": (
         "sagesched",
         "prefix",
-        {"SAGEGATE_PLACEMENT__PROFILE__PICKER": "benchmarks.pickers:ForecastAssumedSpeed"},
+        {"SAGEGATE_PLACEMENT__PROFILE__PICKER": "benchmarks.pickers:ForecastLearnedSpeed"},
     ),
 }
 """The gateway fronts: (policy, predictor, settings beside ``GATEWAY_ENV``). ``sg_default`` is the

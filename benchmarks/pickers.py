@@ -20,8 +20,8 @@ class SpreadByCache(Incumbent):
 
 
 @dataclass(frozen=True)
-class ForecastAssumedSpeed(Forecast):
-    """The ``forecast`` picker reading every backend at its assumed speed (a Llama-3.1-8B/H100 as the
-    engine model has it), not the speed learned from its counters: the A/B of the learning."""
+class ForecastLearnedSpeed(Forecast):
+    """The ``forecast`` picker reading each backend's speed as learned from its counters
+    (``policies.engine_speed``) instead of the assumed one: the A/B of the learning."""
 
-    learned: bool = False
+    learned: bool = True

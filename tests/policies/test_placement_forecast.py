@@ -101,10 +101,12 @@ def test_it_is_named_in_a_profile() -> None:
     assert isinstance(build_profile({"prefix_hit": 1.0}, picker="forecast").picker, Forecast)
 
 
-def test_a_backends_learned_speed_stands_over_the_assumed_one() -> None:
-    """Two backends alike but for their speed as learned from their counters: the faster one."""
+def test_a_backends_learned_speed_is_read_only_when_asked() -> None:
+    """Two backends alike but for their speed as learned from their counters: read (``learned``),
+    the faster one; by default every backend is read at the assumed speed (the first on the tie)."""
     slow, fast = busy(10), busy(10)
     slow.speed = EngineSpeed(prefill_s=1e-4, step_s=0.03, per_seq_s=0.0005)
-    assert place([slow, fast], view=None) == 1
-    fast.speed = EngineSpeed(prefill_s=2e-4, step_s=0.06, per_seq_s=0.001)
+    assert place([slow, fast], view=None, learned=True) == 1
     assert place([slow, fast], view=None) == 0
+    fast.speed = EngineSpeed(prefill_s=2e-4, step_s=0.06, per_seq_s=0.001)
+    assert place([slow, fast], view=None, learned=True) == 0

@@ -32,8 +32,11 @@ class Forecast:
     speed: EngineSpeed = field(default_factory=EngineSpeed)
     """The engines' speed where a backend's own is not known (``BackendLoad.speed``: the gateway
     learns each backend's from its counters, ``policies.engine_speed.SpeedFit``)."""
-    learned: bool = True
-    """Read a backend's learned speed where it has one (False: ``speed`` for every backend)."""
+    learned: bool = False
+    """Read a backend's speed as learned from its counters where it has one. Off: the linear fit
+    reads a prefill token at a quarter of its time alone (prefills share steps with decodes), which
+    makes recomputing a prefix look cheap; live on shared system prompts it cost 13% of TTLT against
+    the assumed speed (RESULTS.md, *Placement by forecast*)."""
     copy_cost: float = 0.0
     """Extra prefill tokens charged for each uncached token another backend already holds."""
     wait: bool = True
