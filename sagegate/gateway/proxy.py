@@ -120,7 +120,7 @@ class Proxy:
         (``continuous_usage_stats``): an answer that may be continued elsewhere must know how many
         tokens its text so far took, which is more than the chunks relayed when the engine holds a
         token back until its text is whole."""
-        return self.transcribes(req)
+        return self.settings.upstream.running_usage and self.transcribes(req)
 
     def pause_on(self, req: GatewayRequest) -> bool:
         """Whether ``req`` may be paused (``pause.enabled``, and it can be continued from its text)."""

@@ -34,6 +34,11 @@ class UpstreamSettings(BaseModel):
     force_usage: bool = True
     """Ask streaming backends for a usage chunk (hidden from clients that did not ask) to learn
     the exact output length."""
+    running_usage: bool = True
+    """Ask a stream that may be continued elsewhere for the running usage on every chunk
+    (``stream_options.continuous_usage_stats``, vLLM's and SGLang's; hidden from clients that did not
+    ask), so a continuation knows the tokens behind the text sent. Off for a backend that refuses the
+    field: tokens are then counted by chunks (low where the engine holds a token back)."""
     api_key: SecretStr | None = None
     """The key sent to every backend that names none of its own (``backends[].api_key``); a client's own
     ``Authorization`` (the gateway's key) is never forwarded."""

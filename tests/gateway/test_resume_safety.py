@@ -13,7 +13,7 @@ import pytest
 from sagegate.gateway.continuation import Transcript, unresumable
 from sagegate.gateway.openai_schema import Route
 from tests.gateway.test_pause_resume import MESSAGES, client, gateway, pauses, settled, sim_backend
-from tests.gateway_support import FakeBackend, ServerThread, wait_until
+from tests.gateway_support import FakeBackend, ServerThread, fleet, wait_until
 
 PLAIN = {"model": "m", "messages": MESSAGES}
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
@@ -102,3 +102,16 @@ def test_a_broken_stream_that_cannot_be_carried_ends_with_an_explicit_error(kind
             assert 0 < len(chunks) <= 10
             assert pauses(gw.url, "recovered") == 0
             wait_until(lambda: settled(gw), what="every reservation released")
+
+
+def test_a_stream_that_may_be_continued_asks_for_the_running_usage_unless_told_not_to() -> None:
+    """``upstream.running_usage`` (on): a resumable stream asks its backend for the running usage;
+    off (a backend that refuses the field), the body goes as the client sent it."""
+    body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
+    for on in (True, False):
+        with fleet({}, upstream={"running_usage": on}) as (fakes, url):
+            with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=30) as r:
+                text = b"".join(r.iter_bytes())
+            sent = fakes[0].state.bodies[-1].get("stream_options") or {}
+            assert sent.get("continuous_usage_stats", False) is on
+            assert b"usage" not in text  # the client asked for none
