@@ -249,8 +249,8 @@ class SimulatedBackend:
         if body.stream:
             opts = body.stream_options
             usage = opts is not None and opts.include_usage
-            running = usage and opts is not None and opts.continuous_usage_stats
-            return StreamingResponse(self._sse(stream, shape, usage, running), media_type="text/event-stream")
+            shape.running = usage and opts is not None and opts.continuous_usage_stats
+            return StreamingResponse(self._sse(stream, shape, usage), media_type="text/event-stream")
         collect = asyncio.ensure_future(_drain(stream))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
@@ -267,16 +267,8 @@ class SimulatedBackend:
         """What usage reports as the prompt's cached tokens (None: not reported, vLLM's default)."""
         return stream.req.cached_tokens if self.settings.prompt_tokens_details else None
 
-    async def _sse(
-        self, stream: Stream, shape: ResponseShape, usage: bool, running: bool = False
-    ) -> AsyncIterator[bytes]:
-        """Server-sent events, one chunk per token, written when the step that made it ends
-        (``running``: each with the usage so far)."""
-
-        def chunk(text: str | None, finish: str | None, n: int) -> bytes:
-            body = shape.chunk(text, finish)
-            return json_event(shape.with_usage(body, n) if running else body)
-
+    async def _sse(self, stream: Stream, shape: ResponseShape, usage: bool) -> AsyncIterator[bytes]:
+        """Server-sent events, one chunk per token, written when the step that made it ends."""
         try:
             sent = 0
             done = False
@@ -287,7 +279,7 @@ class SimulatedBackend:
                 # Chat opens with a role chunk, sent with the first token (as vLLM does) so that a
                 # client timing its first chunk measures the time to first token.
                 opening = shape.chat and sent == 0 and items[0] is not None
-                parts = [chunk(None, None, 0)] if opening else []
+                parts = [json_event(shape.chunk(None, None))] if opening else []
                 for item in items:
                     if item is None:
                         done = True
@@ -296,7 +288,7 @@ class SimulatedBackend:
                         sent += 1
                         last = sent >= stream.req.output_tokens
                         word = filler_word(shape.written + sent - 1)
-                        parts.append(chunk(word, "length" if last else None, sent))
+                        parts.append(json_event(shape.chunk(word, "length" if last else None, sent)))
                 if parts:
                     yield b"".join(parts)
             if not stream.finished:

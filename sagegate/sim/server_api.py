@@ -143,6 +143,8 @@ class ResponseShape:
         """Tokens of this response the prompt already holds (a continuation): the text goes on from them."""
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
+        self.running = False
+        """Every token chunk carries the usage so far (``stream_options.continuous_usage_stats``)."""
 
     def _usage(self, completion_tokens: int, cached: int | None) -> dict[str, Any]:
         p = self.prompt_tokens
@@ -170,8 +172,9 @@ class ResponseShape:
         body.update(choices=[choice], usage=self._usage(n, cached))
         return body
 
-    def chunk(self, text: str | None, finish: str | None) -> dict[str, Any]:
-        """A token chunk; for chat, ``text=None`` is the opening chunk that names the role."""
+    def chunk(self, text: str | None, finish: str | None, sent: int = 0) -> dict[str, Any]:
+        """A token chunk, the ``sent``-th; for chat, ``text=None`` is the opening chunk that names the
+        role. With :attr:`running` it carries the usage so far (``continuous_usage_stats``)."""
         if self.chat:
             delta = {"role": "assistant", "content": ""} if text is None else {"content": text}
             choice: dict[str, Any] = {"index": 0, "delta": delta}
@@ -181,12 +184,9 @@ class ResponseShape:
             body = self._head("text_completion")
         choice.update(logprobs=None, finish_reason=finish)
         body["choices"] = [choice]
+        if self.running:
+            body["usage"] = self._usage(sent, None)
         return body
-
-    def with_usage(self, chunk: dict[str, Any], n: int) -> dict[str, Any]:
-        """``chunk`` carrying the running usage after ``n`` tokens (``continuous_usage_stats``)."""
-        chunk["usage"] = self._usage(n, None)
-        return chunk
 
     def usage_chunk(self, n: int, cached: int | None = None) -> dict[str, Any]:
         body = self._head("chat.completion.chunk" if self.chat else "text_completion")

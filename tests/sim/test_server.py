@@ -151,6 +151,20 @@ def test_openai_chat_streaming_with_usage(client: openai.OpenAI) -> None:
     assert chunks[-1].usage.prompt_tokens == count_tokens(flatten_messages(CHAT))
 
 
+def test_a_stream_asked_for_the_running_usage_carries_it_on_every_chunk(client: openai.OpenAI) -> None:
+    """vLLM's ``continuous_usage_stats``: the role chunk at 0 tokens, each token chunk the count so
+    far, then the final usage."""
+    stream = client.chat.completions.create(
+        model=SERVED,
+        messages=CHAT,
+        max_completion_tokens=5,
+        stream=True,
+        extra_body={"stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+    )
+    counts = [c.usage.completion_tokens for c in stream if c.usage is not None]
+    assert counts == [0, 1, 2, 3, 4, 5, 5]
+
+
 def test_default_max_tokens_is_16(client: openai.OpenAI) -> None:
     out = client.completions.create(model=SERVED, prompt="hello")
     assert out.usage is not None and out.usage.completion_tokens == 16
