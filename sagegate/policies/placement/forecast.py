@@ -1,19 +1,22 @@
-"""The ``forecast`` picker: the backend where the request's last token is forecast soonest (issue 64,
-first step; opt-in while it is measured).
+"""The ``forecast`` picker: the backend where the request finishes soonest, counting what it costs
+the requests already there (issue 64; opt-in while it is measured, docs/placement.md).
 
-For each backend the filters keep (its cached prompt counted), the request's time to its last token
-there is forecast from what the gateway already knows, in seconds of an engine of one speed
-(:class:`EngineSpeed`):
+For each backend the filters keep (its cached prompt counted), in seconds of an engine of one speed
+(:class:`~sagegate.policies.engine_speed.EngineSpeed`):
 
-* its first token after the prefill queued ahead of it there (``queued_prefill``: uncached prompt
-  tokens waiting) and its own uncached tokens (prompt less what the prefix index predicts cached);
-* its decode at the batch it joins (the requests running and waiting there, itself included), for
-  its predicted mean output.
+* the request's own time to its last token: the prefill queued ahead of it (``queued_prefill``), its
+  own uncached tokens (prompt less what the prefix index predicts cached there), and its predicted
+  mean output at the batch it joins (the requests running and waiting there, itself included);
+* what it costs the others there (``delay_others``): its prefill lengthens the steps of each of
+  them, and its place in the batch slows each running one's. At full load this is what recomputing a
+  shared prefix elsewhere really costs, and what keeps a follower with its prefix (vllm-router's
+  balance rule encodes about the same);
+* a backend that cannot take it now (memory, waiting bound) is weighed with the wait for it too
+  (``wait``); if it still forecasts soonest the request waits for it (the picker answers None).
 
-Recomputing a prefix another backend holds also leaves a second copy of it, which crowds that
-cache: ``copy_cost`` charges each uncached token that some other backend holds as that many more
-prefill tokens (0 prices the request alone). The lowest forecast wins, the first on ties. Pure and
-O(backends), as every plugin.
+The lowest forecast wins, the first on ties. Every term is linear in the speed, so only the ratios
+of its three numbers change a choice. Pure and O(backends) but for the wait, which sorts one
+backend's requests in flight.
 """
 
 from __future__ import annotations
