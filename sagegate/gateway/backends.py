@@ -115,6 +115,8 @@ class Backend:
         self._snapshot: list[Any] = []
         self.scraped_waiting = 0
         self.scraped_tokens = 0
+        self.others_running = 0
+        """Running requests the last scrape counted beyond ours (other clients', other replicas')."""
         self.pending_tokens = 0
         self.mean_prompt = 512.0
         """Running mean of the prompts sent here: the guess for waiting requests that are not ours."""
@@ -200,6 +202,7 @@ class Backend:
         self.inflight -= 1
         self.held_prompt -= prompt_tokens
         self.held_generated -= generated
+        self._refresh()
 
     def scrape_begins(self) -> None:
         """From now on the scrape accounts for what was sent so far."""
@@ -228,7 +231,7 @@ class Backend:
             tokens += round(self.mean_prompt * (m.waiting - len(ours)))
         self.scraped_waiting = m.waiting
         self.scraped_tokens = tokens
-        self.load.running = m.running
+        self.others_running = max(0, m.running - self.own_running)
         if m.prefix_queries:
             self.load.prefix_hit_ratio = (m.prefix_hits or 0.0) / m.prefix_queries
         self.kv_usage = m.kv_usage
@@ -265,7 +268,13 @@ class Backend:
         self.speed.observe(now - t0, max(0.0, prefilled), max(0.0, generated), batch)
         self.load.speed = self.speed.speed
 
+    @property
+    def own_running(self) -> int:
+        """Ours that have produced a byte and not ended: running there now, by our own count."""
+        return self.inflight - len(self.unstarted)
+
     def _refresh(self) -> None:
+        self.load.running = self.own_running + self.others_running
         self.load.waiting = self.scraped_waiting + len(self.pending) + len(self.in_scrape)
         self.load.waiting_tokens = (
             max(0, self.scraped_tokens) + self.pending_tokens + sum(self.in_scrape.values())

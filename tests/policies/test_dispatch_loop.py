@@ -27,7 +27,15 @@ from sagegate.policies.admission import RULES, AdmissionConfig, BackendLoad
 from sagegate.policies.base import GATEWAY
 from sagegate.policies.dispatch_loop import Decision, DecisionKind
 from sagegate.policies.pause import PauseConfig
-from sagegate.policies.placement import CACHE_AWARE, LEAST_LOADED, PLACEMENTS, Placement
+from sagegate.policies.placement import (
+    CACHE_AWARE,
+    DEFAULT_PROFILE,
+    LEAST_LOADED,
+    PLACEMENTS,
+    Placement,
+    PlacementProfile,
+)
+from sagegate.policies.placement.forecast import Forecast
 from sagegate.policies.registry import names, parse_policy
 from sagegate.sim.engine import EngineRequest
 from sagegate.sim.engine_request import ABORTED, RUNNING
@@ -216,6 +224,26 @@ def test_gateway_and_simulator_decide_alike(
     play(policy_name, cfg, capacities, script, None, placement)
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    st.sampled_from(["sagesched", "fcfs", "sagesched:buckets=4"]),
+    admissions,
+    st.lists(st.integers(100, 2500), min_size=1, max_size=4),
+    st.lists(st.tuples(events, st.floats(0.0, 2.0)), min_size=15, max_size=80),
+    st.sampled_from(PLACEMENTS),
+)
+def test_gateway_and_simulator_decide_alike_by_forecast(
+    policy_name: str,
+    cfg: AdmissionConfig,
+    capacities: list[int],
+    script: list[tuple[Event, float]],
+    placement: str,
+) -> None:
+    """The ``forecast`` picker reads the backends' running and waiting requests too: both drivers
+    count them alike (the gateway its own started requests, the simulator its engines')."""
+    play(policy_name, cfg, capacities, script, None, placement, PlacementProfile(picker=Forecast()))
+
+
 pauses = st.builds(
     PauseConfig,
     enabled=st.just(True),
@@ -292,6 +320,7 @@ def play(
     script: list[tuple[Event, float]],
     pause: PauseConfig | None,
     placement: str = LEAST_LOADED,
+    profile: PlacementProfile = DEFAULT_PROFILE,
 ) -> list[Decision[GatewayRequest]]:
     """Play ``script`` to both drivers, checking after every event; returns the gateway's decisions."""
     out: list[Decision[GatewayRequest]] = []
@@ -320,6 +349,7 @@ def play(
             clock=lambda: clock[0],
             pause=pause,
             locality=locality,
+            placement=profile,
         )
         glog = out
         d.dispatch_loop.log = glog
@@ -349,6 +379,7 @@ def play(
             pause=pause,
             evict=evict,
             placement=placement,
+            profile=profile,
             block_size=16,
         )
         slog: list[Decision[EngineRequest]] = []
