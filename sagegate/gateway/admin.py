@@ -79,10 +79,10 @@ def _backend(b: Backend) -> dict[str, Any]:
 
 def _speed(b: Backend) -> dict[str, float]:
     """Its speed as learned from its counters (``policies.engine_speed``), and from how many intervals."""
-    s = b.speed.speed
+    s = b.speed.fit.speed
     return {
         "prefill_s_per_token": s.prefill_s,
         "step_s": s.step_s,
         "step_s_per_running": s.per_seq_s,
-        "intervals": b.speed.intervals,
+        "intervals": b.speed.fit.intervals,
     }

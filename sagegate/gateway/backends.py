@@ -21,7 +21,7 @@ import httpx
 
 from sagegate.gateway.metrics import RateLimitedLog
 from sagegate.gateway.redact import redact_url
-from sagegate.gateway.scrape import EngineMetrics, parse_metrics, restarted
+from sagegate.gateway.scrape import EngineMetrics, SpeedFromScrapes, parse_metrics, restarted
 from sagegate.gateway.settings import BackendSettings, GatewaySettings, HealthSettings
 from sagegate.gateway.upstream import Upstream
 from sagegate.policies.admission import BackendLoad
@@ -132,10 +132,9 @@ class Backend:
         """The prompt blocks predicted cached here (``gateway.locality``), bounded by the capacity."""
         self.kv: KVEventFollower | None = None
         """Its KV-cache events, when it publishes them (``gateway.kv_events``: the exact index)."""
-        self.speed = SpeedFit(EngineSpeed())
-        """Its speed, learned from its counters between scrapes (what ``forecast`` placement reads)."""
+        self.speed = SpeedFromScrapes(SpeedFit(EngineSpeed()))
+        """Its speed, learned from its counters between scrapes (``forecast`` placement may read it)."""
         self._clock = clock
-        self._last_scrape: tuple[float, EngineMetrics] | None = None
 
     @property
     def healthy(self) -> bool:
@@ -219,8 +218,9 @@ class Backend:
         beyond ours (other clients') count as the running mean prompt sent here."""
         if restarted(self.metrics, m):
             self.forget_cache()
-            self._last_scrape = None
-        self._learn_speed(m)
+            self.speed.restarted()
+        if self.speed.scraped(self._clock(), m):
+            self.load.speed = self.speed.fit.speed
         self.metrics = m
         self.in_scrape.clear()
         still = [rid for rid in self._snapshot if rid in self.unstarted]
@@ -250,23 +250,6 @@ class Backend:
             kv_tokens = m.kv_usage * m.capacity_tokens
             self.prompt_share.observe(kv_tokens, generated, running_prompt, m.capacity_tokens)
         self._refresh()
-
-    def _learn_speed(self, m: EngineMetrics) -> None:
-        """One more interval for :attr:`speed`, if the engine was busy throughout it (requests running or
-        waiting at both ends): the prompt tokens it computed, the tokens it generated."""
-        now = self._clock()
-        last, self._last_scrape = self._last_scrape, (now, m)
-        if last is None or m.generation_tokens is None or m.prompt_tokens is None:
-            return
-        t0, m0 = last
-        if not (m0.running or m0.waiting) or not (m.running or m.waiting):
-            return
-        generated = m.generation_tokens - (m0.generation_tokens or 0.0)
-        hits = (m.prefix_hits or 0.0) - (m0.prefix_hits or 0.0)
-        prefilled = m.prompt_tokens - (m0.prompt_tokens or 0.0) - hits
-        batch = max(1.0, (m0.running + m.running) / 2)
-        self.speed.observe(now - t0, max(0.0, prefilled), max(0.0, generated), batch)
-        self.load.speed = self.speed.speed
 
     @property
     def own_running(self) -> int:

@@ -10,6 +10,8 @@ import contextlib
 import re
 from dataclasses import dataclass
 
+from sagegate.policies.engine_speed import SpeedFit
+
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
@@ -102,3 +104,34 @@ def restarted(before: EngineMetrics | None, after: EngineMetrics) -> bool:
         (float(before.preemptions), float(after.preemptions)),
     )
     return any(a is not None and b is not None and b < a for a, b in pairs)
+
+
+class SpeedFromScrapes:
+    """An engine's speed learned from its counters (``policies.engine_speed.SpeedFit``): each interval
+    between two scrapes in which it was busy throughout (requests running or waiting at both ends)
+    gives the prompt tokens it computed and the tokens it generated, at its mean running batch."""
+
+    __slots__ = ("_last", "fit")
+
+    def __init__(self, fit: SpeedFit) -> None:
+        self.fit = fit
+        self._last: tuple[float, EngineMetrics] | None = None
+
+    def restarted(self) -> None:
+        """Its counters started again: the next scrape opens no interval."""
+        self._last = None
+
+    def scraped(self, now: float, m: EngineMetrics) -> bool:
+        """A scrape at ``now``; whether it closed a busy interval the fit learned from."""
+        last, self._last = self._last, (now, m)
+        if last is None or m.generation_tokens is None or m.prompt_tokens is None:
+            return False
+        t0, m0 = last
+        if not (m0.running or m0.waiting) or not (m.running or m.waiting):
+            return False
+        generated = m.generation_tokens - (m0.generation_tokens or 0.0)
+        hits = (m.prefix_hits or 0.0) - (m0.prefix_hits or 0.0)
+        prefilled = m.prompt_tokens - (m0.prompt_tokens or 0.0) - hits
+        batch = max(1.0, (m0.running + m.running) / 2)
+        self.fit.observe(now - t0, max(0.0, prefilled), max(0.0, generated), batch)
+        return True

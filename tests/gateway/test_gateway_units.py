@@ -512,8 +512,8 @@ def test_a_backend_learns_its_speed_from_the_counters_of_busy_intervals() -> Non
     assert s is not None
     forecast = 2000 * s.prefill_s + 10 * (s.step_s + 20 * s.per_seq_s)
     assert abs(forecast / 0.3 - 1) < 0.05
-    learned = b.speed.intervals
+    learned = b.speed.fit.intervals
     b.scraped(EngineMetrics(running=0, waiting=0, prompt_tokens=prompt, generation_tokens=gen))
     now[0] += 5.0
     b.scraped(EngineMetrics(running=0, waiting=0, prompt_tokens=prompt, generation_tokens=gen))
-    assert b.speed.intervals == learned and b.load.speed == s  # idle: nothing learned
+    assert b.speed.fit.intervals == learned and b.load.speed == s  # idle: nothing learned

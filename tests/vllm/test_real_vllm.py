@@ -228,9 +228,10 @@ def test_a_stream_whose_engine_dies_goes_on_from_another_engine(small: Engine, r
     (vLLM's ``continue_final_message`` after the text the client has), and the client sees one answer
     of the length it asked for, its ``completion_tokens`` an unbroken run's: the tokens behind the
     text relayed are vLLM's running count, not the chunks (vLLM sends no chunk for a token whose text
-    is not yet whole). It asks for 800 tokens, so that the engine is still generating when the client
-    has read 30 (the gateway reads ahead of the client: a 200-token answer could be all read by then,
-    and nothing was left to resume). Three runs, each killed at another point."""
+    is not yet whole). It asks for 800 tokens and the engine is killed once the client has read a few
+    chunks (3, 8 or 13), so that it is still generating (the gateway reads ahead of the client: killed
+    at 21 or 47 chunks, the tiny model had sometimes finished, and nothing was left to resume). Three
+    runs, each killed at another point."""
     question = [{"role": "user", "content": "Name every station from Geneva to St. Gallen."}]
     whole = httpx.post(
         small.url + "/v1/chat/completions",
@@ -254,7 +255,7 @@ def test_a_stream_whose_engine_dies_goes_on_from_another_engine(small: Engine, r
             assert raw.headers["x-sagegate-backend"] == "backend-0"
             text, before_kill, finish, usage = [], 0, None, None
             for i, chunk in enumerate(raw.parse()):
-                if i == 12 + 9 * run:
+                if i == 3 + 5 * run:
                     before_kill = len(text)
                     os.kill(doomed.proc.pid, signal.SIGKILL)
                 if chunk.choices:
