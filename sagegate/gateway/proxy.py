@@ -225,15 +225,9 @@ class Proxy:
         if stream and not req.stream:
             body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         elif req.stream and up.force_usage and not req.want_usage:
-            opts = body.get("stream_options")
-            body = {
-                **body,
-                "stream_options": {**(opts if isinstance(opts, dict) else {}), "include_usage": True},
-            }
+            body = _with_stream_options(body, include_usage=True)
         if stream and self.counts_running(req):
-            opts = body.get("stream_options")
-            running = {"include_usage": True, "continuous_usage_stats": True}
-            body = {**body, "stream_options": {**(opts if isinstance(opts, dict) else {}), **running}}
+            body = _with_stream_options(body, include_usage=True, continuous_usage_stats=True)
         if up.rank_priority:
             rank = self.dispatcher.policy.engine_rank(req)
             body = {**body, "priority": engine_priority(rank, req.priority)}  # the band first
@@ -320,6 +314,12 @@ async def _head_of_body(resp: httpx.Response) -> bytes:
     finally:
         await close_quietly(resp)
     return b"".join(parts)
+
+
+def _with_stream_options(body: dict[str, Any], **options: bool) -> dict[str, Any]:
+    """``body`` with ``options`` set in its ``stream_options`` (the client's others kept)."""
+    opts = body.get("stream_options")
+    return {**body, "stream_options": {**(opts if isinstance(opts, dict) else {}), **options}}
 
 
 def _asked_running(body: dict[str, Any]) -> bool:

@@ -63,8 +63,11 @@ class LocalCounts:
         """``slot``'s lease given back and, if it still held it, ``refund`` tokens of the charge made
         in ``minute`` (a negative refund: an overrun, charged now)."""
         t = self._tenants.get(tenant)
+        if t is None:
+            return
         now = self.clock() if now is None else now
-        if t is None or self._lapse(t, now) or t.slots.pop(slot, None) is None:
+        self._lapse(t, now)
+        if t.slots.pop(slot, None) is None:
             return
         current = math.floor(now / WINDOW_S)
         self._forget_old(t, current)

@@ -174,9 +174,9 @@ class RateLimiter:
             parsed = LimitsFile.model_validate(raw)
         except Exception as exc:
             raise LimitsFileError(f"rate_limits.file {path}: {exc}") from None
-        default, tenants, keys = self._base
-        keys = dict(parsed.api_keys if parsed.api_keys is not None else keys)
-        if not keys and (self.api_keys or self._base[2]) and not parsed.open:
+        default, tenants, base_keys = self._base
+        keys = dict(parsed.api_keys if parsed.api_keys is not None else base_keys)
+        if not keys and (self.api_keys or base_keys) and not parsed.open:
             raise LimitsFileError(
                 f"rate_limits.file {path} would remove every API key; write open: true to mean it"
             )
@@ -219,7 +219,6 @@ class RateLimiter:
                 # the call may still run once Redis answers: its lease is given back then
                 self.unsettled.append(_Unsettled(tenant, slot, 0, -1, self._moot_at()))
                 self._keep_going()
-                slot = f"{self.replica}:{next(self._seq)}"
         if not shared:
             refused, minute = self.local.acquire(
                 tenant, limits, prompt_tokens, charge, slot, self.settings.lease_s

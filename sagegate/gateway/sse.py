@@ -80,11 +80,12 @@ class SseScanner:
                 self.done = True
             elif payload is not None:
                 n += 1
-                if _has_usage(payload) and not self._counts(payload):
-                    n -= 1  # a usage-only event is not a token
-                    keep = None if self.strip_usage else event
-                elif _has_usage(payload) and self.strip_running:
-                    keep = running_usage(event, True)[0]
+                if _has_usage(payload):
+                    if not self._counts(payload):
+                        n -= 1  # a usage-only event is not a token
+                        keep = None if self.strip_usage else event
+                    elif self.strip_running:
+                        keep = running_usage(event, True)[0]
             if keep is not event and kept_events is None:
                 kept_events = evs[:i]
             if kept_events is not None and keep is not None:

@@ -494,6 +494,12 @@ def _chunks(rid: str, created: int, *deltas: dict[str, Any]) -> bytes:
     )
 
 
+def _usage_event(prompt: int, completion: int) -> bytes:
+    """A resumed try's (``id`` y) final usage event."""
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion}
+    return _sse({"id": "y", "created": 2, "model": "m", "choices": [], "usage": usage})
+
+
 def test_a_continuation_carries_the_text_and_the_rest_of_the_caps() -> None:
     chat = Transcript(
         "chat", {"model": "m", "messages": MESSAGES, "max_completion_tokens": 50, "min_tokens": 3}
@@ -506,14 +512,7 @@ def test_a_continuation_carries_the_text_and_the_rest_of_the_caps() -> None:
     assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
     assert body["max_completion_tokens"] == 48 and body["min_tokens"] == 1
     chat.resumed(4)
-    usage = {
-        "id": "y",
-        "created": 2,
-        "model": "m",
-        "choices": [],
-        "usage": {"prompt_tokens": 12, "completion_tokens": 1},
-    }
-    again = chat.relay(_chunks("y", 2, role, {"content": " c"}) + _sse(usage) + b"data: [DONE]\n\n")
+    again = chat.relay(_chunks("y", 2, role, {"content": " c"}) + _usage_event(12, 1) + b"data: [DONE]\n\n")
     assert again.count(b'"id":"x"') == 2 and b'"role"' not in again and b"[DONE]" in again
     assert chat.usage == {"prompt_tokens": 8, "completion_tokens": 3, "total_tokens": 11}
     done = Transcript("completions", {"model": "m", "prompt": ["p"]})
@@ -541,14 +540,7 @@ def test_tokens_an_engine_held_back_are_counted_by_its_own_running_usage() -> No
     chat.counted(3)
     assert chat.continuation()["max_tokens"] == 47
     chat.resumed(4)
-    usage = {
-        "id": "y",
-        "created": 2,
-        "model": "m",
-        "choices": [],
-        "usage": {"prompt_tokens": 12, "completion_tokens": 5},
-    }
-    chat.relay(_chunks("y", 2, role, {"content": " c"}, {"content": " d"}) + _sse(usage))
+    chat.relay(_chunks("y", 2, role, {"content": " c"}, {"content": " d"}) + _usage_event(12, 5))
     assert chat.usage is not None and chat.usage["completion_tokens"] == 8  # 3 + the second's 5
 
 

@@ -40,8 +40,6 @@ class Forecast:
     reads a prefill token at a quarter of its time alone (prefills share steps with decodes), which
     makes recomputing a prefix look cheap; live on shared system prompts it cost 13% of TTLT against
     the assumed speed (RESULTS.md, *Placement by forecast*)."""
-    copy_cost: float = 0.0
-    """Extra prefill tokens charged for each uncached token another backend already holds."""
     wait: bool = True
     """Weigh a backend that cannot take the request now (its memory or its waiting bound) by the
     forecast plus the wait for it; if it still forecasts soonest, the request waits for it (the
@@ -51,16 +49,14 @@ class Forecast:
     them by its length (a step that prefills is a longer step), and its place in the batch slows each
     running one's steps. At full load this is what recomputing a shared prefix really costs."""
 
-    def forecast(self, c: Candidates, i: int, held_elsewhere: int) -> float:
+    def forecast(self, c: Candidates, i: int) -> float:
         """Seconds: the request's own time to its last token on backend ``i``, plus the time its
         prefill and its place in the batch add to the requests already there (``delay_others``)."""
         q = c.query
         load = q.loads[i]
         speed = self.speed_of(load)
         cached = q.hits[i] if q.hits is not None else 0
-        uncached = max(0, q.prompt_tokens - cached)
-        copied = max(0, min(uncached, held_elsewhere - cached))
-        prefill = (uncached + self.copy_cost * copied) * speed.prefill_s
+        prefill = max(0, q.prompt_tokens - cached) * speed.prefill_s
         out = _predicted_output(q.request)
         there = load.running + load.waiting + load.foreign_waiting
         own = load.queued_prefill * speed.prefill_s + prefill + speed.decode_s(out, there + 1)
@@ -75,7 +71,6 @@ class Forecast:
     def pick(self, c: Candidates) -> int | None:
         q = c.query
         hits = q.hits
-        most = max(hits) if hits is not None else 0
         best: int | None = None
         best_t = float("inf")
         best_now = False
@@ -83,9 +78,9 @@ class Forecast:
             load = q.loads[i]
             cached = hits[i] if hits is not None else 0
             if c.kept(i, cached if cached > 0 else None):
-                t, now = self.forecast(c, i, most), True
+                t, now = self.forecast(c, i), True
             elif self.wait and load.healthy and (q.allowed is None or q.allowed[i]):
-                t, now = self.forecast(c, i, most) + self.wait_s(c, i, cached), False
+                t, now = self.forecast(c, i) + self.wait_s(c, i, cached), False
             else:
                 continue
             if t < best_t:
