@@ -31,13 +31,17 @@ pytestmark = [
 ]
 
 KEY = "sk-real-vllm"
+ENGINE_CORE = "1"
+"""Every engine's busy worker threads on one core: bound to both (vLLM's default), two idle engines
+starved their API servers of the CPU, which then streamed a whole answer in a few late chunks and
+saw a client's abort only after the answer had ended (CI, and here under load)."""
 ADMIN = {"authorization": "Bearer admin-secret"}
 SYSTEM = "You are the timetable assistant of a railway; answer briefly and exactly. " * 60  # ~1k tokens
 
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Engine]:
-    with vllm_engine(api_key=KEY, kv_events=True) as e:
+    with vllm_engine(api_key=KEY, kv_events=True, cpus=ENGINE_CORE) as e:
         yield e
 
 
@@ -48,7 +52,7 @@ SMALL_BLOCKS = 24
 @pytest.fixture(scope="module")
 def small() -> Iterator[Engine]:
     """24 blocks, no key."""
-    with vllm_engine(blocks=SMALL_BLOCKS, max_model_len=2048, kv_events=True) as e:
+    with vllm_engine(blocks=SMALL_BLOCKS, max_model_len=2048, kv_events=True, cpus=ENGINE_CORE) as e:
         yield e
 
 
@@ -238,7 +242,7 @@ def test_a_stream_whose_engine_dies_goes_on_from_another_engine(small: Engine, r
         json={"model": MODEL_NAME, "messages": question, "max_tokens": 800, "ignore_eos": True},
         timeout=300,
     ).json()["usage"]["completion_tokens"]
-    with vllm_engine(blocks=64, max_model_len=2048) as doomed:
+    with vllm_engine(blocks=64, max_model_len=2048, cpus=ENGINE_CORE) as doomed:
         settings = settings_for([doomed.url, small.url])
         with ServerThread(create_app(settings)) as gw:
             wait_until(
@@ -275,7 +279,7 @@ def test_a_stream_whose_engine_dies_goes_on_from_another_engine(small: Engine, r
 def one_at_a_time() -> Iterator[Engine]:
     """vLLM's priority scheduler running one sequence at a time, alone on core 1 (its API server on
     core 0: a busy engine thread on a shared core delayed arrivals enough to reorder them)."""
-    with vllm_engine(scheduling_policy="priority", max_num_seqs=1, cpus="1") as e:
+    with vllm_engine(scheduling_policy="priority", max_num_seqs=1, cpus=ENGINE_CORE) as e:
         e.pin({0}, {1})
         yield e
 
