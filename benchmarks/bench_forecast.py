@@ -1,5 +1,5 @@
-"""The ``forecast`` placement against a model of vllm-router ``cache_aware`` and the gateway's default
-profile, in the simulator, on three traffic shapes (issue 64: placement that never loses to a
+"""The ``forecast`` placement (the default) against a model of vllm-router ``cache_aware`` and the
+cache-aware score rule it replaced (``incumbent``), in the simulator, on three traffic shapes (issue 64: placement that never loses to a
 cache-aware router).
 
     .venv/bin/python -m benchmarks bench_forecast [--shapes shared,task,chat] [--seeds 0,1,2]
@@ -15,20 +15,22 @@ Shapes (loads as utilisation of round robin's measured capacity on the same mix)
   engines), windows of ``--chat-minutes``; its loads are ``--chat-loads``.
 
 Set-ups, every one on the same draws: ``router``: each request routed on arrival by
-``router_model.CacheAwareRouter`` at engine level (vLLM alone behind it); ``default``: the gateway
-as shipped (``sagesched``, the ``prefix`` predictor, its admission, the default placement profile);
-``forecast``: the same with the ``forecast`` picker (``policies.placement.forecast``) as shipped (it
-assumes a Llama-3.1-8B/H100's speed); ``forecast, speed known``: told the speed the engine model has
-for the shape's model (``harness.simtwin.engine_speed``; the same for the shared shapes, which run
-that model). No set-up sees an output length. Cells: ratios ÷ the router's TTLT mean and p99, TTFT p50, prefix hit rate, and
-the preemptions of each.
+``router_model.CacheAwareRouter`` at engine level (vLLM alone behind it); ``incumbent``: the gateway
+(``sagesched``, the ``prefix`` predictor, its admission) with the cache-aware score rule
+(``INCUMBENT_PROFILE``); ``forecast (default)``: the gateway as shipped, the ``forecast`` picker
+(``policies.placement.forecast``; it assumes a Llama-3.1-8B/H100's speed); ``forecast, speed
+known``: told the speed the engine model has for the shape's model (``harness.simtwin.engine_speed``;
+the same for the shared shapes, which run that model); ``forecast, predictor X`` (``--predictors``):
+the default with predictor X in place of ``prefix`` (``oracle`` is handed the answer key: the bound).
+No other set-up sees an output length. Cells: ratios ÷ the router's TTLT mean and p99, TTFT p50,
+prefix hit rate, and the preemptions of each.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -78,24 +80,33 @@ def draws(
     return work, utilisation(work, cap), *SHARED
 
 
-def run_cell(work: list[TraceRequest], model: str, gpu: str) -> dict[str, dict[str, float]]:
+def run_cell(
+    work: list[TraceRequest], model: str, gpu: str, predictors: Sequence[str] = ()
+) -> dict[str, dict[str, float]]:
+    """The router model and every set-up on ``work``; ``predictors``: the default again with each of
+    these predictors in place of ``prefix`` (``oracle``: handed the answer key, the bound)."""
+    from sagegate.core.request import answer_key
     from sagegate.harness.simtwin import engine_speed, simulate_run
     from sagegate.policies.placement.forecast import Forecast
-    from sagegate.policies.placement.profile import PlacementProfile
+    from sagegate.policies.placement.profile import INCUMBENT_PROFILE, PlacementProfile
+    from sagegate.predictor.factory import make_predictor
 
     out: dict[str, dict[str, float]] = {}
     router = simulate_run(work, None, model=model, gpu=gpu, route=CacheAwareRouter())
     out["router"] = summarize(router.records)
     known = PlacementProfile(picker=Forecast(speed=engine_speed(model, gpu)))
-    profiles = (
-        ("default", None),
-        ("forecast", PlacementProfile(picker=Forecast())),
-        ("forecast, speed known", known),
-    )
-    for name, profile in profiles:
+    setups: list[tuple[str, PlacementProfile | None, str]] = [
+        ("incumbent", INCUMBENT_PROFILE, "prefix"),
+        ("forecast (default)", None, "prefix"),
+        ("forecast, speed known", known, "prefix"),
+    ]
+    setups += [(f"forecast, predictor {p}", None, p) for p in predictors]
+    for name, profile, predictor in setups:
+        override = make_predictor("oracle", truth=answer_key(work)) if predictor == "oracle" else None
         res = simulate_run(
-            work, "sagesched", model=model, gpu=gpu, predictor="prefix", placement="cache_aware",
-            max_wait_s=1e9, profile=profile,
+            work, "sagesched", model=model, gpu=gpu, placement="cache_aware", max_wait_s=1e9,
+            profile=profile, predictor="none" if override is not None else predictor,
+            predictor_override=override,
         )  # fmt: skip
         out[name] = summarize(res.records)
     return out
@@ -120,7 +131,11 @@ def main() -> None:
     ap.add_argument("--chat-loads", default="1.2")
     ap.add_argument("--chat-seeds", default="0,1")
     ap.add_argument("--chat-minutes", type=float, default=3.0)
+    ap.add_argument(
+        "--predictors", default="", help="The default again with these predictors (oracle, global, none)."
+    )
     args = ap.parse_args()
+    predictors = [p for p in args.predictors.split(",") if p]
     print("| shape | seed | load | set-up | TTLT mean / p99 ÷ router | TTFT p50 ÷ | hits ÷ | preemptions |")
     print("|---|---|---|---|---|---|---|---:|")
     for shape in args.shapes.split(","):
@@ -129,7 +144,7 @@ def main() -> None:
         for seed in (int(s) for s in seeds.split(",")):
             for load in (float(x) for x in loads.split(",")):
                 work, util, model, gpu = draws(shape, seed, load, args.chat_minutes)
-                rows = run_cell(work, model, gpu)
+                rows = run_cell(work, model, gpu, predictors)
                 base = rows["router"]
                 print(
                     f"| {shape} | {seed} | {util:.2f} | router | {base['ttlt_mean_s']:.2f} s / "
@@ -137,7 +152,7 @@ def main() -> None:
                     f"{base.get('prefix_hit_rate', 0.0):.3f} | {base['preemptions']:.0f} |",
                     flush=True,
                 )
-                for name in ("default", "forecast", "forecast, speed known"):
+                for name in (n for n in rows if n != "router"):
                     print(
                         f"| {shape} | {seed} | {util:.2f} | {name} | {cells(rows[name], base)} |", flush=True
                     )

@@ -288,14 +288,18 @@ def run_front(
             args.peers, url, trace, out, model=args.model, tokenizer=args.aiperf_tokenizer
         )
         after = backend_counters(bes)
+        own = ""
         if front in GATEWAYS:  # the gateway's own account (placements, holds, late predictions)
-            (out / "gateway_metrics.txt").write_text(httpx.get(url + "/metrics", timeout=10).text)
+            own = httpx.get(url + "/metrics", timeout=10).text
+            (out / "gateway_metrics.txt").write_text(own)
     deltas = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
     records = read_records(art, work, T)
     with (out / "records.jsonl").open("w") as f:
         for r in records:
             f.write(json.dumps({"front": front, **r}) + "\n")
     fig = figures(records, deltas)
+    for what in ("ttft", "ttlt"):  # the placement's forecast against the outcome, as the gateway judged it
+        fig[f"forecast_error_{what}"] = gauge(own, f'sagegate_forecast_median_error{{what="{what}"}}')
     agg = json.loads((art / "profile_export_aiperf.json").read_text())
     fig["aiperf_lag_p99_s"] = float(agg.get("replay_sched_lag_p99", {}).get("avg", float("nan"))) / 1000.0 * T
     fig["aiperf_rc"] = rc
@@ -314,6 +318,14 @@ def run_front(
     }
     print(f"  {front}: {json.dumps(short)}, wall {run['wall_s']:.0f} s", file=sys.stderr, flush=True)
     return run
+
+
+def gauge(text: str, name: str) -> float:
+    """The value of the sample ``name`` (with its labels) in a Prometheus text page; NaN if absent."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return float("nan")
 
 
 # --- the table --------------------------------------------------------------------------------------
@@ -335,13 +347,17 @@ ROWS = (
     ("preemptions", "preemptions (backends)", "{:.0f}", False),
     ("backend_prompt_share_max", "busier backend's share of prompt tokens", "{:.2f}", False),
     ("send_lag_p99_s", "aiperf send lag p99 (s)", "{:.2f}", False),
+    ("forecast_error_ttft", "gateway's forecast, median error: TTFT", "{:.2f}", False),
+    ("forecast_error_ttlt", "gateway's forecast, median error: TTLT", "{:.2f}", False),
 )
-RATIOS = (("sagegate", "cache_aware"), ("cache_aware", "rr"), ("sagegate", "rr"))
+RATIOS = (("cache_aware", "rr"),)
+"""Ratios beside every gateway front's own ÷ ``cache_aware`` and ÷ ``rr`` (those that ran)."""
 
 
 def table(runs: dict[str, dict[str, Any]]) -> str:
     fronts = [f for f in FRONTS if f in runs]
-    ratios = [(a, b) for a, b in RATIOS if a in runs and b in runs]
+    pairs = [(g, base) for base in ("cache_aware", "rr") for g in fronts if g in GATEWAYS] + list(RATIOS)
+    ratios = [(a, b) for a, b in pairs if a in runs and b in runs]
     heads = fronts + [f"{a} ÷ {b}" for a, b in ratios]
     lines = ["| metric (engine time) | " + " | ".join(heads) + " |", "|---" + "|---:" * len(heads) + "|"]
     for key, label, fmt, ratio in ROWS:

@@ -30,13 +30,13 @@ FRONTS = {
     "sg_rank": "sagegate with placement least_loaded: the rank alone, blind to the cache (the A/B)",
     "sg_blind": "sagegate with sagesched:shared_prefix=false: placement, and a rank blind to the cache",
     "sg_waits": "sagegate with dispatch_first off: every request waits for its prediction (the A/B)",
-    "sg_sticky": "sg_default with placement's prefix_hit weighed 2 (a cached token worth two queued)",
+    "sg_sticky": "sg_incumbent with placement's prefix_hit weighed 2 (a cached token worth two queued)",
     "sg_precise": "sg_default following the backends' KV-cache events (--kv-events-config): precise hits",
     "sg_open": "sg_default with admission's bounds lifted (peak target 100, no waiting bound): the A/B",
     "sg_spread": "sg_default whose new prefixes go to the emptiest cache (benchmarks.pickers): the A/B",
-    "sg_stick": "sg_open whose placement scores the cached prefix alone: a warm backend is never left",
-    "sg_forecast": "sg_default with the forecast picker (policies.placement.forecast), its admission kept",
-    "sg_forecast_learned": "sg_forecast reading each backend's learned speed, not the assumed (the A/B)",
+    "sg_stick": "sg_open, incumbent, scoring the cached prefix alone: a warm backend is never left",
+    "sg_incumbent": "sg_default with the cache-aware score rule (picker incumbent), the default until issue 64",
+    "sg_forecast_learned": "sg_default reading each backend's learned speed, not the assumed (the A/B)",
 }
 """The fronts a run can put before the backends, by the name the scripts take."""
 OPEN_ENV = {
@@ -45,6 +45,8 @@ OPEN_ENV = {
     "SAGEGATE_ADMISSION__MAX_WAITING": "100000",
 }
 """Admission's bounds lifted: every request goes at once, as through a router."""
+INCUMBENT = {"SAGEGATE_PLACEMENT__PROFILE__PICKER": "incumbent"}
+"""The cache-aware score rule (``prefix_hit`` and ``queued_prefill`` at 1), the default until issue 64."""
 GATEWAYS = {
     "sagegate": ("sagesched", "semantic", {}),
     "sg_default": ("sagesched", "prefix", {}),
@@ -55,21 +57,21 @@ GATEWAYS = {
     "sg_sticky": (
         "sagesched",
         "prefix",
-        {"SAGEGATE_PLACEMENT__PROFILE__SCORERS": '{"prefix_hit": 2, "queued_prefill": 1}'},
+        {**INCUMBENT, "SAGEGATE_PLACEMENT__PROFILE__SCORERS": '{"prefix_hit": 2, "queued_prefill": 1}'},
     ),
     "sg_precise": ("sagesched", "prefix", {"SAGEGATE_PLACEMENT__KV_EVENTS__TOKENIZER": "local"}),
     "sg_open": ("sagesched", "prefix", OPEN_ENV),
     "sg_stick": (
         "sagesched",
         "prefix",
-        {**OPEN_ENV, "SAGEGATE_PLACEMENT__PROFILE__SCORERS": '{"prefix_hit": 1}'},
+        {**OPEN_ENV, **INCUMBENT, "SAGEGATE_PLACEMENT__PROFILE__SCORERS": '{"prefix_hit": 1}'},
     ),
     "sg_spread": (
         "sagesched",
         "prefix",
         {"SAGEGATE_PLACEMENT__PROFILE__PICKER": "benchmarks.pickers:SpreadByCache"},
     ),
-    "sg_forecast": ("sagesched", "prefix", {"SAGEGATE_PLACEMENT__PROFILE__PICKER": "forecast"}),
+    "sg_incumbent": ("sagesched", "prefix", INCUMBENT),
     "sg_forecast_learned": (
         "sagesched",
         "prefix",

@@ -66,12 +66,12 @@ def simulate(
         typer.Option(
             "--scorer",
             help="Gateway level: a placement scorer and its weight, name=weight (repeatable; "
-            "docs/placement.md). None given: the cache-aware rule's.",
+            "docs/placement.md; a picker that weighs scorers). None given: the picker's own.",
         ),
     ] = None,
     picker: Annotated[
-        str, typer.Option(help="Gateway level: the placement picker (incumbent, max_score).")
-    ] = "incumbent",
+        str, typer.Option(help="Gateway level: the placement picker (forecast, incumbent, max_score).")
+    ] = "forecast",
     slo_ttft_ms: Annotated[float | None, typer.Option(help="Goodput SLO on TTFT, ms.")] = None,
     slo_tpot_ms: Annotated[float | None, typer.Option(help="Goodput SLO on TPOT, ms.")] = None,
     slo_ttlt_ms: Annotated[float | None, typer.Option(help="Goodput SLO on TTLT, ms.")] = None,

@@ -199,7 +199,10 @@ class Gateway:
 
     def queue_snapshot(self, limit: int) -> dict[str, Any]:
         running = (p.request for p in self.dispatcher.pausable.values())
-        return queue_snapshot(self.policy.name, self.queue, self.pool, self.clock(), limit, running)
+        snap = queue_snapshot(self.policy.name, self.queue, self.pool, self.clock(), limit, running)
+        report = self.metrics.forecasts
+        snap["forecast"] = {"median_error": report.median_errors(), "factors": report.factors()}
+        return snap
 
 
 def create_app(

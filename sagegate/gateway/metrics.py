@@ -13,11 +13,13 @@ import time
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sagegate.core.distribution import LengthDistribution
 from sagegate.gateway.telemetry import Telemetry
+from sagegate.policies.forecast_report import WINDOW, ForecastReport, Judged
+from sagegate.policies.placement.outcome import Forecasted
 
 log = logging.getLogger("sagegate.gateway")
 
@@ -29,6 +31,7 @@ WAIT_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, float("inf"))
 TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, float("inf"))
 RATIO_BUCKETS = (0.125, 0.25, 0.5, 0.8, 1.0, 1.25, 2, 4, 8, float("inf"))
+ERROR_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, float("inf"))
 
 
 class GatewayMetrics:
@@ -154,6 +157,15 @@ class GatewayMetrics:
             registry=r,
         )
         self.telemetry = Telemetry(r)
+        self.forecasts = ForecastReport()
+        """The placement's forecasts beside the outcomes (``policies.forecast_report``)."""
+        self.forecast_error = Histogram(
+            "sagegate_forecast_error_ratio",
+            "|forecast − outcome| / outcome of a completed request's first token (ttft) and last token "
+            "(ttlt), from when it was sent, the forecast scaled by its backend's learned factor.",
+            ["what"], buckets=ERROR_BUCKETS, registry=r,
+        )  # fmt: skip
+        r.register(_StateCollector(self._forecast_medians))
         """The recent history the dashboard shows (fed by :meth:`first_token` and :meth:`outcome`)."""
 
     def dispatched(self, backend: str, wait_s: float) -> None:
@@ -196,6 +208,26 @@ class GatewayMetrics:
         if prediction is not None and prediction.mean > 0:
             self.ratio.observe(actual / prediction.mean)
         self.telemetry.completed(ttlt_s, prediction, actual)
+
+    def forecast(self, backend: str, forecast: Forecasted, ttft_s: float | None, ttlt_s: float) -> Judged:
+        """A completed request's forecast judged against its times from when it was sent."""
+        judged = self.forecasts.judge(backend, forecast, ttft_s, ttlt_s)
+        if judged.ttft_error is not None:
+            self.forecast_error.labels("ttft").observe(judged.ttft_error)
+        if judged.ttlt_error is not None:
+            self.forecast_error.labels("ttlt").observe(judged.ttlt_error)
+        return judged
+
+    def _forecast_medians(self) -> list[GaugeMetricFamily]:
+        gauge = GaugeMetricFamily(
+            "sagegate_forecast_median_error",
+            f"Median |forecast − outcome| / outcome over the latest {WINDOW} completed requests.",
+            labels=["what"],
+        )
+        for what, value in self.forecasts.median_errors().items():
+            if value is not None:
+                gauge.add_metric([what], value)
+        return [gauge]
 
     def attach_state(self, read: Callable[[], Iterable[Metric]]) -> None:
         """Gauges (or counters kept elsewhere) computed at scrape time by ``read``."""

@@ -288,7 +288,10 @@ class Proxy:
         lc.finish(outcome)
         now = self.dispatcher.clock()
         self.metrics.requests.labels(req.route, outcome).inc()
-        self.ended(req.trace, access_fields(req, status, outcome, now, b, output))
+        fields = access_fields(req, status, outcome, now, b, output)
+        if outcome is Outcome.OK and b is not None:
+            fields.update(self.judge_forecast(req, b, now))
+        self.ended(req.trace, fields)
         label = self.tenant_label(req.tenant)
         self.metrics.tenant_tokens.labels(label, "prompt").inc(req.prompt_tokens)
         if output:
@@ -297,6 +300,21 @@ class Proxy:
             ttft = None if req.t_first is None else req.t_first - req.arrival_s
             self.metrics.outcome(req.prediction, output, now - req.arrival_s, ttft)
             self.recorder.record(asked, output)
+
+    def judge_forecast(self, req: GatewayRequest, backend: str, now: float) -> dict[str, float | None]:
+        """A completed request's forecast beside its outcome (its access-log fields, from its arrival
+        as its other times are): only a request that ran in one piece from one send (no pause, no
+        resume) is judged, since only its forecast described what happened."""
+        forecast, sent = req.forecast, req.t_dispatch
+        if forecast is None or sent is None or req.pauses or req.resumed_from:
+            return {}
+        first = None if req.t_first is None or req.t_first < sent else req.t_first - sent
+        judged = self.metrics.forecast(backend, forecast, first, now - sent)
+        queued = sent - req.arrival_s
+        return {
+            "forecast_ttft_s": None if judged.ttft_s is None else queued + judged.ttft_s,
+            "forecast_ttlt_s": None if judged.ttlt_s is None else queued + judged.ttlt_s,
+        }
 
 
 async def _head_of_body(resp: httpx.Response) -> bytes:

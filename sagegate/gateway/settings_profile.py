@@ -6,20 +6,22 @@ from __future__ import annotations
 from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
 from sagegate.policies.placement import PlacementProfile, build_profile
-from sagegate.policies.placement.profile import DEFAULT_SCORERS
 
 
 class ProfileSettings(BaseModel):
     """Which scorers grade the backends, with what weight, and which picker chooses
-    (docs/placement.md). The default is the cache-aware rule; any change is checked at start-up."""
+    (docs/placement.md). Any change is checked at start-up."""
 
-    picker: str = "incumbent"
-    """``incumbent``: the most-room backend unless one holding more of the prompt scores strictly
-    better by the weighted scorers (raw units); ``max_score``: the best weighted sum of the scorers,
-    each rescaled to [0, 1] over the candidates (llm-d's picker). Or ``module:Class``."""
-    scorers: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_SCORERS))
+    picker: str = "forecast"
+    """``forecast``: the backend where the request's last token is forecast soonest, counting what it
+    costs the requests already there (reads no scorers); ``incumbent``: the most-room backend unless
+    one holding more of the prompt scores strictly better by the weighted scorers (raw units);
+    ``max_score``: the best weighted sum of the scorers, each rescaled to [0, 1] over the candidates
+    (llm-d's picker). Or ``module:Class``."""
+    scorers: dict[str, float] | None = None
     """Scorer name → weight: ``prefix_hit``, ``queued_prefill``, ``room``, ``least_held``,
-    ``fewest_running``, or ``module:Class``."""
+    ``fewest_running``, or ``module:Class``. None: the picker's own (``prefix_hit`` and
+    ``queued_prefill`` at 1 for one that weighs scorers); refused with ``forecast``."""
     filters: list[str] = Field(default_factory=list)
     """Filters added to the admission rule's own (``module:Class``)."""
 

@@ -42,6 +42,7 @@ class SchedRequest:
         "band_ceiling",
         "deadline_s",
         "engine_priority",
+        "forecast",
         "generated",
         "key_cache",
         "pauses",
@@ -87,6 +88,9 @@ class SchedRequest:
         """The highest band its tenant may claim (the gateway's ``max_priority``); a request of
         another tenant pauses it only from a band above that (``policies.pause``). None: any higher
         band may (the simulator's requests)."""
+        self.forecast: Any = None
+        """When its placement forecast its first and last token (``policies.placement.Forecasted``,
+        set at dispatch; None: its picker does not forecast)."""
         self.shared_tokens = 0
         """Its leading prompt tokens a request in flight already holds where it would run (set at
         arrival by a driver whose charges know prompt blocks, ``policies.admission.resident_prefix``):

@@ -243,6 +243,7 @@ class DispatchLoop(Generic[R]):
                 idx = decision.backend
                 assert idx is not None
                 queue.remove(req)
+                req.forecast = decision.placement.forecast if decision.placement is not None else None
                 policy.on_dispatch(req, now)
                 driver.loads[idx].charge(decision.charge)
                 driver.dispatched(req, idx, decision.charge, now)

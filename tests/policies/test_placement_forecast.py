@@ -4,6 +4,8 @@ cannot take it now is waited for when that still forecasts sooner."""
 
 from __future__ import annotations
 
+import pytest
+
 from sagegate.core.distribution import LengthDistribution
 from sagegate.policies.admission import AdmissionConfig, BackendLoad, Charge
 from sagegate.policies.base import SchedRequest
@@ -97,8 +99,15 @@ def test_the_engine_speed_sets_the_break_even() -> None:
     assert place(loads, speed=EngineSpeed(prefill_s=1e-7)) == 1
 
 
-def test_it_is_named_in_a_profile() -> None:
-    assert isinstance(build_profile({"prefix_hit": 1.0}, picker="forecast").picker, Forecast)
+def test_it_is_the_default_and_weighs_no_scorers() -> None:
+    """The default profile (from no names, and from the settings' defaults) forecasts; it carries no
+    scorers, and naming some beside it is refused rather than silently ignored."""
+    from sagegate.gateway.settings import GatewaySettings
+
+    assert isinstance(build_profile().picker, Forecast) and build_profile().scorers == ()
+    assert isinstance(GatewaySettings().placement.profile.build().picker, Forecast)
+    with pytest.raises(ValueError, match="reads no scorers"):
+        build_profile({"prefix_hit": 1.0}, picker="forecast")
 
 
 def test_a_backends_learned_speed_is_read_only_when_asked() -> None:

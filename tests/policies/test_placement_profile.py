@@ -22,7 +22,7 @@ from sagegate.policies.admission import (
     shared_charges,
 )
 from sagegate.policies.placement import (
-    DEFAULT_PROFILE,
+    INCUMBENT_PROFILE,
     CacheView,
     Placement,
     PlacementKind,
@@ -100,7 +100,7 @@ backend_state = st.tuples(
     st.sampled_from(["peak", "sum"]),
     st.sampled_from([2, 256]),
 )
-def test_the_default_profile_is_the_documented_rule_exactly(
+def test_the_incumbent_profile_is_the_documented_rule_exactly(
     states: list[tuple], prompt: int, with_view: str | None, mask: bool, rule: str, max_waiting: int
 ) -> None:
     cfg = AdmissionConfig(rule=rule, max_waiting=max_waiting)  # type: ignore[arg-type]
@@ -118,8 +118,9 @@ def test_the_default_profile_is_the_documented_rule_exactly(
     charge = Charge(prompt, None, cfg)
     mask_or_none = allowed if mask else None
     want = reference(charge, loads, cfg, prompt, mask_or_none, view)
-    assert DEFAULT_PROFILE.place(charge, loads, cfg, prompt, mask_or_none, view) == want
-    assert build_profile().place(charge, loads, cfg, prompt, mask_or_none, view) == want  # from names
+    assert INCUMBENT_PROFILE.place(charge, loads, cfg, prompt, mask_or_none, view) == want
+    by_name = build_profile(picker="incumbent")  # its scorers the picker's own
+    assert by_name.place(charge, loads, cfg, prompt, mask_or_none, view) == want
 
 
 # --- a scorer enabled from the config file with a weight -----------------------------------------------
@@ -194,23 +195,28 @@ def test_a_filter_from_outside_the_package_is_loaded_by_its_path() -> None:
         BackendLoad(10_000),
         BackendLoad(10_000, charged_tokens=100),
     ]
-    profile = build_profile(filters=[f"{__name__}:OnlyEven"])
-    assert DEFAULT_PROFILE.place(Charge(500, None, cfg), loads, cfg, 500, None, None).backend == 1
+    profile = build_profile(picker="incumbent", filters=[f"{__name__}:OnlyEven"])
+    assert INCUMBENT_PROFILE.place(Charge(500, None, cfg), loads, cfg, 500, None, None).backend == 1
     assert profile.place(Charge(500, None, cfg), loads, cfg, 500, None, None).backend == 2
+
+
+INC = "incumbent"
+"""A picker that weighs scorers (the default, ``forecast``, refuses them)."""
 
 
 @pytest.mark.parametrize(
     ("profile", "says"),
     [
-        ({"scorers": {"prefix_hits": 1}}, "unknown placement scorer 'prefix_hits'"),
+        ({"picker": INC, "scorers": {"prefix_hits": 1}}, "unknown placement scorer 'prefix_hits'"),
         ({"picker": "best"}, "unknown placement picker 'best'"),
-        ({"scorers": {"room": float("inf")}}, "weight must be finite"),
-        ({"scorers": {"no.such.module:Scorer": 1}}, "could not be made"),
+        ({"picker": INC, "scorers": {"room": float("inf")}}, "weight must be finite"),
+        ({"picker": INC, "scorers": {"no.such.module:Scorer": 1}}, "could not be made"),
         ({"filters": [f"{__name__}:reference"]}, "could not be made"),
         ({"filters": ["sagegate.gateway.settings:GatewaySettings"]}, "has no keep() method"),
-        ({"scorers": {f"{__name__}:Explodes": 1}}, "could not be made: no licence server"),
-        ({"scorers": {}}, "at least one needs a non-zero weight"),
-        ({"scorers": {"room": 0, "prefix_hit": 0}}, "at least one needs a non-zero weight"),
+        ({"picker": INC, "scorers": {f"{__name__}:Explodes": 1}}, "could not be made: no licence server"),
+        ({"picker": INC, "scorers": {}}, "at least one needs a non-zero weight"),
+        ({"picker": INC, "scorers": {"room": 0, "prefix_hit": 0}}, "at least one needs a non-zero weight"),
+        ({"scorers": {"prefix_hit": 1}}, "placement picker 'forecast' reads no scorers (prefix_hit)"),
     ],
 )
 def test_a_bad_profile_is_refused_at_start_up_with_what_exists(profile: dict, says: str) -> None:

@@ -164,11 +164,12 @@ def test_cli_placement_scorers_are_chosen_and_checked():
     mine = json.loads(_cli(*base, "--picker", "max_score", "--scorer", "fewest_running=1").stdout)
     assert rule["completed"] == mine["completed"] == 200
     assert mine["ttlt_mean_s"] != rule["ttlt_mean_s"]  # another profile, other places
-    for bad, says in (
-        ("prefix_hit:2", "expected name=weight"),
-        ("prefix_hits=2", "unknown placement scorer"),
+    for picker, bad, says in (
+        ("incumbent", "prefix_hit:2", "expected name=weight"),
+        ("incumbent", "prefix_hits=2", "unknown placement scorer"),
+        ("forecast", "prefix_hit=2", "reads no scorers"),  # the default picker weighs none
     ):
-        out = _cli(*base, "--scorer", bad)
+        out = _cli(*base, "--picker", picker, "--scorer", bad)
         assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr
 
 

@@ -147,6 +147,11 @@ function drawQuality(feed) {
   document.getElementById("quality-n").textContent = fmt(q.n);
   document.getElementById("tau").textContent = fmt(q.tau, 2);
   document.getElementById("coverage").textContent = q.coverage === null ? "–" : `${fmt(100 * q.coverage)}%`;
+  const err = feed.forecast ? feed.forecast.median_error : {};
+  for (const what of ["ttft", "ttlt"]) {
+    const v = err[what];
+    document.getElementById(`forecast-${what}`).textContent = v === null || v === undefined ? "–" : `${fmt(100 * v)}%`;
+  }
   const svg = document.getElementById("chart-quality");
   const w = svg.clientWidth || 400;
   const h = svg.clientHeight || 260;

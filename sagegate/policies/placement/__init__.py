@@ -25,7 +25,12 @@ from collections.abc import Sequence
 
 from sagegate.policies.admission import AdmissionConfig, BackendLoad, Charge
 from sagegate.policies.placement.outcome import CacheView, Placement, PlacementKind, classify
-from sagegate.policies.placement.profile import DEFAULT_PROFILE, PlacementProfile, build_profile
+from sagegate.policies.placement.profile import (
+    DEFAULT_PROFILE,
+    INCUMBENT_PROFILE,
+    PlacementProfile,
+    build_profile,
+)
 
 CACHE_AWARE = "cache_aware"
 LEAST_LOADED = "least_loaded"
@@ -35,6 +40,7 @@ PLACEMENTS = (CACHE_AWARE, LEAST_LOADED)
 __all__ = [
     "CACHE_AWARE",
     "DEFAULT_PROFILE",
+    "INCUMBENT_PROFILE",
     "LEAST_LOADED",
     "PLACEMENTS",
     "CacheView",
@@ -55,5 +61,5 @@ def choose_placement(
     allowed: Sequence[bool] | None,
     view: CacheView | None,
 ) -> Placement:
-    """The default profile's placement (``PlacementProfile.place``)."""
-    return DEFAULT_PROFILE.place(charge, loads, cfg, prompt_tokens, allowed, view)
+    """The cache-aware score rule's placement (:data:`INCUMBENT_PROFILE`; the rule's own tests pin it)."""
+    return INCUMBENT_PROFILE.place(charge, loads, cfg, prompt_tokens, allowed, view)

@@ -1,5 +1,5 @@
-"""The ``forecast`` picker: the backend where the request finishes soonest, counting what it costs
-the requests already there (issue 64; opt-in while it is measured, docs/placement.md).
+"""The ``forecast`` picker, the default: the backend where the request finishes soonest, counting
+what it costs the requests already there (docs/placement.md).
 
 For each backend the filters keep (its cached prompt counted), in seconds of an engine of one speed
 (:class:`~sagegate.policies.engine_speed.EngineSpeed`):
@@ -14,7 +14,8 @@ For each backend the filters keep (its cached prompt counted), in seconds of an 
 * a backend that cannot take it now (memory, waiting bound) is weighed with the wait for it too
   (``wait``); if it still forecasts soonest the request waits for it (the picker answers None).
 
-The lowest forecast wins, the first on ties. Every term is linear in the speed, so only the ratios
+The lowest forecast wins; on a tie (idle backends, nothing cached) the most room, then the emptiest
+cache, the first after that. Every term is linear in the speed, so only the ratios
 of its three numbers change a choice. Pure and O(backends) but for the wait, which sorts one
 backend's requests in flight.
 """
@@ -22,15 +23,24 @@ backend's requests in flight.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from sagegate.policies.admission import BackendLoad
 from sagegate.policies.engine_speed import EngineSpeed
+from sagegate.policies.placement.outcome import Forecasted
 from sagegate.policies.placement.plugins import Candidates
+from sagegate.policies.placement.scorers.least_held import LeastHeld
+from sagegate.policies.placement.scorers.room import Room
+
+_ROOM, _LEAST_HELD = Room(), LeastHeld()
 
 
 @dataclass(frozen=True)
 class Forecast:
     """The backend where the request's last token is forecast soonest (module docstring)."""
+
+    reads_scores: ClassVar[bool] = False
+    """It weighs no scorers: a profile naming some with it is refused (``build_profile``)."""
 
     speed: EngineSpeed = field(default_factory=EngineSpeed)
     """The engines' speed where a backend's own is not known (``BackendLoad.speed``: the gateway
@@ -65,6 +75,19 @@ class Forecast:
         others = prefill * there + out * speed.per_seq_s * load.running
         return own + others
 
+    def times(self, c: Candidates, i: int) -> Forecasted:
+        """The request's own first and last token on backend ``i``, in seconds after it is sent there
+        (the forecast less what it costs the others): what the gateway reports beside the outcome."""
+        q = c.query
+        load = q.loads[i]
+        speed = self.speed_of(load)
+        cached = q.hits[i] if q.hits is not None else 0
+        there = load.running + load.waiting + load.foreign_waiting
+        first = (load.queued_prefill + max(0, q.prompt_tokens - cached)) * speed.prefill_s
+        first += speed.decode_s(1.0, there + 1)
+        out = _predicted_output(q.request)
+        return Forecasted(first, first + speed.decode_s(max(0.0, out - 1.0), there + 1))
+
     def speed_of(self, load: BackendLoad) -> EngineSpeed:
         return load.speed if self.learned and load.speed is not None else self.speed
 
@@ -72,7 +95,7 @@ class Forecast:
         q = c.query
         hits = q.hits
         best: int | None = None
-        best_t = float("inf")
+        best_key = (float("inf"), 0.0, 0.0)
         best_now = False
         for i in range(len(q.loads)):
             load = q.loads[i]
@@ -83,8 +106,13 @@ class Forecast:
                 t, now = self.forecast(c, i) + self.wait_s(c, i, cached), False
             else:
                 continue
-            if t < best_t:
-                best, best_t, best_now = i, t, now
+            if t > best_key[0]:
+                continue
+            # a tie (idle backends, nothing cached): the most room, then the emptiest cache, so that
+            # distinct prefixes spread instead of evicting each other on the first backend
+            key = (t, -_ROOM.score(q, i), -_LEAST_HELD.score(q, i))
+            if key < best_key:
+                best, best_key, best_now = i, key, now
         return best if best_now else None
 
     def wait_s(self, c: Candidates, i: int, cached: int) -> float:

@@ -21,6 +21,16 @@ class PlacementKind(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Forecasted:
+    """When a placed request's first and last tokens are forecast to come, in seconds after it is
+    sent, on an engine of the picker's assumed speed (``placement.forecast``): the gateway reports
+    them beside what happened (``gateway.forecast_report``)."""
+
+    ttft_s: float
+    ttlt_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class CacheView:
     """What a driver predicts of the backends' prefix caches for one request."""
 
@@ -40,6 +50,8 @@ class Placement:
     charge: Charge | None = None
     """What it is charged on ``backend``, where that is less than its whole charge (a request in
     flight there already holds its leading blocks); None: the whole charge."""
+    forecast: Forecasted | None = None
+    """Its first and last token there, as a picker that forecasts them expects (None: it does not)."""
 
 
 def classify(cached: Sequence[int] | None, backend: int) -> PlacementKind:

@@ -88,6 +88,7 @@ class Candidates(Protocol):
 
 
 class Picker(Protocol):
-    """The backend for the request among those the filters keep, or None (none admits it now)."""
+    """The backend for the request among those the filters keep, or None (none admits it now).
+    A picker that weighs no scorers says so with a class attribute ``reads_scores = False``."""
 
     def pick(self, c: Candidates) -> int | None: ...

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from sagegate.policies.admission import AdmissionConfig, BackendLoad, Charge, shared_charges
 from sagegate.policies.placement.filters import Admits, Eligible
+from sagegate.policies.placement.forecast import Forecast
 from sagegate.policies.placement.outcome import CacheView, Placement, classify
 from sagegate.policies.placement.pickers import Incumbent
 from sagegate.policies.placement.plugins import Filter, Picker, PlacementQuery, Scorer
@@ -16,15 +17,15 @@ from sagegate.policies.placement.registry import FILTERS, PICKERS, SCORERS, make
 from sagegate.policies.placement.scorers.prefix_hit import PrefixHit
 from sagegate.policies.placement.scorers.queued_prefill import QueuedPrefill
 
-DEFAULT_SCORERS: dict[str, float] = {"prefix_hit": 1.0, "queued_prefill": 1.0}
-"""The default profile's weights: a backend's score is its cached prompt tokens less the prefill
-queued there, both in tokens of prefill time."""
+INCUMBENT_SCORERS: dict[str, float] = {"prefix_hit": 1.0, "queued_prefill": 1.0}
+"""The weights of a picker that reads scores, unless named: a backend's score is its cached prompt
+tokens less the prefill queued there, both in tokens of prefill time."""
 
 
 @dataclass(frozen=True)
 class PlacementProfile:
-    scorers: tuple[tuple[Scorer, float], ...] = ((PrefixHit(), 1.0), (QueuedPrefill(), 1.0))
-    picker: Picker = field(default_factory=Incumbent)
+    scorers: tuple[tuple[Scorer, float], ...] = ()
+    picker: Picker = field(default_factory=Forecast)
     filters: tuple[Filter, ...] = ()
     """Filters added between the rule's own ``eligible`` and ``admits``."""
     _all_filters: tuple[Filter, ...] = field(init=False, repr=False, compare=False, default=())
@@ -48,14 +49,17 @@ class PlacementProfile:
         charged) there without them."""
         per = shared_charges(charge, loads)
         q = PlacementQuery(charge, per, loads, cfg, prompt_tokens, allowed, view, request)
-        idx = self.picker.pick(_Bound(q, self._all_filters, self.scorers))
+        bound = _Bound(q, self._all_filters, self.scorers)
+        idx = self.picker.pick(bound)
         if idx is None:
             return Placement(None)
         placed_charge = per[idx] if per is not None else None
+        times = getattr(self.picker, "times", None)
+        forecast = times(bound, idx) if times is not None else None
         hits = q.hits
         if hits is None:
-            return Placement(idx, charge=placed_charge)
-        return Placement(idx, hits[idx], classify(hits, idx), placed_charge)
+            return Placement(idx, charge=placed_charge, forecast=forecast)
+        return Placement(idx, hits[idx], classify(hits, idx), placed_charge, forecast)
 
 
 class _Bound:
@@ -84,21 +88,37 @@ class _Bound:
 
 
 def build_profile(
-    scorers: Mapping[str, float] | None = None, picker: str = "incumbent", filters: Sequence[str] = ()
+    scorers: Mapping[str, float] | None = None, picker: str = "forecast", filters: Sequence[str] = ()
 ) -> PlacementProfile:
-    """A profile from names (a config file's): ``scorers`` name → weight (None: the default's)."""
-    weights = DEFAULT_SCORERS if scorers is None else scorers
-    for name, w in weights.items():
-        if not math.isfinite(w):
-            raise ValueError(f"placement scorer {name!r}: weight must be finite, got {w}")
-    if not any(weights.values()):  # every backend would score the same: the first kept would take all
-        raise ValueError("placement scorers: at least one needs a non-zero weight")
+    """A profile from names (a config file's): ``scorers`` name → weight (None: the picker's own,
+    :data:`INCUMBENT_SCORERS` for one that reads scores). A picker that reads none (``forecast``)
+    refuses scorers rather than ignore them."""
+    chosen = make_plugin("picker", picker, PICKERS, "pick")
+    if not getattr(chosen, "reads_scores", True):
+        if scorers:
+            raise ValueError(
+                f"placement picker {picker!r} reads no scorers ({', '.join(scorers)}): drop them, "
+                "or name a picker that weighs them (incumbent, max_score)"
+            )
+        weights: Mapping[str, float] = {}
+    else:
+        weights = INCUMBENT_SCORERS if scorers is None else scorers
+        for name, w in weights.items():
+            if not math.isfinite(w):
+                raise ValueError(f"placement scorer {name!r}: weight must be finite, got {w}")
+        if not any(weights.values()):  # every backend would score the same: the first kept takes all
+            raise ValueError("placement scorers: at least one needs a non-zero weight")
     return PlacementProfile(
         scorers=tuple((make_plugin("scorer", n, SCORERS, "score"), float(w)) for n, w in weights.items()),
-        picker=make_plugin("picker", picker, PICKERS, "pick"),
+        picker=chosen,
         filters=tuple(make_plugin("filter", n, FILTERS, "keep") for n in filters),
     )
 
 
 DEFAULT_PROFILE = PlacementProfile()
-"""Today's cache-aware rule: the ``incumbent`` picker, ``prefix_hit`` and ``queued_prefill`` at 1."""
+"""The ``forecast`` picker: the backend where the request finishes soonest, counting what it costs
+the requests already there (``policies.placement.forecast``)."""
+
+INCUMBENT_PROFILE = PlacementProfile(((PrefixHit(), 1.0), (QueuedPrefill(), 1.0)), Incumbent())
+"""The cache-aware score rule (the default until issue 64): the ``incumbent`` picker, ``prefix_hit``
+and ``queued_prefill`` at 1."""
