@@ -1,6 +1,6 @@
 """The ``forecast`` placement (the default) against a model of vllm-router ``cache_aware`` and the
-cache-aware score rule it replaced (``incumbent``), in the simulator, on three traffic shapes (issue 64: placement that never loses to a
-cache-aware router).
+cache-aware score rule it replaced (``incumbent``), in the simulator, on three traffic shapes
+(issue 64: placement that never loses to a cache-aware router).
 
     .venv/bin/python -m benchmarks bench_forecast [--shapes shared,task,chat] [--seeds 0,1,2]
         [--loads 1.0,1.3] [--chat-minutes 3]
@@ -29,11 +29,7 @@ prefix hit rate, and the preemptions of each.
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import replace
-
-import numpy as np
 
 from benchmarks.router_model import CacheAwareRouter
 from sagegate.core.request import TraceRequest
@@ -44,21 +40,14 @@ CHAT = ("qwen3-32b", "h100")
 
 
 def shared_work(seed: int, task: bool) -> Callable[[float], list[TraceRequest]]:
-    from sagegate.loadgen.synthetic import shared_prefix_workload
+    from sagegate.loadgen.synthetic import shared_prefix_workload, task_outputs
 
     def build(rate: float) -> list[TraceRequest]:
         work = shared_prefix_workload(
             rate=rate, groups=100, per_group=5, system_tokens=6144, question_tokens=1024,
             output_tokens=200, seed=seed,
         )  # fmt: skip
-        if not task:
-            return work
-        rng = np.random.default_rng(seed + 77)
-        typical = np.exp(rng.uniform(math.log(16), math.log(1024), 100))
-        return [
-            replace(r, output_tokens=int(max(1, round(typical[r.extra["group"]] * rng.lognormal(0, 0.5)))))
-            for r in work
-        ]
+        return task_outputs(work, seed) if task else work
 
     return build
 

@@ -57,13 +57,18 @@ METRICS = (
 )
 
 
+SHARED = ("shared-prefix", "shared-task")
+"""The shared-system-prompt workloads: ``shared-task`` is ``shared-prefix`` with output lengths that
+follow the task (``loadgen.synthetic.task_outputs``: each system prompt its own typical length)."""
+
+
 def builder(args: argparse.Namespace) -> Callable[[float], list[TraceRequest]]:
     """``build(rate)``: the workload at ``rate`` requests a second (sessions: sessions scaled alike)."""
-    if args.workload == "shared-prefix":
-        from sagegate.loadgen.synthetic import shared_prefix_workload
+    if args.workload in SHARED:
+        from sagegate.loadgen.synthetic import shared_prefix_workload, task_outputs
 
         def shared(rate: float) -> list[TraceRequest]:
-            return shared_prefix_workload(
+            work = shared_prefix_workload(
                 rate=rate,
                 groups=args.groups,
                 per_group=args.per_group,
@@ -72,6 +77,7 @@ def builder(args: argparse.Namespace) -> Callable[[float], list[TraceRequest]]:
                 output_tokens=args.output_tokens,
                 seed=args.seed,
             )
+            return task_outputs(work, args.seed) if args.workload == "shared-task" else work
 
         return shared
     from sagegate.loadgen.readers import read_trace
@@ -95,7 +101,7 @@ def builder(args: argparse.Namespace) -> Callable[[float], list[TraceRequest]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workload", choices=("shared-prefix", "sessions"), default="shared-prefix")
+    ap.add_argument("--workload", choices=(*SHARED, "sessions"), default="shared-prefix")
     ap.add_argument("--loads", default="0.5,1.0,1.3", help="utilisations of round robin's capacity")
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--gpu", default="h100")

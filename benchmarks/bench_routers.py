@@ -18,6 +18,9 @@ Workloads (``bench_locality.builder`` builds both, as the simulated comparison d
   whole 512-token system blocks share hash ids, the rest of a prompt has ids of its own (aiperf
   synthesises one text per id, so the groups really share their prefix; only a prompt's last block is
   partial, and it is unique, as aiperf requires).
+* ``shared-task``: the same prompts, output length following the task (each system prompt its own
+  typical length, log-uniform 16-1,024 tokens, each request a lognormal draw around it, sigma 0.5;
+  ``loadgen.synthetic.task_outputs``): what a predictor keyed on the prompt's start can learn.
 * ``sessions``: multi-turn ShareGPT conversations (``--sessions`` of them, those a shipped predictor part
   learned from left out), each turn its whole history and the real reply's length, sessions arriving
   on a Poisson process, the next turn after the reply's reading time and a think time (mean
@@ -61,7 +64,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.bench_locality import builder
+from benchmarks.bench_locality import SHARED, builder
 from benchmarks.live_fronts import (
     BLOCK,
     FRONTS,
@@ -79,8 +82,8 @@ from sagegate.harness.simtwin import bulk_rate
 
 REPO = Path(__file__).resolve().parents[1]
 
-WORKLOADS = ("shared-prefix", "sessions")
-DEFAULT_T = "shared-prefix=0.5,sessions=0.1"
+WORKLOADS = ("shared-prefix", "shared-task", "sessions")
+DEFAULT_T = "shared-prefix=0.5,shared-task=0.5,sessions=0.1"
 """Engine seconds per wall second. One chunk a token streams through the front and aiperf, and the
 gateway embeds every prompt: T keeps load 1.0 near 1,500-2,000 chunks and 3-10 requests a wall second
 (round robin's capacity is ~3,100 output tok/s on shared-prefix, ~19,000 on a sessions window), which
@@ -118,7 +121,7 @@ def workload_mix(name: str, args: argparse.Namespace) -> list[TraceRequest]:
     (which turns a window holds depends on the time since the start, not on the rate)."""
     from sagegate.harness.simtwin import capacity, scale_at
 
-    if name == "shared-prefix":
+    if name in SHARED:
         groups = max(args.groups, math.ceil(CAPACITY_MIN / args.per_group))
         return builder(argparse.Namespace(**{**vars(args), "workload": name, "groups": groups}))(1.0)
     whole = builder(argparse.Namespace(**{**vars(args), "workload": name}))(1.0)
@@ -139,12 +142,12 @@ def mooncake_rows(work: Sequence[TraceRequest], name: str, system_tokens: int) -
     ``input_length`` + ``hash_ids`` (a group's whole system blocks shared), sessions as ``messages``."""
     t0 = work[0].arrival_s
     shared = system_tokens // BLOCK
-    groups = {int(r.extra["group"]) for r in work} if name == "shared-prefix" else {0}  # type: ignore[call-overload]
+    groups = {int(r.extra["group"]) for r in work} if name in SHARED else {0}  # type: ignore[call-overload]
     fresh = (1 + max(groups)) * shared
     rows = []
     for r in work:
         row: dict[str, Any] = {"timestamp": (r.arrival_s - t0) * 1000.0}
-        if name == "shared-prefix":
+        if name in SHARED:
             g = int(r.extra["group"])  # type: ignore[call-overload]
             n = math.ceil(r.prompt_tokens / BLOCK)
             if n <= shared:

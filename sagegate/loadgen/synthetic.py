@@ -7,6 +7,7 @@ function of its arguments.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -161,4 +162,22 @@ def shared_prefix_workload(
                 extra={"group": g},
             )
         )
+    return out
+
+
+def task_outputs(
+    work: list[TraceRequest], seed: int, low: int = 16, high: int = 1024, sigma: float = 0.5
+) -> list[TraceRequest]:
+    """``work`` (grouped by ``extra["group"]``, as :func:`shared_prefix_workload` makes it) with output
+    lengths that follow the task: each group a typical length, log-uniform in ``low``-``high`` tokens,
+    and each request a lognormal draw around its group's (``sigma``), at least one token. What a
+    predictor keyed on the prompt's start can learn, and a router cannot use."""
+    if not work:
+        return work
+    rng = np.random.default_rng(seed + 77)
+    group = [int(r.extra["group"]) for r in work]  # type: ignore[call-overload]
+    typical = np.exp(rng.uniform(math.log(low), math.log(high), 1 + max(group)))
+    out = []
+    for r, g in zip(work, group, strict=True):
+        out.append(replace(r, output_tokens=int(max(1, round(typical[g] * rng.lognormal(0, sigma))))))
     return out
