@@ -278,7 +278,10 @@ class SimGateway:
         if self.evict is None or not self.evict(req):
             return False
         flight = self.flights.pop(req)
-        self.loads[flight.backend].release(flight.charge)
+        load = self.loads[flight.backend]
+        load.release(flight.charge)
+        if req.t_first_token is not None:  # off its engine now, within this pass too: as the live
+            load.running = max(0, load.running - 1)  # gateway counts its own (the forecast reads it)
         if self.prefixes is not None:
             self._computed(flight, req)
             self.prefixes[flight.backend].touch(self._content_keys(req))
