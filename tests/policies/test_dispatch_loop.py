@@ -30,12 +30,12 @@ from sagegate.policies.pause import PauseConfig
 from sagegate.policies.placement import (
     CACHE_AWARE,
     DEFAULT_PROFILE,
+    INCUMBENT_PROFILE,
     LEAST_LOADED,
     PLACEMENTS,
     Placement,
     PlacementProfile,
 )
-from sagegate.policies.placement.forecast import Forecast
 from sagegate.policies.registry import names, parse_policy
 from sagegate.sim.engine import EngineRequest
 from sagegate.sim.engine_request import ABORTED, RUNNING
@@ -232,16 +232,17 @@ def test_gateway_and_simulator_decide_alike(
     st.lists(st.tuples(events, st.floats(0.0, 2.0)), min_size=15, max_size=80),
     st.sampled_from(PLACEMENTS),
 )
-def test_gateway_and_simulator_decide_alike_by_forecast(
+def test_gateway_and_simulator_decide_alike_by_the_incumbent_rule(
     policy_name: str,
     cfg: AdmissionConfig,
     capacities: list[int],
     script: list[tuple[Event, float]],
     placement: str,
 ) -> None:
-    """The ``forecast`` picker reads the backends' running and waiting requests too: both drivers
-    count them alike (the gateway its own started requests, the simulator its engines')."""
-    play(policy_name, cfg, capacities, script, None, placement, PlacementProfile(picker=Forecast()))
+    """The cache-aware score rule (``picker: incumbent``) too, which the properties above no longer
+    run since the default became the ``forecast`` (which reads the backends' running and waiting
+    requests: both drivers count them alike, the gateway its own started requests)."""
+    play(policy_name, cfg, capacities, script, None, placement, INCUMBENT_PROFILE)
 
 
 pauses = st.builds(

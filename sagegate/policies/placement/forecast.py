@@ -62,13 +62,7 @@ class Forecast:
     def forecast(self, c: Candidates, i: int) -> float:
         """Seconds: the request's own time to its last token on backend ``i``, plus the time its
         prefill and its place in the batch add to the requests already there (``delay_others``)."""
-        q = c.query
-        load = q.loads[i]
-        speed = self.speed_of(load)
-        cached = q.hits[i] if q.hits is not None else 0
-        prefill = max(0, q.prompt_tokens - cached) * speed.prefill_s
-        out = _predicted_output(q.request)
-        there = load.running + load.waiting + load.foreign_waiting
+        load, speed, prefill, out, there = self._terms(c, i)
         own = load.queued_prefill * speed.prefill_s + prefill + speed.decode_s(out, there + 1)
         if not self.delay_others:
             return own
@@ -78,15 +72,20 @@ class Forecast:
     def times(self, c: Candidates, i: int) -> Forecasted:
         """The request's own first and last token on backend ``i``, in seconds after it is sent there
         (the forecast less what it costs the others): what the gateway reports beside the outcome."""
+        load, speed, prefill, out, there = self._terms(c, i)
+        first = load.queued_prefill * speed.prefill_s + prefill + speed.decode_s(1.0, there + 1)
+        return Forecasted(first, first + speed.decode_s(max(0.0, out - 1.0), there + 1))
+
+    def _terms(self, c: Candidates, i: int) -> tuple[BackendLoad, EngineSpeed, float, float, int]:
+        """Backend ``i``'s load and speed, the request's own uncached prefill there (seconds), its
+        predicted mean output, and the requests running and waiting there."""
         q = c.query
         load = q.loads[i]
         speed = self.speed_of(load)
         cached = q.hits[i] if q.hits is not None else 0
+        prefill = max(0, q.prompt_tokens - cached) * speed.prefill_s
         there = load.running + load.waiting + load.foreign_waiting
-        first = (load.queued_prefill + max(0, q.prompt_tokens - cached)) * speed.prefill_s
-        first += speed.decode_s(1.0, there + 1)
-        out = _predicted_output(q.request)
-        return Forecasted(first, first + speed.decode_s(max(0.0, out - 1.0), there + 1))
+        return load, speed, prefill, _predicted_output(q.request), there
 
     def speed_of(self, load: BackendLoad) -> EngineSpeed:
         return load.speed if self.learned and load.speed is not None else self.speed
